@@ -1,0 +1,1 @@
+"""Map llama_cpp's own libllama before pyspec._core (placeholder)."""
