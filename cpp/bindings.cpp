@@ -1,9 +1,190 @@
-// pybind11 module pyspec._core (placeholder; the real one is being written on main).
+// pybind11 module pyspec._core: the model wrapper and the generation loop.
+// The sampling math is bound in bind_sampling.cpp. Heavy work releases the GIL;
+// the per-token callback takes it back briefly to stream text and to notice Ctrl-C.
+#include <pybind11/functional.h>
+#include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <llama.h>
+
+#include <memory>
+
+#include "errors.h"
+#include "generator.h"
+#include "model.h"
 
 namespace py = pybind11;
+using namespace pyspec;
+
 void bind_sampling(py::module_& m);
 
+namespace {
+
+// Raise the pyspec.errors class of the same name (it owns the Python hierarchy).
+[[noreturn]] void raise_pyspec(const char* name, const char* what) {
+    py::object cls = py::module_::import("pyspec.errors").attr(name);
+    PyErr_SetString(cls.ptr(), what);
+    throw py::error_already_set();
+}
+
+void translate_errors(std::exception_ptr p) {
+    try {
+        if (p) std::rethrow_exception(p);
+    } catch (const ModelNotFoundError& e) {
+        raise_pyspec("ModelNotFoundError", e.what());
+    } catch (const InvalidModelError& e) {
+        raise_pyspec("InvalidModelError", e.what());
+    } catch (const ContextOverflowError& e) {
+        raise_pyspec("ContextOverflowError", e.what());
+    } catch (const DecodeError& e) {
+        raise_pyspec("DecodeError", e.what());
+    } catch (const IncompatibleModelsError& e) {
+        raise_pyspec("IncompatibleModelsError", e.what());
+    }
+}
+
+py::dict stats_to_dict(const GenerationStats& s) {
+    py::dict d;
+    d["n_prompt_tokens"] = s.n_prompt_tokens;
+    d["n_generated"] = s.n_generated;
+    d["prompt_s"] = s.prompt_s;
+    d["ttft_s"] = s.ttft_s;
+    d["decode_s"] = s.decode_s;
+    d["decode_tok_s"] = s.decode_tok_s;
+    d["rounds"] = s.rounds;
+    d["drafted"] = s.drafted;
+    d["accepted"] = s.accepted;
+    d["draft_s"] = s.draft_s;
+    d["verify_s"] = s.verify_s;
+    d["overhead_s"] = s.overhead_s;
+    return d;
+}
+
+// Streams to an optional Python callable and checks for Ctrl-C between tokens.
+// A Python exception (KeyboardInterrupt included) stops generation; it is
+// re-raised once the C++ loop has unwound and the model is in a clean state.
+struct PyTokenSink {
+    py::object callback;
+    std::unique_ptr<py::error_already_set> error;
+
+    bool operator()(int32_t token, const std::string& text) {
+        py::gil_scoped_acquire gil;
+        try {
+            if (!callback.is_none()) {
+                py::object r = callback(token, py::bytes(text));
+                if (!r.is_none() && !r.cast<bool>()) return false;
+            }
+            if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+        } catch (py::error_already_set& e) {
+            error = std::make_unique<py::error_already_set>(std::move(e));
+            return false;
+        }
+        return true;
+    }
+};
+
+}  // namespace
+
 PYBIND11_MODULE(_core, m) {
+    m.doc() = "pyspec C++ core over llama.cpp";
+    llama_backend_init();
+    install_log_filter();
+    py::register_exception_translator(&translate_errors);
+
+    m.def("llama_system_info", []() { return std::string(llama_print_system_info()); });
+
+    py::class_<Model>(m, "Model")
+        .def(py::init([](const std::string& path, int32_t n_ctx, int32_t n_threads, int32_t n_gpu_layers,
+                         int32_t n_batch, uint64_t seed, bool verbose) {
+                 ModelParams p;
+                 p.path = path;
+                 p.n_ctx = n_ctx;
+                 p.n_threads = n_threads;
+                 p.n_gpu_layers = n_gpu_layers;
+                 p.n_batch = n_batch;
+                 p.seed = seed;
+                 p.verbose = verbose;
+                 py::gil_scoped_release release;
+                 return std::make_unique<Model>(p);
+             }),
+             py::arg("path"), py::arg("n_ctx") = 4096, py::arg("n_threads") = 0, py::arg("n_gpu_layers") = 0,
+             py::arg("n_batch") = 512, py::arg("seed") = 0, py::arg("verbose") = false)
+        .def_property_readonly("path", [](const Model& m) { return m.params().path; })
+        .def_property_readonly("seed", [](const Model& m) { return m.params().seed; })
+        .def_property_readonly("n_vocab", &Model::n_vocab)
+        .def_property_readonly("n_ctx", &Model::n_ctx)
+        .def_property_readonly("n_batch", &Model::n_batch)
+        .def_property_readonly("n_threads", [](const Model& m) { return m.params().n_threads; })
+        .def_property_readonly("description", &Model::description)
+        .def_property_readonly("vocab_type", &Model::vocab_type)
+        .def_property_readonly("bos", &Model::bos)
+        .def_property_readonly("eos", &Model::eos)
+        .def_property_readonly("eot", &Model::eot)
+        .def_property_readonly("add_bos", &Model::add_bos)
+        .def("is_eog", &Model::is_eog, py::arg("token"))
+        .def("token_text", &Model::token_text, py::arg("token"))
+        .def("token_attr", &Model::token_attr, py::arg("token"))
+        .def("tokenize", &Model::tokenize, py::arg("text"), py::arg("add_special") = true,
+             py::arg("parse_special") = false)
+        .def("token_to_piece",
+             [](const Model& m, int32_t t, bool special) { return py::bytes(m.token_to_piece(t, special)); },
+             py::arg("token"), py::arg("special") = false)
+        .def("detokenize",
+             [](const Model& m, const std::vector<int32_t>& t, bool special) {
+                 return py::bytes(m.detokenize(t, special));
+             },
+             py::arg("tokens"), py::arg("special") = false)
+        .def("apply_chat_template", &Model::apply_chat_template, py::arg("messages"),
+             py::arg("add_assistant") = true)
+        .def("decode",
+             [](Model& m, const std::vector<int32_t>& tokens, int32_t pos0, int32_t n_logits) {
+                 py::gil_scoped_release release;
+                 m.decode(tokens.data(), static_cast<int32_t>(tokens.size()), pos0, n_logits);
+             },
+             py::arg("tokens"), py::arg("pos0"), py::arg("n_logits") = 1,
+             "Decode tokens at positions pos0.. keeping logits for the last n_logits (tests, tools).")
+        .def("logits",
+             [](const Model& m, int32_t row) {
+                 const float* p = m.logits(row);
+                 return py::array_t<float>(m.n_vocab(), p);  // a copy: for tests, not the hot loop
+             },
+             py::arg("row") = 0)
+        .def("truncate", &Model::truncate, py::arg("pos"))
+        .def("pos_max", &Model::pos_max);
+
+    py::class_<Generator>(m, "Generator")
+        .def(py::init<Model&>(), py::arg("target"), py::keep_alive<1, 2>())
+        .def("generate",
+             [](Generator& g, const std::vector<int32_t>& prompt, int32_t max_tokens, double temperature,
+                int32_t top_k, double top_p, double min_p, uint64_t seed, const std::vector<std::string>& stop,
+                py::object on_token) {
+                 GenerateParams p;
+                 p.max_tokens = max_tokens;
+                 p.sampling.temperature = temperature;
+                 p.sampling.top_k = top_k;
+                 p.sampling.top_p = top_p;
+                 p.sampling.min_p = min_p;
+                 p.seed = seed;
+                 p.stop = stop;
+                 PyTokenSink sink;
+                 sink.callback = std::move(on_token);
+                 GenerateResult r;
+                 {
+                     py::gil_scoped_release release;
+                     r = g.generate(prompt, p, std::ref(sink));
+                 }
+                 if (sink.error) throw std::move(*sink.error);
+                 py::dict out;
+                 out["tokens"] = r.tokens;
+                 out["text"] = py::bytes(r.text);
+                 out["stop_reason"] = r.stop_reason;
+                 out["stats"] = stats_to_dict(r.stats);
+                 return out;
+             },
+             py::arg("prompt"), py::arg("max_tokens") = 256, py::arg("temperature") = 1.0, py::arg("top_k") = 0,
+             py::arg("top_p") = 1.0, py::arg("min_p") = 0.0, py::arg("seed") = 0,
+             py::arg("stop") = std::vector<std::string>{}, py::arg("on_token") = py::none());
+
     bind_sampling(m);
 }

@@ -1,1 +1,278 @@
-// placeholder
+#include "model.h"
+
+#include <llama.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <mutex>
+#include <thread>
+
+#include "errors.h"
+
+namespace pyspec {
+
+// ---------------------------------------------------------------- logging
+
+namespace {
+
+std::mutex g_log_mutex;
+std::string g_last_error;            // accumulated text of the latest error message
+std::atomic<int> g_verbose_models{0};
+ggml_log_level g_prev_level = GGML_LOG_LEVEL_NONE;
+
+void log_callback(ggml_log_level level, const char* text, void*) {
+    if (level == GGML_LOG_LEVEL_CONT) level = g_prev_level;
+    else g_prev_level = level;
+    if (level == GGML_LOG_LEVEL_ERROR) {
+        std::lock_guard<std::mutex> lock(g_log_mutex);
+        if (g_last_error.size() < 4096) g_last_error += text;
+    }
+    // Errors reach the user through our exception messages; the rest is noise
+    // unless someone asked for verbose output.
+    if (g_verbose_models.load() > 0) {
+        std::fputs(text, stderr);
+    }
+}
+
+}  // namespace
+
+void install_log_filter() { llama_log_set(log_callback, nullptr); }
+
+std::string take_last_llama_error() {
+    std::lock_guard<std::mutex> lock(g_log_mutex);
+    std::string out;
+    out.swap(g_last_error);
+    while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
+    return out;
+}
+
+// ---------------------------------------------------------------- loading
+
+struct Model::BatchStorage {
+    llama_batch batch;
+    explicit BatchStorage(int32_t n) : batch(llama_batch_init(n, 0, 1)) {}
+    ~BatchStorage() { llama_batch_free(batch); }
+};
+
+namespace {
+
+// Check the file before handing it to llama.cpp, so the common mistakes get a
+// precise message instead of a generic load failure.
+void check_gguf_file(const std::string& path) {
+    std::ifstream f(path, std::ios::binary);
+    if (!f.good()) {
+        throw ModelNotFoundError("model file not found: " + path);
+    }
+    char magic[4] = {0, 0, 0, 0};
+    f.read(magic, 4);
+    if (f.gcount() < 4 || std::memcmp(magic, "GGUF", 4) != 0) {
+        throw InvalidModelError("not a GGUF file (bad magic bytes): " + path);
+    }
+}
+
+std::string with_llama_reason(std::string message) {
+    const std::string reason = take_last_llama_error();
+    if (!reason.empty()) message += " (llama.cpp: " + reason + ")";
+    return message;
+}
+
+}  // namespace
+
+Model::Model(const ModelParams& params) : params_(params) {
+    check_gguf_file(params.path);
+    install_log_filter();
+    take_last_llama_error();
+    if (params.verbose) ++g_verbose_models;
+
+    llama_model_params mp = llama_model_default_params();
+    mp.n_gpu_layers = params.n_gpu_layers;
+    model_ = llama_model_load_from_file(params.path.c_str(), mp);
+    if (!model_) {
+        if (params.verbose) --g_verbose_models;
+        throw InvalidModelError(with_llama_reason(
+            "failed to load GGUF model " + params.path + ": the file is truncated or corrupt"));
+    }
+
+    const int32_t n_threads = params.n_threads > 0
+        ? params.n_threads
+        : std::max(1, static_cast<int32_t>(std::thread::hardware_concurrency()));
+    llama_context_params cp = llama_context_default_params();
+    cp.n_ctx = static_cast<uint32_t>(std::max(params.n_ctx, 16));
+    cp.n_batch = static_cast<uint32_t>(std::max(params.n_batch, 1));
+    cp.n_ubatch = cp.n_batch;
+    cp.n_seq_max = 1;
+    cp.n_threads = n_threads;
+    cp.n_threads_batch = n_threads;
+    cp.no_perf = true;
+    ctx_ = llama_init_from_model(model_, cp);
+    if (!ctx_) {
+        llama_model_free(model_);
+        model_ = nullptr;
+        if (params.verbose) --g_verbose_models;
+        throw InvalidModelError(with_llama_reason("failed to create a llama.cpp context for " + params.path));
+    }
+    vocab_ = llama_model_get_vocab(model_);
+    n_vocab_ = llama_vocab_n_tokens(vocab_);
+    n_ctx_ = static_cast<int32_t>(llama_n_ctx(ctx_));
+    n_batch_ = static_cast<int32_t>(llama_n_batch(ctx_));
+    batch_ = new BatchStorage(n_batch_);
+}
+
+Model::~Model() {
+    delete batch_;
+    if (ctx_) llama_free(ctx_);
+    if (model_) llama_model_free(model_);
+    if (params_.verbose) --g_verbose_models;
+}
+
+std::string Model::description() const {
+    char buf[256];
+    const int32_t n = llama_model_desc(model_, buf, sizeof(buf));
+    return n > 0 ? std::string(buf, std::min<size_t>(n, sizeof(buf) - 1)) : std::string();
+}
+
+// ---------------------------------------------------------------- tokenizer
+
+std::vector<int32_t> Model::tokenize(const std::string& text, bool add_special, bool parse_special) const {
+    std::vector<int32_t> out(text.size() + 8);
+    int32_t n = llama_tokenize(vocab_, text.data(), static_cast<int32_t>(text.size()), out.data(),
+                               static_cast<int32_t>(out.size()), add_special, parse_special);
+    if (n < 0) {
+        if (n == INT32_MIN) throw std::length_error("text is too long to tokenize");
+        out.resize(static_cast<size_t>(-n));
+        n = llama_tokenize(vocab_, text.data(), static_cast<int32_t>(text.size()), out.data(),
+                           static_cast<int32_t>(out.size()), add_special, parse_special);
+    }
+    out.resize(static_cast<size_t>(std::max(n, 0)));
+    return out;
+}
+
+std::string Model::token_to_piece(int32_t token, bool special) const {
+    char buf[256];
+    int32_t n = llama_token_to_piece(vocab_, token, buf, sizeof(buf), 0, special);
+    if (n >= 0) return std::string(buf, static_cast<size_t>(n));
+    std::string big(static_cast<size_t>(-n), '\0');
+    n = llama_token_to_piece(vocab_, token, big.data(), static_cast<int32_t>(big.size()), 0, special);
+    big.resize(static_cast<size_t>(std::max(n, 0)));
+    return big;
+}
+
+std::string Model::detokenize(const std::vector<int32_t>& tokens, bool special) const {
+    std::string out(tokens.size() * 8 + 16, '\0');
+    int32_t n = llama_detokenize(vocab_, tokens.data(), static_cast<int32_t>(tokens.size()), out.data(),
+                                 static_cast<int32_t>(out.size()), false, special);
+    if (n < 0) {
+        out.resize(static_cast<size_t>(-n));
+        n = llama_detokenize(vocab_, tokens.data(), static_cast<int32_t>(tokens.size()), out.data(),
+                             static_cast<int32_t>(out.size()), false, special);
+    }
+    out.resize(static_cast<size_t>(std::max(n, 0)));
+    return out;
+}
+
+std::string Model::apply_chat_template(const std::vector<std::pair<std::string, std::string>>& messages,
+                                       bool add_assistant) const {
+    const char* tmpl = llama_model_chat_template(model_, nullptr);
+    if (!tmpl) {
+        throw InvalidModelError("model has no chat template (pass chat=False / --raw): " + params_.path);
+    }
+    std::vector<llama_chat_message> chat;
+    chat.reserve(messages.size());
+    size_t total = 0;
+    for (const auto& m : messages) {
+        chat.push_back({m.first.c_str(), m.second.c_str()});
+        total += m.first.size() + m.second.size();
+    }
+    std::string buf(2 * total + 256, '\0');
+    int32_t n = llama_chat_apply_template(tmpl, chat.data(), chat.size(), add_assistant, buf.data(),
+                                          static_cast<int32_t>(buf.size()));
+    if (n > static_cast<int32_t>(buf.size())) {
+        buf.resize(static_cast<size_t>(n));
+        n = llama_chat_apply_template(tmpl, chat.data(), chat.size(), add_assistant, buf.data(),
+                                      static_cast<int32_t>(buf.size()));
+    }
+    if (n < 0) {
+        throw InvalidModelError("llama.cpp does not support this model's chat template; use raw prompts");
+    }
+    buf.resize(static_cast<size_t>(n));
+    return buf;
+}
+
+// ---------------------------------------------------------------- vocabulary
+
+int32_t Model::vocab_type() const { return static_cast<int32_t>(llama_vocab_type(vocab_)); }
+int32_t Model::bos() const { return llama_vocab_bos(vocab_); }
+int32_t Model::eos() const { return llama_vocab_eos(vocab_); }
+int32_t Model::eot() const { return llama_vocab_eot(vocab_); }
+bool Model::add_bos() const { return llama_vocab_get_add_bos(vocab_); }
+bool Model::is_eog(int32_t token) const { return llama_vocab_is_eog(vocab_, token); }
+int32_t Model::token_attr(int32_t token) const { return static_cast<int32_t>(llama_vocab_get_attr(vocab_, token)); }
+
+std::string Model::token_text(int32_t token) const {
+    if (token < 0 || token >= n_vocab_) throw std::out_of_range("token id out of range");
+    const char* t = llama_vocab_get_text(vocab_, token);
+    return t ? std::string(t) : std::string();
+}
+
+// ---------------------------------------------------------------- decoding
+
+void Model::decode(const int32_t* tokens, int32_t n, int32_t pos0, int32_t n_logits) {
+    if (n <= 0) throw std::invalid_argument("decode needs at least one token");
+    if (n_logits < 0 || n_logits > n || n_logits > n_batch_) {
+        throw std::invalid_argument("n_logits must be in [0, min(n, n_batch)]");
+    }
+    if (pos0 < 0 || static_cast<int64_t>(pos0) + n > n_ctx_) {
+        throw ContextOverflowError("context overflow: " + std::to_string(pos0 + n) + " tokens do not fit in n_ctx=" +
+                                   std::to_string(n_ctx_));
+    }
+    llama_batch& b = batch_->batch;
+    // Chunk so that the last chunk holds every token whose logits we keep.
+    int32_t done = 0;
+    while (done < n) {
+        int32_t remaining = n - done;
+        int32_t chunk = std::min(remaining, n_batch_);
+        if (remaining > n_batch_ && remaining - chunk < n_logits) chunk = remaining - n_logits;
+        const int32_t first_logit = n - n_logits;  // global index of logits(0)
+        b.n_tokens = chunk;
+        for (int32_t i = 0; i < chunk; ++i) {
+            const int32_t g = done + i;
+            b.token[i] = tokens[g];
+            b.pos[i] = pos0 + g;
+            b.n_seq_id[i] = 1;
+            b.seq_id[i][0] = 0;
+            b.logits[i] = g >= first_logit ? 1 : 0;
+        }
+        const int32_t rc = llama_decode(ctx_, b);
+        if (rc != 0) {
+            // Leave the cache exactly as it was before this call.
+            llama_memory_seq_rm(llama_get_memory(ctx_), 0, pos0, -1);
+            if (rc == 1) {
+                throw ContextOverflowError(with_llama_reason("no KV-cache slot for the batch (context full)"));
+            }
+            throw DecodeError(with_llama_reason("llama_decode failed with code " + std::to_string(rc)));
+        }
+        if (done + chunk == n) {
+            logits_first_row_ = chunk - n_logits;
+            logits_count_ = n_logits;
+        }
+        done += chunk;
+    }
+}
+
+const float* Model::logits(int32_t row) const {
+    if (row < 0 || row >= logits_count_) throw std::out_of_range("no logits kept for that row");
+    const float* p = llama_get_logits_ith(ctx_, logits_first_row_ + row);
+    if (!p) throw DecodeError("llama.cpp returned no logits for row " + std::to_string(row));
+    return p;
+}
+
+void Model::truncate(int32_t pos) {
+    llama_memory_seq_rm(llama_get_memory(ctx_), 0, std::max(pos, 0), -1);
+}
+
+int32_t Model::pos_max() const { return llama_memory_seq_pos_max(llama_get_memory(ctx_), 0); }
+
+}  // namespace pyspec

@@ -1,0 +1,16 @@
+// C++ error types. bindings.cpp translates each into the Python class of the
+// same name in pyspec/errors.py, which owns the user-facing hierarchy.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+namespace pyspec {
+
+struct ModelNotFoundError : std::runtime_error { using std::runtime_error::runtime_error; };
+struct InvalidModelError : std::runtime_error { using std::runtime_error::runtime_error; };
+struct ContextOverflowError : std::runtime_error { using std::runtime_error::runtime_error; };
+struct DecodeError : std::runtime_error { using std::runtime_error::runtime_error; };
+struct IncompatibleModelsError : std::runtime_error { using std::runtime_error::runtime_error; };
+
+}  // namespace pyspec

@@ -1,0 +1,92 @@
+// RAII wrapper over one llama_model + llama_context (sequence 0 only), through
+// the public llama.h API. Owns: loading, tokenizer, chat template, batched
+// decode with chosen logit rows, KV-cache truncation, and vocabulary facts.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+struct llama_model;
+struct llama_context;
+struct llama_vocab;
+
+namespace pyspec {
+
+struct ModelParams {
+    std::string path;
+    int32_t n_ctx = 4096;
+    int32_t n_threads = 0;      // 0 = hardware threads (the Python layer passes physical cores)
+    int32_t n_gpu_layers = 0;   // Metal/CUDA builds; -1 = all
+    int32_t n_batch = 512;      // prompt chunk size and the largest verification batch
+    uint64_t seed = 0;          // default seed for generations that do not pass one
+    bool verbose = false;       // forward llama.cpp's info logs to stderr
+};
+
+class Model {
+public:
+    explicit Model(const ModelParams& params);
+    ~Model();
+    Model(const Model&) = delete;
+    Model& operator=(const Model&) = delete;
+
+    const ModelParams& params() const { return params_; }
+    int32_t n_vocab() const { return n_vocab_; }
+    int32_t n_ctx() const { return n_ctx_; }
+    int32_t n_batch() const { return n_batch_; }
+    std::string description() const;
+
+    // Tokenizer. add_special adds BOS/EOS as the model's metadata asks;
+    // parse_special turns "<|im_start|>"-style text into control tokens.
+    std::vector<int32_t> tokenize(const std::string& text, bool add_special, bool parse_special) const;
+    std::string token_to_piece(int32_t token, bool special = false) const;
+    std::string detokenize(const std::vector<int32_t>& tokens, bool special = false) const;
+    // The model's own chat template (llama_chat_apply_template).
+    std::string apply_chat_template(const std::vector<std::pair<std::string, std::string>>& messages,
+                                    bool add_assistant) const;
+
+    // Vocabulary facts.
+    int32_t vocab_type() const;
+    int32_t bos() const;
+    int32_t eos() const;
+    int32_t eot() const;
+    bool add_bos() const;
+    bool is_eog(int32_t token) const;
+    std::string token_text(int32_t token) const;
+    int32_t token_attr(int32_t token) const;
+
+    // Decode tokens at positions pos0.. in sequence 0, splitting into n_batch
+    // chunks. Logits are kept for the last n_logits tokens (n_logits <= n_batch),
+    // read back with logits(0..n_logits-1). Throws ContextOverflowError when the
+    // tokens do not fit, DecodeError when llama_decode fails.
+    void decode(const int32_t* tokens, int32_t n, int32_t pos0, int32_t n_logits);
+    const float* logits(int32_t row) const;
+
+    // Drop the KV cache from position pos on (pos = 0 clears it).
+    void truncate(int32_t pos);
+    int32_t pos_max() const;   // -1 when empty
+
+    llama_context* ctx() const { return ctx_; }
+
+private:
+    ModelParams params_;
+    llama_model* model_ = nullptr;
+    llama_context* ctx_ = nullptr;
+    const llama_vocab* vocab_ = nullptr;
+    int32_t n_vocab_ = 0;
+    int32_t n_ctx_ = 0;
+    int32_t n_batch_ = 0;
+    // One batch allocated for the context's lifetime: no per-decode allocation.
+    struct BatchStorage;
+    BatchStorage* batch_ = nullptr;
+    int32_t logits_first_row_ = 0;   // batch row of logits(0) in the last decode
+    int32_t logits_count_ = 0;
+};
+
+// Route llama.cpp/ggml logging: errors are remembered (and appear in our
+// exception messages); info is printed only when a model asks for verbose.
+void install_log_filter();
+std::string take_last_llama_error();
+
+}  // namespace pyspec

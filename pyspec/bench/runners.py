@@ -1,0 +1,90 @@
+"""The things a benchmark compares. Each runner generates from the same prompt
+tokens with the same settings and reports the same measurements."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+from ..model import Model
+
+
+@dataclass
+class Settings:
+    max_tokens: int = 128
+    temperature: float = 0.0
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    seed: int = 0
+
+
+@dataclass
+class Sample:
+    """One generation by one runner."""
+
+    runner: str
+    prompt_id: str
+    category: str
+    n_prompt: int
+    n_generated: int
+    ttft_s: float
+    decode_s: float  # first token -> last token
+    extra: Dict[str, float] = field(default_factory=dict)  # drafting statistics
+
+    @property
+    def decode_tokens(self) -> int:
+        return max(self.n_generated - 1, 0)
+
+
+class PyspecRunner:
+    """pyspec's own loop (plain decoding)."""
+
+    def __init__(self, model: Model, name: str = "pyspec plain") -> None:
+        self.model = model
+        self.name = name
+
+    def run(self, tokens: List[int], s: Settings) -> Sample:
+        out = self.model.generate(tokens, max_tokens=s.max_tokens, temperature=s.temperature, top_k=s.top_k,
+                                  top_p=s.top_p, min_p=s.min_p, seed=s.seed)
+        st = out.stats
+        extra = {k: getattr(st, k) for k in ("rounds", "drafted", "accepted", "draft_s", "verify_s", "overhead_s")}
+        return Sample(self.name, "", "", len(tokens), st.n_generated, st.ttft_s, st.decode_s, extra)
+
+
+class LlamaCppRunner:
+    """llama-cpp-python's ``Llama.create_completion``, optionally with its
+    prompt-lookup drafter. Streams so that time to first token is visible."""
+
+    def __init__(self, model_path: str, *, n_ctx: int, n_threads: int, n_batch: int = 512,
+                 prompt_lookup: Optional[int] = None, name: Optional[str] = None) -> None:
+        import llama_cpp
+
+        draft = None
+        if prompt_lookup:
+            from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+            draft = LlamaPromptLookupDecoding(num_pred_tokens=prompt_lookup)
+        self.llm = llama_cpp.Llama(model_path, n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads,
+                                   n_batch=n_batch, draft_model=draft, verbose=False)
+        self.name = name or ("llama-cpp-python lookup" if prompt_lookup else "llama-cpp-python")
+
+    def run(self, tokens: List[int], s: Settings) -> Sample:
+        self.llm.reset()  # no prompt reuse between runs: same work as the others
+        t0 = time.perf_counter()
+        t_first = t_last = None
+        finish = None
+        for chunk in self.llm.create_completion(tokens, max_tokens=s.max_tokens, temperature=s.temperature,
+                                                top_k=s.top_k, top_p=s.top_p, min_p=s.min_p, seed=s.seed,
+                                                stream=True):
+            now = time.perf_counter()
+            if t_first is None:
+                t_first = now
+            t_last = now
+            finish = chunk["choices"][0].get("finish_reason") or finish
+        # Generated tokens: everything the context holds past the prompt, plus the
+        # last sampled token, which is never evaluated when the length limit stops it.
+        n_gen = self.llm.n_tokens - len(tokens) + (1 if finish == "length" else 0)
+        t_first = t_first or time.perf_counter()
+        return Sample(self.name, "", "", len(tokens), n_gen, t_first - t0, (t_last or t_first) - t_first)

@@ -1,0 +1,143 @@
+"""The benchmark prompt suite, in the spirit of Spec-Bench: a few chat prompts
+per category. Code editing is deliberately copy-heavy (the answer repeats most
+of the prompt), which is where cheap drafters shine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence
+
+_CLASS = '''class Inventory:
+    def __init__(self):
+        self.items = {}
+
+    def add(self, name, count=1):
+        if count <= 0:
+            raise ValueError("count must be positive")
+        self.items[name] = self.items.get(name, 0) + count
+
+    def remove(self, name, count=1):
+        if name not in self.items:
+            raise KeyError(name)
+        self.items[name] -= count
+        if self.items[name] <= 0:
+            del self.items[name]
+
+    def total(self):
+        return sum(self.itms.values())
+
+    def report(self):
+        lines = []
+        for name, count in sorted(self.items.items()):
+            lines.append(f"{name}: {count}")
+        return "\\n".join(lines)
+'''
+
+_FUNC = '''def parse_config(path):
+    config = {}
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if not line or line.startswith("#"):
+                continue
+            key, value = line.split("=", 1)
+            config[key.strip()] = value.strip()
+    return config
+
+
+def load_settings(path, defaults):
+    settings = dict(defaults)
+    settings.update(parse_config(path))
+    return settings
+'''
+
+_JS = '''function formatPrice(amount, currency) {
+  const rounded = Math.round(amount * 100) / 100;
+  return currency + " " + rounded.toFixed(2);
+}
+
+function totalPrice(items, currency) {
+  let sum = 0;
+  for (const item of items) {
+    sum += item.price * item.quantity;
+  }
+  return formatPrice(sum, currency);
+}
+'''
+
+_ARTICLE = (
+    "The city council met on Tuesday to discuss the new public transport plan. The plan adds "
+    "three bus lines connecting the northern suburbs with the city centre, extends the tram "
+    "line to the university campus, and introduces a single ticket valid on buses, trams and "
+    "regional trains for ninety minutes. Supporters say the changes will cut commuting times "
+    "and reduce traffic in the centre. Critics worry about the cost, estimated at 40 million "
+    "euros over five years, and about construction works on the main avenue. The council will "
+    "vote on the plan next month after a public consultation."
+)
+
+PROMPTS: Dict[str, List[str]] = {
+    "code": [
+        "Write a Python function that returns the n-th Fibonacci number iteratively, with a docstring.",
+        "Write a C function that reverses a singly linked list in place.",
+        "Write a Python class implementing a stack with push, pop, peek and is_empty.",
+    ],
+    "code_editing": [
+        "Fix the typo in this class (an attribute name is misspelled) and return the whole corrected "
+        "class, unchanged otherwise:\n\n" + _CLASS,
+        "Add type hints to these functions and return the complete code, unchanged otherwise:\n\n" + _FUNC,
+        "Rename the parameter `currency` to `currencyCode` everywhere in this code and return the "
+        "complete code:\n\n" + _JS,
+    ],
+    "math": [
+        "A train travels 180 km in 2.5 hours. What is its average speed in km/h? Explain step by step.",
+        "Solve for x: 3x + 7 = 22. Show your steps.",
+        "What is the sum of the integers from 1 to 100? Explain the method.",
+    ],
+    "qa": [
+        "What is the difference between a process and a thread?",
+        "Why is the sky blue?",
+        "What does HTTP status code 404 mean?",
+    ],
+    "summarization": [
+        "Summarize the following article in two sentences:\n\n" + _ARTICLE,
+        "List the three main points of this article as bullet points:\n\n" + _ARTICLE,
+    ],
+    "translation": [
+        "Translate into French: 'The meeting has been moved to Thursday afternoon because the "
+        "manager is travelling.'",
+        "Translate into German: 'Please remember to save your work before closing the program.'",
+        "Translate into Spanish: 'The library opens at nine and closes at six on weekdays.'",
+    ],
+    "creative": [
+        "Write a short poem about a lighthouse in winter.",
+        "Write the opening paragraph of a mystery story set on a train.",
+        "Describe a sunrise over the mountains in a few vivid sentences.",
+    ],
+}
+
+CATEGORIES = tuple(PROMPTS)
+
+
+@dataclass(frozen=True)
+class BenchPrompt:
+    category: str
+    index: int
+    text: str
+
+    @property
+    def id(self) -> str:
+        return f"{self.category}/{self.index}"
+
+
+def prompts(categories: Optional[Sequence[str]] = None, per_category: Optional[int] = None) -> List[BenchPrompt]:
+    """The suite's prompts, optionally restricted to some categories and to the
+    first ``per_category`` prompts of each."""
+    chosen = list(categories) if categories else list(CATEGORIES)
+    unknown = [c for c in chosen if c not in PROMPTS]
+    if unknown:
+        raise ValueError(f"unknown categories {unknown}; choose from {', '.join(CATEGORIES)}")
+    out = []
+    for cat in chosen:
+        items = PROMPTS[cat][:per_category] if per_category else PROMPTS[cat]
+        out.extend(BenchPrompt(cat, i, t) for i, t in enumerate(items))
+    return out

@@ -1,0 +1,29 @@
+"""The exceptions pyspec raises. The C++ core raises these same classes by name."""
+
+
+class PyspecError(Exception):
+    """Base class for every pyspec-specific error."""
+
+
+class ModelLoadError(PyspecError):
+    """A GGUF model could not be loaded."""
+
+
+class ModelNotFoundError(ModelLoadError, FileNotFoundError):
+    """The model file does not exist (or is not a known default model name)."""
+
+
+class InvalidModelError(ModelLoadError, ValueError):
+    """The file is not a GGUF model, or it is truncated or corrupt."""
+
+
+class ContextOverflowError(PyspecError, ValueError):
+    """The tokens do not fit in the model's context window."""
+
+
+class DecodeError(PyspecError, RuntimeError):
+    """llama.cpp failed to evaluate a batch, or produced invalid (NaN) logits."""
+
+
+class IncompatibleModelsError(PyspecError, ValueError):
+    """The draft and target models do not share a vocabulary."""

@@ -1,0 +1,216 @@
+"""The Python face of one GGUF model: load it once, generate many times."""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+from pathlib import Path
+from typing import Callable, Iterator, List, Mapping, Optional, Sequence, Union
+
+from . import _core
+from ._platform import physical_cores
+from .errors import ModelNotFoundError
+from .results import Completion, GenerationStats
+
+Message = Mapping[str, str]
+#: A string, a list of chat messages, or ready token ids.
+Prompt = Union[str, Sequence[Message], Sequence[int]]
+#: Called with each piece of text as soon as it is safe to show. Return False to stop.
+TextCallback = Callable[[str], Optional[bool]]
+
+
+def _resolve_path(model: Union[str, os.PathLike]) -> str:
+    """A file path as given, or a default model name pulled into the cache."""
+    path = Path(os.fspath(model)).expanduser()
+    if path.is_file():
+        return str(path)
+    if path.suffix == ".gguf" or os.sep in os.fspath(model):
+        raise ModelNotFoundError(f"model file not found: {path}")
+    from .models import resolve  # deferred: fetching code is only needed for names
+
+    try:
+        return str(resolve(model))
+    except FileNotFoundError as e:
+        raise ModelNotFoundError(str(e)) from None
+
+
+class Model:
+    """A GGUF model loaded through llama.cpp, with its own context.
+
+    ``model`` is a path to a ``.gguf`` file or the name of a default model
+    (``pyspec models list``), which is pulled on first use.
+    """
+
+    def __init__(
+        self,
+        model: Union[str, os.PathLike],
+        *,
+        n_ctx: int = 4096,
+        n_threads: Optional[int] = None,
+        n_gpu_layers: int = 0,
+        n_batch: int = 512,
+        seed: int = 0,
+        verbose: bool = False,
+    ) -> None:
+        if n_ctx < 16:
+            raise ValueError(f"n_ctx must be at least 16, got {n_ctx}")
+        if n_threads is not None and n_threads < 1:
+            raise ValueError(f"n_threads must be >= 1, got {n_threads}")
+        if n_batch < 1:
+            raise ValueError(f"n_batch must be >= 1, got {n_batch}")
+        path = _resolve_path(model)
+        self._core = _core.Model(
+            str(path),
+            n_ctx=n_ctx,
+            n_threads=n_threads or physical_cores(),
+            n_gpu_layers=n_gpu_layers,
+            n_batch=n_batch,
+            seed=seed,
+            verbose=verbose,
+        )
+        self._generator = _core.Generator(self._core)
+        # One llama_context serves one generation at a time.
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------ facts
+    @property
+    def path(self) -> str:
+        return self._core.path
+
+    @property
+    def n_vocab(self) -> int:
+        return self._core.n_vocab
+
+    @property
+    def n_ctx(self) -> int:
+        return self._core.n_ctx
+
+    @property
+    def description(self) -> str:
+        return self._core.description
+
+    def __repr__(self) -> str:
+        return f"Model({self.path!r}, n_ctx={self.n_ctx})"
+
+    # ------------------------------------------------------------ text
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> List[int]:
+        """Token ids of ``text``; ``add_special`` adds BOS where the model wants it."""
+        return list(self._core.tokenize(text, add_special, parse_special))
+
+    def detokenize(self, tokens: Sequence[int], *, special: bool = False) -> str:
+        """Text of ``tokens``; control tokens are rendered only with ``special``."""
+        return self._core.detokenize(list(tokens), special).decode("utf-8", errors="replace")
+
+    def apply_chat_template(self, messages: Sequence[Message], *, add_assistant: bool = True) -> str:
+        """Format ``messages`` ({"role", "content"} dicts) with the model's own chat template."""
+        pairs = [(str(m["role"]), str(m["content"])) for m in messages]
+        return self._core.apply_chat_template(pairs, add_assistant)
+
+    def prompt_tokens(self, prompt: Prompt, *, chat: bool = True) -> List[int]:
+        """Token ids for a prompt: a string (wrapped as one user message when
+        ``chat``), a list of chat messages (always templated), or token ids (as is)."""
+        if not isinstance(prompt, str) and prompt and all(isinstance(t, int) for t in prompt):
+            return list(prompt)
+        if isinstance(prompt, str):
+            text = self.apply_chat_template([{"role": "user", "content": prompt}]) if chat else prompt
+        else:
+            text = self.apply_chat_template(prompt)
+        # Templates write control tokens as text; parse them back into tokens.
+        tokens = self.tokenize(text, add_special=True, parse_special=True)
+        if not tokens:
+            raise ValueError("the prompt is empty")
+        return tokens
+
+    # ------------------------------------------------------------ generation
+    def generate(
+        self,
+        prompt: Prompt,
+        *,
+        max_tokens: int = 256,
+        temperature: float = 0.8,
+        top_k: int = 40,
+        top_p: float = 0.95,
+        min_p: float = 0.05,
+        seed: Optional[int] = None,
+        stop: Optional[Sequence[str]] = None,
+        chat: bool = True,
+        on_text: Optional[TextCallback] = None,
+    ) -> Completion:
+        """Generate a continuation of ``prompt``.
+
+        Sampling: ``temperature`` 0 is greedy; top-k, top-p and min-p truncate
+        (0, 1.0 and 0.0 switch them off). ``seed`` defaults to the model's seed.
+        ``stop`` strings end generation and are not included in the text.
+        ``on_text`` receives text as it is produced (return False to stop).
+        Ctrl-C stops between tokens and raises KeyboardInterrupt; the model
+        stays usable.
+        """
+        tokens = self.prompt_tokens(prompt, chat=chat)
+        return self._run(tokens, max_tokens, temperature, top_k, top_p, min_p, seed, stop, on_text)
+
+    def stream(self, prompt: Prompt, **kwargs) -> Iterator[str]:
+        """Like :meth:`generate`, but yields text pieces as they are produced.
+
+        Closing the iterator early (``break``) stops generation.
+        """
+        pieces: "queue.Queue" = queue.Queue()
+        cancel = threading.Event()
+        done = object()
+
+        def on_text(text: str) -> bool:
+            pieces.put(text)
+            return not cancel.is_set()
+
+        def work() -> None:
+            try:
+                self.generate(prompt, on_text=on_text, **kwargs)
+                pieces.put(done)
+            except BaseException as e:  # handed to the consumer thread
+                pieces.put(e)
+
+        worker = threading.Thread(target=work, name="pyspec-stream", daemon=True)
+        worker.start()
+        try:
+            while True:
+                item = pieces.get()
+                if item is done:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                if item:
+                    yield item
+        finally:
+            cancel.set()
+            worker.join()
+
+    def _run(self, tokens, max_tokens, temperature, top_k, top_p, min_p, seed, stop, on_text) -> Completion:
+        if max_tokens < 0:
+            raise ValueError(f"max_tokens must be >= 0, got {max_tokens}")
+        callback = None
+        if on_text is not None:
+
+            def callback(token: int, piece: bytes):
+                if piece:
+                    return on_text(piece.decode("utf-8", errors="replace"))
+                return True
+
+        with self._lock:
+            out = self._generator.generate(
+                tokens,
+                max_tokens=max_tokens,
+                temperature=temperature,
+                top_k=top_k,
+                top_p=top_p,
+                min_p=min_p,
+                seed=self._core.seed if seed is None else seed,
+                stop=list(stop or []),
+                on_token=callback,
+            )
+        return Completion(
+            text=out["text"].decode("utf-8", errors="replace"),
+            tokens=list(out["tokens"]),
+            n_prompt_tokens=len(tokens),
+            stop_reason=out["stop_reason"],
+            stats=GenerationStats(**out["stats"]),
+        )

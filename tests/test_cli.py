@@ -1,0 +1,110 @@
+"""The `pyspec` command, run as a real process."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import pyspec
+
+
+def pyspec_cmd(*args: str, **kw) -> subprocess.CompletedProcess:
+    exe = shutil.which("pyspec") or ""
+    cmd = [exe] if exe else [sys.executable, "-m", "pyspec.cli"]
+    return subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=600, **kw)
+
+
+def test_version():
+    out = pyspec_cmd("--version")
+    assert out.returncode == 0
+    assert pyspec.__version__ in out.stdout
+
+
+def test_help_explains_commands():
+    out = pyspec_cmd("--help")
+    assert out.returncode == 0
+    for cmd in ("generate", "models"):
+        assert cmd in out.stdout
+    gen = pyspec_cmd("generate", "--help")
+    for flag in ("--model", "--max-tokens", "--temperature", "--top-k", "--top-p", "--min-p", "--seed",
+                 "--n-ctx", "--threads", "--n-gpu-layers", "--raw", "--json", "--stop"):
+        assert flag in gen.stdout, flag
+
+
+def test_generate_json_fields(gemma_path):
+    out = pyspec_cmd("generate", "The sky is", "-m", gemma_path, "--raw", "--json", "--max-tokens", "12",
+                     "--temperature", "0", "--n-ctx", "256")
+    assert out.returncode == 0, out.stderr
+    d = json.loads(out.stdout)
+    for key in ("text", "tokens", "n_prompt_tokens", "n_generated_tokens", "stats"):
+        assert key in d, key
+    assert d["n_generated_tokens"] == len(d["tokens"]) == 12
+    assert isinstance(d["text"], str) and d["text"]
+    assert d["n_prompt_tokens"] > 0
+    stats = d["stats"]
+    assert stats["ttft_s"] > 0 and stats["decode_tok_s"] > 0
+    assert stats["n_generated"] == 12
+
+
+def test_generate_streams_same_text_as_json(gemma_path):
+    args = ["The sky is", "-m", gemma_path, "--raw", "--max-tokens", "12", "--temperature", "0", "--n-ctx", "256"]
+    streamed = pyspec_cmd("generate", *args)
+    as_json = json.loads(pyspec_cmd("generate", *args, "--json").stdout)
+    assert streamed.returncode == 0
+    assert streamed.stdout.rstrip("\n") == as_json["text"]
+
+
+def test_missing_model_is_a_clear_error(tmp_path):
+    out = pyspec_cmd("generate", "hi", "-m", str(tmp_path / "missing.gguf"))
+    assert out.returncode != 0
+    assert "not found" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_bad_setting_is_a_clear_error(gemma_path):
+    out = pyspec_cmd("generate", "hi", "-m", gemma_path, "--raw", "--top-p", "2")
+    assert out.returncode != 0
+    assert "top_p" in out.stderr or "top-p" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+def test_ctrl_c_exits_cleanly(gemma_path):
+    exe = shutil.which("pyspec")
+    cmd = [exe] if exe else [sys.executable, "-m", "pyspec.cli"]
+    proc = subprocess.Popen(
+        [*cmd, "generate", "Count from one to a thousand:", "-m", gemma_path, "--raw", "--max-tokens", "4000",
+         "--temperature", "0", "--n-ctx", "4096"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    first = proc.stdout.read(1)  # generation has started
+    assert first
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGINT)
+    try:
+        _, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail("pyspec did not stop on Ctrl-C")
+    assert proc.returncode == 130
+    assert "interrupted" in err
+    assert "Traceback" not in err
+
+
+def test_models_list(monkeypatch, tmp_path):
+    env = dict(os.environ, PYSPEC_MODELS=str(tmp_path))
+    out = pyspec_cmd("models", "list", "--json", env=env)
+    assert out.returncode == 0, out.stderr
+    rows = json.loads(out.stdout)
+    names = {r["name"] for r in rows}
+    from pyspec import models
+
+    assert {models.DEFAULT_TARGET, models.DEFAULT_DRAFT, models.TEST_MODEL} <= names
+    assert not any(r["present"] for r in rows)
