@@ -1,8 +1,12 @@
 // Sampling math: the only place in pyspec that turns logits into probabilities,
 // and the lossless speculative verification rule (Leviathan et al. 2023, Alg. 1;
 // Chen et al. 2023, Alg. 2). Pure C++: no llama.cpp types, so it can be tested alone.
+//
+// Errors in arguments (bad settings, NaN logits, a drafted token with q(x) = 0, ...)
+// are reported with std::invalid_argument (pybind11 turns it into ValueError).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -10,8 +14,9 @@
 
 namespace pyspec {
 
-// Sampling settings. The order in which they are applied is documented in
-// sampling.cpp (it follows llama.cpp's default chain: truncation first, then temperature).
+// Sampling settings. The order in which they are applied is documented in one place,
+// at the top of sampling.cpp (it follows llama.cpp's default chain: top-k, top-p, min-p
+// on the T = 1 probabilities, then temperature on the survivors).
 struct SamplingParams {
     double temperature = 1.0;  // 0 = greedy (one-hot on the argmax, lowest id wins ties)
     int32_t top_k = 0;         // 0 = off
@@ -19,57 +24,144 @@ struct SamplingParams {
     double min_p = 0.0;        // in [0, 1]; 0 = off
 
     bool greedy() const { return temperature == 0.0; }
-    // Throws std::invalid_argument with a clear message for out-of-range settings.
+    // Throws std::invalid_argument with a clear message for out-of-range settings:
+    // temperature NaN, negative or infinite; top_k < 0; top_p NaN or outside (0, 1];
+    // min_p NaN or outside [0, 1].
     void validate() const;
 };
 
-// A probability vector over a vocabulary of size n_vocab, stored sparsely when the
-// support is small (truncated or greedy) and densely (indexed by token id) otherwise.
-// Reused across calls: assign() never shrinks capacity, so steady state has no heap churn.
-class Distribution {
-public:
-    int32_t n_vocab() const;
-    bool dense() const;
-    size_t support_size() const;          // number of tokens with probability > 0 (stored entries)
-    double prob(int32_t token) const;     // 0 for tokens outside the support; O(1) dense, O(support) sparse
-    int32_t argmax() const;               // most probable token, lowest id on ties
-    double entropy() const;               // in nats, over the support
-    int32_t sample(double u) const;       // inverse CDF with a uniform u in [0, 1)
-    void to_dense(double* out) const;     // writes n_vocab values
-    // Sparse view (valid when !dense()): ids and probs of the stored entries.
-    const std::vector<int32_t>& ids() const;
-    const std::vector<double>& probs() const;
-    // Builders used by the module and tests.
-    void set_dense(const double* p, int32_t n_vocab);   // copies; caller guarantees sum 1
-    void set_one_hot(int32_t token, int32_t n_vocab);
-    // ... (private representation left to sampling.cpp's author)
+// How a Distribution stores its probabilities.
+enum class Storage {
+    kAuto,    // sparse when the support is small compared with the vocabulary, else dense
+    kDense,   // one double per token id
+    kSparse,  // (id, prob) pairs for the tokens with prob > 0, ids strictly increasing
 };
 
-// Scratch memory for computing distributions without per-call allocation.
-class SamplingWorkspace;  // defined in sampling.cpp's header section, reusable across calls
+class SamplingWorkspace;
 
-// logits: n_vocab floats (may contain -inf; NaN is an error -> std::invalid_argument).
-// Writes the distribution actually sampled from into `out`.
+// A probability vector over a vocabulary of size n_vocab, stored sparsely when the
+// support is small (truncated or greedy) and densely (indexed by token id) otherwise.
+// Reused across calls: the builders never shrink capacity, so once a Distribution has
+// held its largest content, refilling it does not touch the heap.
+//
+// Invariants: every stored probability is finite and >= 0; the stored values sum to 1
+// up to rounding (the builders check |sum - 1| <= 1e-6); a sparse Distribution stores
+// only entries with prob > 0, ids strictly increasing.
+class Distribution {
+public:
+    Distribution() = default;
+
+    int32_t n_vocab() const { return n_vocab_; }
+    bool dense() const { return dense_; }
+    bool empty() const { return n_vocab_ == 0; }  // true only before the first build
+    size_t support_size() const { return support_; }  // number of tokens with prob > 0
+    double prob(int32_t token) const;     // 0 outside the support; O(1) dense, O(log support) sparse
+    int32_t argmax() const;               // most probable token, lowest id on ties
+    double entropy() const;               // in nats, over the support
+    // Inverse CDF in token-id order with a uniform u in [0, 1); never returns a token
+    // with prob 0.
+    int32_t sample(double u) const;
+    void to_dense(double* out) const;     // writes n_vocab values
+    double total() const { return total_; }  // sum of the stored values (1 up to rounding)
+
+    // Sparse view (meaningful when !dense()): ids (increasing) and probs of the entries.
+    const std::vector<int32_t>& ids() const { return ids_; }
+    const std::vector<double>& probs() const { return probs_; }
+    // Dense view (meaningful when dense()): n_vocab values indexed by token id.
+    const std::vector<double>& dense_probs() const { return dense_p_; }
+
+    // Builders. They copy, validate (std::invalid_argument on NaN, inf, negative values,
+    // n_vocab <= 0, ids out of range or not increasing, or a sum farther than 1e-6 from 1)
+    // and choose the storage (set_dense: always dense; set_sparse: always sparse).
+    void set_dense(const double* p, int32_t n_vocab);
+    void set_sparse(const int32_t* ids, const double* probs, size_t count, int32_t n_vocab);
+    void assign(const double* p, int32_t n_vocab, Storage storage = Storage::kAuto);
+    void set_one_hot(int32_t token, int32_t n_vocab);
+
+    // kAuto's rule: sparse iff support * kSparseRatio <= n_vocab.
+    static constexpr int32_t kSparseRatio = 8;
+
+private:
+    friend void compute_distribution(const float*, int32_t, const SamplingParams&, Distribution&,
+                                     SamplingWorkspace&);
+    void finish_dense_();   // sets dense_, support_, total_ from dense_p_
+    void finish_sparse_();  // sets dense_, support_, total_ from ids_/probs_ (no zeros)
+
+    int32_t n_vocab_ = 0;
+    bool dense_ = false;
+    size_t support_ = 0;
+    double total_ = 0.0;
+    std::vector<double> dense_p_;   // size n_vocab_ when dense_
+    std::vector<int32_t> ids_;      // when !dense_
+    std::vector<double> probs_;     // when !dense_
+};
+
+// Scratch memory for compute_distribution, so steady state does not allocate.
+// Contents are unspecified between calls; one workspace per thread.
+class SamplingWorkspace {
+public:
+    SamplingWorkspace() = default;
+
+private:
+    friend void compute_distribution(const float*, int32_t, const SamplingParams&, Distribution&,
+                                     SamplingWorkspace&);
+public:  // the types are public so sampling.cpp's helpers can name them
+    struct Candidate {
+        float logit;
+        int32_t id;
+    };
+    struct Weighted {
+        double e;  // exp(logit - max logit)
+        float logit;
+        int32_t id;
+    };
+
+private:
+    std::vector<Candidate> cand_;     // top-k heap / survivors
+    std::vector<double> e_;           // T = 1 relative probabilities (top-p without top-k)
+    std::vector<Weighted> weighted_;  // boundary bucket of top-p without top-k
+};
+
+// logits: n_vocab floats. -inf marks a forbidden token; NaN or +inf logits, or all
+// logits -inf, are errors (std::invalid_argument). Writes the distribution actually
+// sampled from (after every setting) into `out`. See sampling.cpp for the exact rule.
 void compute_distribution(const float* logits, int32_t n_vocab, const SamplingParams& params,
-                          Distribution& out /*, SamplingWorkspace& ws */);
+                          Distribution& out, SamplingWorkspace& ws);
 
-// Which acceptance rule to use. Only kCorrect is lossless-and-optimal; the others
-// exist for negative-control tests and `pyspec check`.
+// Which acceptance rule to use. Only kCorrect is lossless and optimal. The other three
+// are TEST-ONLY negative controls for the statistical tests and `pyspec check`; the
+// engine must never use them.
 enum class VerifyVariant {
-    kCorrect,          // accept with min(1, p/q), residual max(0, p - q) on rejection
-    kResidualIsP,      // WRONG: on rejection sample from p instead of the residual
-    kAcceptAll,        // WRONG: accept every draft
-    kSampleAndMatch,   // lossless but suboptimal: accept iff a sample from p equals the draft
+    kCorrect,          // accept with min(1, p/q); on rejection sample max(0, p - q) normalised
+    kResidualIsP,      // TEST-ONLY, WRONG: on rejection sample from p instead of the residual
+    kAcceptAll,        // TEST-ONLY, WRONG: accept every draft (output follows q, not p)
+    kSampleAndMatch,   // TEST-ONLY, suboptimal: draw y ~ p, accept iff y == draft, else emit y.
+                       // Preserves p but accepts with prob sum p*q instead of sum min(p, q).
 };
 
 struct VerifyResult {
     int32_t n_accepted;   // drafts accepted, 0..n
-    int32_t next_token;   // residual sample on rejection, bonus sample if all accepted
+    int32_t next_token;   // residual sample on rejection, bonus sample from p[n] if all accepted
 };
 
 // One verification round. p: n+1 target distributions, q: n draft distributions,
-// draft: the n proposed tokens. q[i].prob(draft[i]) must be > 0 (std::invalid_argument).
+// draft: the n proposed tokens, draft[i] drawn from q[i]. All distributions must share
+// n_vocab. q[i].prob(draft[i]) must be > 0. Violations throw std::invalid_argument
+// before any random number is drawn. Random numbers used, in order, per position:
+// one uniform for the acceptance test, and on rejection one for the replacement; one
+// for the bonus token if all drafts are accepted.
 VerifyResult verify(const Distribution* p, const Distribution* q, const int32_t* draft, int32_t n,
                     Rng& rng, VerifyVariant variant = VerifyVariant::kCorrect);
+
+// Residual helpers (used by verify; exposed for the engine and tests).
+// residual_mass(p, q) = sum_x max(0, p(x) - q(x)), visiting only p's support (and q's
+// entries there); no pass over the whole vocabulary when both are sparse.
+double residual_mass(const Distribution& p, const Distribution& q);
+// Below this residual mass, sample_residual falls back to sampling p (see sampling.cpp).
+constexpr double kResidualMinMass = 1e-12;
+// Sample from the normalised residual max(0, p - q) / residual_mass(p, q) by inverse CDF
+// in token-id order with one uniform u in [0, 1). Falls back to p.sample(u) when the
+// residual mass is below kResidualMinMass. Throws if n_vocab differs.
+int32_t sample_residual(const Distribution& p, const Distribution& q, double u);
 
 }  // namespace pyspec

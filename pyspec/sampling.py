@@ -1,0 +1,235 @@
+"""Sampling math: logits to probabilities, and the lossless speculative verification rule.
+
+This is the public Python surface of the C++ sampling core (``pyspec._core.sampling``),
+the same code the engine runs. Everything here is a thin, checked wrapper; errors in the
+arguments raise :class:`ValueError` with a message that says what is wrong.
+
+Order of the settings (documented in full at the top of ``cpp/sampling.cpp``), following
+llama.cpp's default sampler chain:
+
+1. ``temperature == 0``: greedy, one-hot on the largest logit (lowest token id on ties).
+2. top-k, then top-p, then min-p, all on the temperature-1 probabilities, each keeping a
+   prefix of the tokens ordered by (probability descending, token id ascending). top-p
+   works on the top-k survivors renormalised (as llama.cpp does) and keeps the smallest
+   prefix whose cumulative mass is ``>= top_p``; min-p keeps ``p >= min_p * p_max``.
+3. Temperature is applied to the surviving logits, which are then renormalised
+   (softmax in double precision with the maximum subtracted).
+
+Verification (Leviathan et al. 2023, Alg. 1; Chen et al. 2023, Alg. 2): draft ``x_i`` is
+accepted with probability ``min(1, p_i(x_i) / q_i(x_i))``, left to right; at the first
+rejection the replacement is drawn from the normalised residual ``max(0, p_i - q_i)`` and
+the round stops; if every draft is accepted a bonus token is drawn from ``p[n]``.
+"""
+
+from __future__ import annotations
+
+from typing import Tuple
+
+import numpy as np
+
+from . import _core
+
+__all__ = [
+    "VARIANTS",
+    "distribution",
+    "verify",
+    "verify_many",
+]
+
+_core_sampling = _core.sampling
+
+#: Verification variants accepted by :func:`verify_many`. Only ``"correct"`` is the real
+#: rule; the others are deliberately wrong (or suboptimal) negative controls used by the
+#: statistical tests and ``pyspec check`` to show those tests can fail:
+#:
+#: - ``"residual_is_p"``: on rejection sample from ``p`` instead of the residual (biased);
+#: - ``"accept_all"``: accept every draft (the output follows ``q``, not ``p``);
+#: - ``"sample_and_match"``: draw ``y ~ p``, accept iff ``y`` equals the draft, else emit
+#:   ``y``. Its output does follow ``p``, but it accepts with probability ``sum p*q``
+#:   instead of the optimal ``sum min(p, q)``, so the acceptance-rate test rejects it.
+VARIANTS = ("correct", "residual_is_p", "accept_all", "sample_and_match")
+
+_STORAGES = ("auto", "dense", "sparse")
+_UINT64_MAX = (1 << 64) - 1
+
+
+def _as_real_array(x, name: str, dtype) -> np.ndarray:
+    arr = np.asarray(x)
+    if arr.dtype == object or not (
+        np.issubdtype(arr.dtype, np.floating) or np.issubdtype(arr.dtype, np.integer)
+        or arr.dtype == np.bool_
+    ):
+        raise ValueError(f"{name} must be an array of real numbers, got dtype {arr.dtype}")
+    return np.ascontiguousarray(arr, dtype=dtype)
+
+
+def _check_seed(seed: int) -> int:
+    if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)):
+        raise ValueError(f"seed must be an integer in [0, 2**64), got {seed!r}")
+    seed = int(seed)
+    if not 0 <= seed <= _UINT64_MAX:
+        raise ValueError(f"seed must be in [0, 2**64), got {seed}")
+    return seed
+
+
+def _check_settings(temperature: float, top_k: int, top_p: float, min_p: float) -> None:
+    # The C++ core checks these too; checking here gives the same message without
+    # converting the logits first.
+    t, p, m = float(temperature), float(top_p), float(min_p)
+    if not (np.isfinite(t) and t >= 0.0):
+        raise ValueError(f"temperature must be finite and >= 0 (0 = greedy), got {temperature}")
+    if int(top_k) != top_k or top_k < 0:
+        raise ValueError(f"top_k must be an integer >= 0 (0 = off), got {top_k}")
+    if not (0.0 < p <= 1.0):
+        raise ValueError(f"top_p must be in (0, 1] (1 = off), got {top_p}")
+    if not (0.0 <= m <= 1.0):
+        raise ValueError(f"min_p must be in [0, 1] (0 = off), got {min_p}")
+
+
+def distribution(
+    logits,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    min_p: float = 0.0,
+) -> np.ndarray:
+    """Return the distribution actually sampled from, given logits and settings.
+
+    Args:
+        logits: 1-D array of logits over the vocabulary, float32 (other real dtypes are
+            converted to float32). ``-inf`` marks a forbidden token; NaN and ``+inf`` are
+            errors, as is every logit being ``-inf``.
+        temperature: ``>= 0``; 0 means greedy (one-hot on the argmax, lowest id on ties).
+        top_k: keep the ``top_k`` most probable tokens; 0 = off. Values above the
+            vocabulary size are allowed and mean "off".
+        top_p: in ``(0, 1]``; keep the smallest most-probable prefix with mass ``>= top_p``
+            (of the top-k survivors); 1 = off.
+        min_p: in ``[0, 1]``; keep tokens with ``p >= min_p * p_max``; 0 = off.
+
+    Returns:
+        A float64 array of the same length, non-negative and summing to 1 (up to
+        rounding), zero outside the kept support.
+
+    Raises:
+        ValueError: bad settings, logits not 1-D or empty, NaN / +inf / all -inf logits.
+    """
+    _check_settings(temperature, top_k, top_p, min_p)
+    arr = _as_real_array(logits, "logits", np.float32)
+    if arr.ndim != 1:
+        raise ValueError(f"logits must be 1-D, got shape {arr.shape}")
+    if arr.shape[0] == 0:
+        raise ValueError("logits must not be empty")
+    if top_k > np.iinfo(np.int32).max:
+        top_k = 0  # larger than any vocabulary: same as off
+    return _core_sampling.distribution(arr, float(temperature), int(top_k), float(top_p),
+                                       float(min_p))
+
+
+def _check_verify_inputs(p, q, draft, storage: str):
+    p = _as_real_array(p, "p", np.float64)
+    q = _as_real_array(q, "q", np.float64)
+    if p.ndim != 2:
+        raise ValueError(f"p must be 2-D with shape (n+1, n_vocab), got shape {p.shape}")
+    if q.ndim != 2:
+        raise ValueError(f"q must be 2-D with shape (n, n_vocab), got shape {q.shape}")
+    n = q.shape[0]
+    if p.shape[0] != n + 1:
+        raise ValueError(
+            f"p must have one more row than q (n+1 target distributions for n drafts): "
+            f"p has {p.shape[0]} rows, q has {n}")
+    if p.shape[1] == 0:
+        raise ValueError("the vocabulary must not be empty")
+    if q.shape[1] != p.shape[1]:
+        raise ValueError(
+            f"p and q must share the vocabulary: p has {p.shape[1]} columns, q has {q.shape[1]}")
+    if draft is not None:
+        d = np.asarray(draft)
+        if not (np.issubdtype(d.dtype, np.integer)):
+            raise ValueError(f"draft must be an integer array, got dtype {d.dtype}")
+        if d.shape != (n,):
+            raise ValueError(f"draft must have shape ({n},) (one token per row of q), "
+                             f"got shape {d.shape}")
+        if n and (d.min() < 0 or d.max() >= p.shape[1]):
+            raise ValueError(f"draft tokens must be in [0, {p.shape[1]}), got {d.tolist()}")
+        draft = np.ascontiguousarray(d, dtype=np.int32)
+    if storage not in _STORAGES:
+        raise ValueError(f"storage must be one of {_STORAGES}, got {storage!r}")
+    # NaN / negative / rows not summing to 1 / q(draft) == 0 are checked in C++ with row
+    # and position in the message.
+    return p, q, draft
+
+
+def verify(p, q, draft, seed: int, *, storage: str = "auto") -> Tuple[int, int]:
+    """Run one verification round with a fresh random stream from ``seed``.
+
+    Args:
+        p: float64 array ``(n+1, V)``: the target's distributions at the n draft positions
+            and the bonus position, each row summing to 1 (tolerance 1e-6).
+        q: float64 array ``(n, V)``: the distributions the drafts were actually drawn from.
+        draft: int array ``(n,)``: the proposed tokens; ``q[i, draft[i]]`` must be > 0.
+        seed: integer in ``[0, 2**64)``; the same seed gives the same result, and equals
+            round 0 of :func:`verify_many` with that seed.
+        storage: internal representation of the rows (``"auto"``, ``"dense"``,
+            ``"sparse"``); a testing knob, results are identical in distribution.
+
+    Returns:
+        ``(n_accepted, next_token)``: the number of accepted drafts (0..n) and the token
+        emitted after them (residual sample on rejection, bonus sample from ``p[n]`` if
+        all were accepted).
+
+    Raises:
+        ValueError: shapes, NaN or negative probabilities, rows not summing to 1, draft
+            tokens out of range or with ``q(x) = 0``.
+    """
+    p, q, draft = _check_verify_inputs(p, q, draft, storage)
+    if draft is None:
+        raise ValueError("draft must be given; use verify_many(draft=None) to sample drafts")
+    acc, nxt = _core_sampling.verify_many(p, q, draft, 1, _check_seed(seed), "correct",
+                                          storage, False)
+    return int(acc[0]), int(nxt[0])
+
+
+def verify_many(
+    p,
+    q,
+    draft,
+    n_rounds: int,
+    seed: int,
+    variant: str = "correct",
+    *,
+    storage: str = "auto",
+    return_drafts: bool = False,
+):
+    """Run ``n_rounds`` independent verification rounds in C++ (GIL released).
+
+    Args:
+        p: float64 array ``(n+1, V)`` of target distributions (rows sum to 1).
+        q: float64 array ``(n, V)`` of draft distributions (rows sum to 1).
+        draft: int array ``(n,)`` used in every round, or ``None``: then each round draws
+            its drafts inside C++, draft ``i`` from ``q[i]`` (rows are fixed, i.e. the
+            model's conditionals do not depend on the prefix; enough to test the rule).
+        n_rounds: number of rounds, ``>= 0``.
+        seed: integer in ``[0, 2**64)``; one random stream for all rounds.
+        variant: ``"correct"`` (the real rule) or one of the TEST-ONLY negative controls
+            ``"residual_is_p"``, ``"accept_all"``, ``"sample_and_match"`` (see
+            :data:`VARIANTS`). Never use those for generation.
+        storage: internal row representation (``"auto"``, ``"dense"``, ``"sparse"``);
+            a testing knob for the sparse and dense code paths.
+        return_drafts: with ``draft=None``, also return the sampled drafts.
+
+    Returns:
+        ``(n_accepted, next_token)``, two int32 arrays of length ``n_rounds``; with
+        ``return_drafts=True`` a third ``(n_rounds, n)`` int32 array of drafts.
+
+    Raises:
+        ValueError: as :func:`verify`, plus an unknown variant or negative ``n_rounds``.
+    """
+    if variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+    if isinstance(n_rounds, bool) or int(n_rounds) != n_rounds or n_rounds < 0:
+        raise ValueError(f"n_rounds must be an integer >= 0, got {n_rounds!r}")
+    if return_drafts and draft is not None:
+        raise ValueError("return_drafts=True needs draft=None (drafts sampled from q)")
+    p, q, draft = _check_verify_inputs(p, q, draft, storage)
+    return _core_sampling.verify_many(p, q, draft, int(n_rounds), _check_seed(seed), variant,
+                                      storage, bool(return_drafts))
