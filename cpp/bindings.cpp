@@ -11,8 +11,9 @@
 #include <memory>
 
 #include "errors.h"
-#include "generator.h"
+#include "engine.h"
 #include "model.h"
+#include "model_drafter.h"
 
 namespace py = pybind11;
 using namespace pyspec;
@@ -58,6 +59,8 @@ py::dict stats_to_dict(const GenerationStats& s) {
     d["draft_s"] = s.draft_s;
     d["verify_s"] = s.verify_s;
     d["overhead_s"] = s.overhead_s;
+    d["drafted_at"] = s.drafted_at;
+    d["accepted_at"] = s.accepted_at;
     return d;
 }
 
@@ -68,11 +71,11 @@ struct PyTokenSink {
     py::object callback;
     std::unique_ptr<py::error_already_set> error;
 
-    bool operator()(int32_t token, const std::string& text) {
+    bool operator()(int32_t token, const std::string& text, bool drafted) {
         py::gil_scoped_acquire gil;
         try {
             if (!callback.is_none()) {
-                py::object r = callback(token, py::bytes(text));
+                py::object r = callback(token, py::bytes(text), drafted);
                 if (!r.is_none() && !r.cast<bool>()) return false;
             }
             if (PyErr_CheckSignals() != 0) throw py::error_already_set();
@@ -84,6 +87,14 @@ struct PyTokenSink {
     }
 };
 
+VerifyVariant parse_variant(const std::string& name) {
+    if (name == "correct") return VerifyVariant::kCorrect;
+    if (name == "residual_is_p") return VerifyVariant::kResidualIsP;
+    if (name == "accept_all") return VerifyVariant::kAcceptAll;
+    if (name == "sample_and_match") return VerifyVariant::kSampleAndMatch;
+    throw std::invalid_argument("unknown verification variant '" + name + "'");
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_core, m) {
@@ -91,6 +102,18 @@ PYBIND11_MODULE(_core, m) {
     llama_backend_init();
     install_log_filter();
     py::register_exception_translator(&translate_errors);
+
+    py::class_<SamplingParams>(m, "SamplingParams")
+        .def(py::init([](double temperature, int32_t top_k, double top_p, double min_p) {
+                 SamplingParams p{temperature, top_k, top_p, min_p};
+                 p.validate();
+                 return p;
+             }),
+             py::arg("temperature") = 1.0, py::arg("top_k") = 0, py::arg("top_p") = 1.0, py::arg("min_p") = 0.0)
+        .def_readonly("temperature", &SamplingParams::temperature)
+        .def_readonly("top_k", &SamplingParams::top_k)
+        .def_readonly("top_p", &SamplingParams::top_p)
+        .def_readonly("min_p", &SamplingParams::min_p);
 
     m.def("llama_system_info", []() { return std::string(llama_print_system_info()); });
 
@@ -153,26 +176,34 @@ PYBIND11_MODULE(_core, m) {
         .def("truncate", &Model::truncate, py::arg("pos"))
         .def("pos_max", &Model::pos_max);
 
-    py::class_<Generator>(m, "Generator")
-        .def(py::init<Model&>(), py::arg("target"), py::keep_alive<1, 2>())
+    py::class_<Drafter>(m, "Drafter");
+    py::class_<ModelDrafter, Drafter>(m, "ModelDrafter")
+        .def(py::init<Model&>(), py::arg("model"), py::keep_alive<1, 2>());
+
+    m.def("check_compatible", &check_compatible, py::arg("target"), py::arg("draft"),
+          "Raise IncompatibleModelsError unless the two models share one vocabulary.");
+
+    py::class_<Engine>(m, "Engine")
+        .def(py::init<Model&, Drafter*>(), py::arg("target"), py::arg("drafter") = nullptr,
+             py::keep_alive<1, 2>(), py::keep_alive<1, 3>())
         .def("generate",
-             [](Generator& g, const std::vector<int32_t>& prompt, int32_t max_tokens, double temperature,
-                int32_t top_k, double top_p, double min_p, uint64_t seed, const std::vector<std::string>& stop,
-                py::object on_token) {
+             [](Engine& e, const std::vector<int32_t>& prompt, int32_t max_tokens, const SamplingParams& sampling,
+                const SamplingParams& draft_sampling, uint64_t seed, const std::vector<std::string>& stop,
+                int32_t draft_max, const std::string& variant, py::object on_token) {
                  GenerateParams p;
                  p.max_tokens = max_tokens;
-                 p.sampling.temperature = temperature;
-                 p.sampling.top_k = top_k;
-                 p.sampling.top_p = top_p;
-                 p.sampling.min_p = min_p;
+                 p.sampling = sampling;
+                 p.draft_sampling = draft_sampling;
                  p.seed = seed;
                  p.stop = stop;
+                 p.draft_max = draft_max;
+                 p.variant = parse_variant(variant);
                  PyTokenSink sink;
                  sink.callback = std::move(on_token);
                  GenerateResult r;
                  {
                      py::gil_scoped_release release;
-                     r = g.generate(prompt, p, std::ref(sink));
+                     r = e.generate(prompt, p, std::ref(sink));
                  }
                  if (sink.error) throw std::move(*sink.error);
                  py::dict out;
@@ -182,9 +213,9 @@ PYBIND11_MODULE(_core, m) {
                  out["stats"] = stats_to_dict(r.stats);
                  return out;
              },
-             py::arg("prompt"), py::arg("max_tokens") = 256, py::arg("temperature") = 1.0, py::arg("top_k") = 0,
-             py::arg("top_p") = 1.0, py::arg("min_p") = 0.0, py::arg("seed") = 0,
-             py::arg("stop") = std::vector<std::string>{}, py::arg("on_token") = py::none());
+             py::arg("prompt"), py::arg("max_tokens"), py::arg("sampling"), py::arg("draft_sampling"),
+             py::arg("seed"), py::arg("stop"), py::arg("draft_max"), py::arg("variant") = "correct",
+             py::arg("on_token") = py::none());
 
     bind_sampling(m);
 }

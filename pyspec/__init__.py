@@ -17,6 +17,7 @@ from .errors import (
     PyspecError,
 )
 from .model import Model
+from .speculative import SpeculativeDecoder
 from .results import Completion, GenerationStats
 
 try:
@@ -28,6 +29,7 @@ except PackageNotFoundError:  # running from a source tree
 
 __all__ = [
     "Model",
+    "SpeculativeDecoder",
     "Completion",
     "GenerationStats",
     "PyspecError",

@@ -3,21 +3,14 @@
 from __future__ import annotations
 
 import os
-import queue
 import threading
 from pathlib import Path
-from typing import Callable, Iterator, List, Mapping, Optional, Sequence, Union
+from typing import List, Optional, Sequence, Union
 
 from . import _core
 from ._platform import physical_cores
 from .errors import ModelNotFoundError
-from .results import Completion, GenerationStats
-
-Message = Mapping[str, str]
-#: A string, a list of chat messages, or ready token ids.
-Prompt = Union[str, Sequence[Message], Sequence[int]]
-#: Called with each piece of text as soon as it is safe to show. Return False to stop.
-TextCallback = Callable[[str], Optional[bool]]
+from .generation import Generator, Message, Prompt
 
 
 def _resolve_path(model: Union[str, os.PathLike]) -> str:
@@ -35,11 +28,13 @@ def _resolve_path(model: Union[str, os.PathLike]) -> str:
         raise ModelNotFoundError(str(e)) from None
 
 
-class Model:
+class Model(Generator):
     """A GGUF model loaded through llama.cpp, with its own context.
 
-    ``model`` is a path to a ``.gguf`` file or the name of a default model
-    (``pyspec models list``), which is pulled on first use.
+    ``model`` is a path to a ``.gguf`` file or the name (or alias: ``target``,
+    ``draft``, ``test``) of a default model (``pyspec models list``), which is
+    pulled on first use. ``generate``/``stream`` decode plainly; wrap two models
+    in :class:`~pyspec.SpeculativeDecoder` for speculative decoding.
     """
 
     def __init__(
@@ -69,9 +64,12 @@ class Model:
             seed=seed,
             verbose=verbose,
         )
-        self._generator = _core.Generator(self._core)
+        self._engine = _core.Engine(self._core)
         # One llama_context serves one generation at a time.
         self._lock = threading.Lock()
+
+    def _text_model(self) -> "Model":
+        return self
 
     # ------------------------------------------------------------ facts
     @property
@@ -121,96 +119,3 @@ class Model:
         if not tokens:
             raise ValueError("the prompt is empty")
         return tokens
-
-    # ------------------------------------------------------------ generation
-    def generate(
-        self,
-        prompt: Prompt,
-        *,
-        max_tokens: int = 256,
-        temperature: float = 0.8,
-        top_k: int = 40,
-        top_p: float = 0.95,
-        min_p: float = 0.05,
-        seed: Optional[int] = None,
-        stop: Optional[Sequence[str]] = None,
-        chat: bool = True,
-        on_text: Optional[TextCallback] = None,
-    ) -> Completion:
-        """Generate a continuation of ``prompt``.
-
-        Sampling: ``temperature`` 0 is greedy; top-k, top-p and min-p truncate
-        (0, 1.0 and 0.0 switch them off). ``seed`` defaults to the model's seed.
-        ``stop`` strings end generation and are not included in the text.
-        ``on_text`` receives text as it is produced (return False to stop).
-        Ctrl-C stops between tokens and raises KeyboardInterrupt; the model
-        stays usable.
-        """
-        tokens = self.prompt_tokens(prompt, chat=chat)
-        return self._run(tokens, max_tokens, temperature, top_k, top_p, min_p, seed, stop, on_text)
-
-    def stream(self, prompt: Prompt, **kwargs) -> Iterator[str]:
-        """Like :meth:`generate`, but yields text pieces as they are produced.
-
-        Closing the iterator early (``break``) stops generation.
-        """
-        pieces: "queue.Queue" = queue.Queue()
-        cancel = threading.Event()
-        done = object()
-
-        def on_text(text: str) -> bool:
-            pieces.put(text)
-            return not cancel.is_set()
-
-        def work() -> None:
-            try:
-                self.generate(prompt, on_text=on_text, **kwargs)
-                pieces.put(done)
-            except BaseException as e:  # handed to the consumer thread
-                pieces.put(e)
-
-        worker = threading.Thread(target=work, name="pyspec-stream", daemon=True)
-        worker.start()
-        try:
-            while True:
-                item = pieces.get()
-                if item is done:
-                    return
-                if isinstance(item, BaseException):
-                    raise item
-                if item:
-                    yield item
-        finally:
-            cancel.set()
-            worker.join()
-
-    def _run(self, tokens, max_tokens, temperature, top_k, top_p, min_p, seed, stop, on_text) -> Completion:
-        if max_tokens < 0:
-            raise ValueError(f"max_tokens must be >= 0, got {max_tokens}")
-        callback = None
-        if on_text is not None:
-
-            def callback(token: int, piece: bytes):
-                if piece:
-                    return on_text(piece.decode("utf-8", errors="replace"))
-                return True
-
-        with self._lock:
-            out = self._generator.generate(
-                tokens,
-                max_tokens=max_tokens,
-                temperature=temperature,
-                top_k=top_k,
-                top_p=top_p,
-                min_p=min_p,
-                seed=self._core.seed if seed is None else seed,
-                stop=list(stop or []),
-                on_token=callback,
-            )
-        return Completion(
-            text=out["text"].decode("utf-8", errors="replace"),
-            tokens=list(out["tokens"]),
-            n_prompt_tokens=len(tokens),
-            stop_reason=out["stop_reason"],
-            stats=GenerationStats(**out["stats"]),
-        )

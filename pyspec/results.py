@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Tuple
 
 
 @dataclass(frozen=True)
@@ -27,14 +27,38 @@ class GenerationStats:
     draft_s: float = 0.0
     verify_s: float = 0.0
     overhead_s: float = 0.0
+    drafted_at: Tuple[int, ...] = ()   # per draft position 1..k: rounds that drafted it
+    accepted_at: Tuple[int, ...] = ()  # ... and accepted it
+
+    @classmethod
+    def from_core(cls, d: Dict[str, Any]) -> "GenerationStats":
+        d = dict(d)
+        d["drafted_at"] = tuple(d.get("drafted_at", ()))
+        d["accepted_at"] = tuple(d.get("accepted_at", ()))
+        return cls(**d)
 
     @property
     def acceptance_rate(self) -> float:
+        """Accepted drafts / drafted tokens."""
         return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def mean_accepted_len(self) -> float:
+        """Tokens emitted per target pass, counting the residual/bonus token."""
+        return (self.accepted + self.rounds) / self.rounds if self.rounds else 0.0
+
+    @property
+    def accepted_per_position(self) -> Tuple[float, ...]:
+        """Acceptance rate of draft position 1..k (of the rounds that drafted it)."""
+        return tuple(a / d if d else 0.0 for a, d in zip(self.accepted_at, self.drafted_at))
 
     def to_dict(self) -> Dict[str, Any]:
         d = asdict(self)
+        d["drafted_at"] = list(self.drafted_at)
+        d["accepted_at"] = list(self.accepted_at)
         d["acceptance_rate"] = self.acceptance_rate
+        d["mean_accepted_len"] = self.mean_accepted_len
+        d["accepted_per_position"] = list(self.accepted_per_position)
         return d
 
 

@@ -1,0 +1,172 @@
+#include "engine.h"
+
+#include <algorithm>
+#include <chrono>
+#include <stdexcept>
+
+#include "errors.h"
+#include "text_stream.h"
+
+namespace pyspec {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+}  // namespace
+
+Engine::Engine(Model& target, Drafter* drafter) : target_(target), drafter_(drafter) {}
+
+void Engine::decode_verification_batch(const std::vector<int32_t>& history, const std::vector<int32_t>& drafts) {
+    size_t keep = common_prefix(kv_, history);
+    if (keep == history.size()) --keep;  // the last committed token must be (re)evaluated
+    target_.truncate(static_cast<int32_t>(keep));
+    kv_.resize(keep);
+    batch_.assign(history.begin() + static_cast<std::ptrdiff_t>(keep), history.end());
+    batch_.insert(batch_.end(), drafts.begin(), drafts.end());
+    const int32_t n_rows = static_cast<int32_t>(drafts.size()) + 1;
+    target_.decode(batch_.data(), static_cast<int32_t>(batch_.size()), static_cast<int32_t>(keep), n_rows);
+    kv_.insert(kv_.end(), batch_.begin(), batch_.end());
+}
+
+void Engine::target_distributions(int32_t n_rows, const SamplingParams& sampling) {
+    const int32_t n_vocab = target_.n_vocab();
+    for (int32_t i = 0; i < n_rows; ++i) {
+        try {
+            compute_distribution(target_.logits(i), n_vocab, sampling, p_[static_cast<size_t>(i)], ws_);
+        } catch (const std::invalid_argument& e) {
+            throw DecodeError(std::string("the target model produced invalid logits: ") + e.what());
+        }
+    }
+}
+
+GenerateResult Engine::generate(const std::vector<int32_t>& prompt, const GenerateParams& params,
+                                const TokenCallback& on_token, const DraftStopRule& stop_rule) {
+    params.sampling.validate();
+    if (params.max_tokens < 0) throw std::invalid_argument("max_tokens must be >= 0");
+    if (params.draft_max < 0) throw std::invalid_argument("draft_max must be >= 0");
+    if (params.draft_max > 0 && !drafter_) throw std::invalid_argument("draft_max > 0 needs a drafter");
+    if (prompt.empty()) throw std::invalid_argument("the prompt is empty (no tokens)");
+    const int32_t n_prompt = static_cast<int32_t>(prompt.size());
+    const int32_t n_ctx = target_.n_ctx();
+    if (n_prompt >= n_ctx) {
+        throw ContextOverflowError("prompt has " + std::to_string(n_prompt) + " tokens but the context holds " +
+                                   std::to_string(n_ctx) + " (raise n_ctx or shorten the prompt)");
+    }
+    // The verification batch must fit in one llama_decode.
+    const int32_t k_max = std::min(params.draft_max, target_.n_batch() - 2);
+    p_.resize(static_cast<size_t>(k_max) + 1);
+    q_.resize(static_cast<size_t>(std::max(k_max, 1)));
+
+    GenerateResult result;
+    GenerationStats& st = result.stats;
+    st.n_prompt_tokens = n_prompt;
+    st.drafted_at.assign(static_cast<size_t>(k_max), 0);
+    st.accepted_at.assign(static_cast<size_t>(k_max), 0);
+    Rng rng(params.seed);
+    TextStream stream(params.stop);
+    std::vector<int32_t> history(prompt);
+    history.reserve(prompt.size() + static_cast<size_t>(params.max_tokens) + 1);
+
+    const auto t_start = Clock::now();
+    // Prompt: the target keeps all of it but the last token, which the first
+    // round evaluates (and which yields the first token's distribution).
+    kv_.clear();
+    target_.truncate(0);
+    if (n_prompt > 1) {
+        target_.decode(prompt.data(), n_prompt - 1, 0, 0);
+        kv_.assign(prompt.begin(), prompt.end() - 1);
+    }
+    if (drafter_ && k_max > 0) drafter_->begin(prompt, params.draft_sampling);
+    st.prompt_s = since(t_start);
+
+    Clock::time_point t_first{};
+    result.stop_reason = "max_tokens";
+    bool done = params.max_tokens == 0;
+    bool first_round = true;
+    while (!done) {
+        const int32_t generated = static_cast<int32_t>(result.tokens.size());
+        // Room: positions up to n_ctx - 1 and at most max_tokens tokens in total.
+        const int32_t room_ctx = n_ctx - static_cast<int32_t>(history.size());
+        if (room_ctx <= 0) {
+            result.stop_reason = "context";
+            break;
+        }
+        int32_t k = first_round ? 0 : k_max;  // the first token comes from the prompt pass
+        k = std::min({k, room_ctx - 1, params.max_tokens - generated - 1});
+        k = std::max(k, 0);
+
+        // 1. Draft.
+        int32_t n_draft = 0;
+        drafts_.clear();
+        if (k > 0) {
+            const auto t0 = Clock::now();
+            n_draft = drafter_->draft(history, k, rng, drafts_, q_, stop_rule);
+            st.draft_s += since(t0);
+        }
+        // 2. Verify: one target pass over [uncommitted tail, drafts].
+        auto t0 = Clock::now();
+        decode_verification_batch(history, drafts_);
+        const double t_eval = since(t0);
+        // 3. Accept a prefix and draw the next token.
+        t0 = Clock::now();
+        target_distributions(n_draft + 1, params.sampling);
+        const VerifyResult vr = verify(p_.data(), q_.data(), drafts_.data(), n_draft, rng, params.variant);
+        if (!first_round) {
+            ++st.rounds;
+            st.drafted += n_draft;
+            st.accepted += vr.n_accepted;
+            for (int32_t i = 0; i < n_draft; ++i) {
+                ++st.drafted_at[static_cast<size_t>(i)];
+                if (i < vr.n_accepted) ++st.accepted_at[static_cast<size_t>(i)];
+            }
+        }
+        // 4. Roll the target back to the accepted prefix (the drafter syncs lazily).
+        const size_t keep = history.size() + static_cast<size_t>(vr.n_accepted);
+        target_.truncate(static_cast<int32_t>(keep));
+        kv_.resize(keep);
+        // Emit accepted drafts, then the new token, checking stops after each.
+        for (int32_t i = 0; i <= vr.n_accepted && !done; ++i) {
+            const int32_t token = i < vr.n_accepted ? drafts_[static_cast<size_t>(i)] : vr.next_token;
+            history.push_back(token);
+            result.tokens.push_back(token);
+            if (result.tokens.size() == 1) {
+                t_first = Clock::now();
+                st.ttft_s = std::chrono::duration<double>(t_first - t_start).count();
+            }
+            if (target_.is_eog(token)) {
+                result.stop_reason = "eog";
+                done = true;
+                break;
+            }
+            const std::string delta = stream.push(target_.token_to_piece(token));
+            const bool keep_going = !on_token || on_token(token, delta, i < vr.n_accepted);
+            if (stream.stopped()) {
+                result.stop_reason = "stop";
+                done = true;
+            } else if (!keep_going) {
+                result.stop_reason = "cancelled";
+                done = true;
+            } else if (static_cast<int32_t>(result.tokens.size()) >= params.max_tokens) {
+                done = true;
+            }
+        }
+        st.verify_s += t_eval;
+        st.overhead_s += since(t0);
+        first_round = false;
+    }
+    const std::string tail = stream.finish();
+    if (!tail.empty() && on_token) on_token(-1, tail, false);
+
+    result.text = stream.text();
+    st.n_generated = static_cast<int32_t>(result.tokens.size());
+    if (st.n_generated > 0) {
+        st.decode_s = since(t_first);
+        if (st.n_generated > 1 && st.decode_s > 0) st.decode_tok_s = (st.n_generated - 1) / st.decode_s;
+    }
+    return result;
+}
+
+}  // namespace pyspec

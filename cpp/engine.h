@@ -1,0 +1,84 @@
+// The generation loop, plain and speculative alike. One round:
+//   1. the drafter proposes up to k tokens (k = 0: plain decoding),
+//   2. the target evaluates [last committed token, drafts...] in ONE llama_decode,
+//   3. the sampling core accepts a prefix and draws the next token,
+//   4. the target's KV cache drops the rejected tail (the drafter syncs lazily).
+// Runs without the GIL; Python sees it through a per-token callback.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "drafter.h"
+#include "model.h"
+#include "rng.h"
+#include "sampling.h"
+
+namespace pyspec {
+
+struct GenerateParams {
+    int32_t max_tokens = 256;
+    SamplingParams sampling;           // the target's settings: define the output distribution
+    SamplingParams draft_sampling;     // the drafter's own settings (q); any choice stays lossless
+    uint64_t seed = 0;
+    std::vector<std::string> stop;
+    int32_t draft_max = 0;             // k: drafts per round; 0 = plain decoding
+    VerifyVariant variant = VerifyVariant::kCorrect;  // others are test-only negative controls
+};
+
+struct GenerationStats {
+    int32_t n_prompt_tokens = 0;
+    int32_t n_generated = 0;
+    double prompt_s = 0;      // prompt processing (target and drafter)
+    double ttft_s = 0;        // call start -> first token sampled
+    double decode_s = 0;      // first token -> last token
+    double decode_tok_s = 0;  // (n_generated - 1) / decode_s
+    int32_t rounds = 0;       // target passes after the first token
+    int32_t drafted = 0;
+    int32_t accepted = 0;
+    double draft_s = 0;       // drafter time (its decodes and sampling)
+    double verify_s = 0;      // target decodes
+    double overhead_s = 0;    // host work: distributions, verification, text, callbacks
+    std::vector<int32_t> drafted_at;   // per draft position 1..k: rounds that drafted it
+    std::vector<int32_t> accepted_at;  // ... and accepted it
+};
+
+struct GenerateResult {
+    std::vector<int32_t> tokens;
+    std::string text;
+    std::string stop_reason;  // "eog", "max_tokens", "stop", "context", "cancelled"
+    GenerationStats stats;
+};
+
+// Called for every emitted token with the text that became safe to show
+// (token -1 carries the final flush). `drafted` tells whether the token was a
+// draft the target accepted. Return false to stop (stop_reason "cancelled").
+using TokenCallback = std::function<bool(int32_t token, const std::string& text, bool drafted)>;
+
+class Engine {
+public:
+    // drafter may be null (plain decoding only).
+    Engine(Model& target, Drafter* drafter);
+
+    GenerateResult generate(const std::vector<int32_t>& prompt, const GenerateParams& params,
+                            const TokenCallback& on_token, const DraftStopRule& stop_rule = nullptr);
+
+private:
+    // Decode the uncommitted tail of `history` plus `drafts` on the target in
+    // one batch, keeping logits for the last token of history and every draft.
+    void decode_verification_batch(const std::vector<int32_t>& history, const std::vector<int32_t>& drafts);
+    // p[i] = the target's sampling distribution at logits row i.
+    void target_distributions(int32_t n_rows, const SamplingParams& sampling);
+
+    Model& target_;
+    Drafter* drafter_;
+    std::vector<int32_t> kv_;          // tokens held in the target's KV cache
+    std::vector<int32_t> batch_;       // scratch: the verification batch
+    std::vector<int32_t> drafts_;
+    std::vector<Distribution> p_, q_;
+    SamplingWorkspace ws_;
+};
+
+}  // namespace pyspec

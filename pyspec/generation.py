@@ -1,0 +1,150 @@
+"""generate() and stream(), shared by plain and speculative generation.
+
+Both run the same C++ loop (``_core.Engine``); a plain model's engine has no
+drafter. This module owns prompt handling, sampling-argument checking,
+streaming through a worker thread, and turning the core's dict into a
+:class:`~pyspec.results.Completion`.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from typing import Callable, Iterator, Mapping, Optional, Sequence, Union
+
+from . import _core
+from .results import Completion, GenerationStats
+
+Message = Mapping[str, str]
+#: A string, a list of chat messages, or ready token ids.
+Prompt = Union[str, Sequence[Message], Sequence[int]]
+#: Called with each piece of text as soon as it is safe to show. Return False to stop.
+TextCallback = Callable[[str], Optional[bool]]
+#: Like TextCallback, plus whether the token came from an accepted draft.
+TokenTextCallback = Callable[[str, bool], Optional[bool]]
+
+
+def sampling_params(temperature: float, top_k: int, top_p: float, min_p: float) -> "_core.SamplingParams":
+    """Validated sampling settings (ValueError with the reason otherwise)."""
+    return _core.SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
+
+
+class Generator:
+    """Base of :class:`~pyspec.Model` and :class:`~pyspec.SpeculativeDecoder`."""
+
+    _engine: "_core.Engine"
+    _lock: threading.Lock
+
+    # Subclasses provide the tokenizer model and per-call drafting arguments.
+    def _text_model(self):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _draft_args(self, *, sampling, **kwargs) -> dict:
+        if kwargs:
+            raise TypeError(f"unexpected arguments for plain generation: {', '.join(sorted(kwargs))}")
+        return {"draft_max": 0, "draft_sampling": None}
+
+    def prompt_tokens(self, prompt: Prompt, *, chat: bool = True):
+        return self._text_model().prompt_tokens(prompt, chat=chat)
+
+    def generate(
+        self,
+        prompt: Prompt,
+        *,
+        max_tokens: int = 256,
+        temperature: float = 0.8,
+        top_k: int = 40,
+        top_p: float = 0.95,
+        min_p: float = 0.05,
+        seed: Optional[int] = None,
+        stop: Optional[Sequence[str]] = None,
+        chat: bool = True,
+        on_text: Optional[TextCallback] = None,
+        on_token: Optional[TokenTextCallback] = None,
+        **draft_kwargs,
+    ) -> Completion:
+        """Generate a continuation of ``prompt``.
+
+        ``prompt`` is a string (wrapped as one user message in the model's chat
+        template unless ``chat=False``), a list of ``{"role", "content"}``
+        messages, or token ids. Sampling: ``temperature`` 0 is greedy; top-k,
+        top-p and min-p truncate (0, 1.0 and 0.0 switch them off); the same
+        ``seed`` gives the same output on the same build. ``stop`` strings end
+        generation and are not included. ``on_text`` receives text as it is
+        produced (return False to stop); ``on_token(text, drafted)`` also learns
+        whether the piece came from an accepted draft. Ctrl-C stops between
+        tokens and raises KeyboardInterrupt; the model stays usable.
+        """
+        tokens = self.prompt_tokens(prompt, chat=chat)
+        callback = None
+        if on_text is not None or on_token is not None:
+
+            def callback(token: int, piece: bytes, drafted: bool):
+                if not piece:
+                    return True
+                text = piece.decode("utf-8", errors="replace")
+                return on_token(text, drafted) if on_token is not None else on_text(text)
+
+        return self._run(tokens, max_tokens, temperature, top_k, top_p, min_p, seed, stop, callback, draft_kwargs)
+
+    def stream(self, prompt: Prompt, **kwargs) -> Iterator[str]:
+        """Like :meth:`generate`, but yields text pieces as they are produced.
+        Closing the iterator early (``break``) stops generation."""
+        pieces: "queue.Queue" = queue.Queue()
+        cancel = threading.Event()
+        done = object()
+
+        def on_text(text: str) -> bool:
+            pieces.put(text)
+            return not cancel.is_set()
+
+        def work() -> None:
+            try:
+                self.generate(prompt, on_text=on_text, **kwargs)
+                pieces.put(done)
+            except BaseException as e:  # handed to the consuming thread
+                pieces.put(e)
+
+        worker = threading.Thread(target=work, name="pyspec-stream", daemon=True)
+        worker.start()
+        try:
+            while True:
+                item = pieces.get()
+                if item is done:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                if item:
+                    yield item
+        finally:
+            cancel.set()
+            worker.join()
+
+    # ------------------------------------------------------------ internals
+    def _run(self, tokens, max_tokens, temperature, top_k, top_p, min_p, seed, stop, callback, draft_kwargs):
+        if max_tokens < 0:
+            raise ValueError(f"max_tokens must be >= 0, got {max_tokens}")
+        sampling = sampling_params(temperature, top_k, top_p, min_p)
+        draft = self._draft_args(sampling=sampling, **draft_kwargs)
+        with self._lock:  # one llama_context serves one generation at a time
+            out = self._engine.generate(
+                tokens,
+                max_tokens=max_tokens,
+                sampling=sampling,
+                draft_sampling=draft["draft_sampling"] or sampling,
+                seed=self._default_seed() if seed is None else seed,
+                stop=list(stop or []),
+                draft_max=draft["draft_max"],
+                variant=draft.get("variant", "correct"),
+                on_token=callback,
+            )
+        return Completion(
+            text=out["text"].decode("utf-8", errors="replace"),
+            tokens=list(out["tokens"]),
+            n_prompt_tokens=len(tokens),
+            stop_reason=out["stop_reason"],
+            stats=GenerationStats.from_core(out["stats"]),
+        )
+
+    def _default_seed(self) -> int:
+        return self._text_model()._core.seed
