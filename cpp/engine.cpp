@@ -20,15 +20,12 @@ double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock:
 Engine::Engine(Model& target, Drafter* drafter) : target_(target), drafter_(drafter) {}
 
 void Engine::decode_verification_batch(const std::vector<int32_t>& history, const std::vector<int32_t>& drafts) {
-    size_t keep = common_prefix(kv_, history);
+    size_t keep = common_prefix(target_.cached(), history);
     if (keep == history.size()) --keep;  // the last committed token must be (re)evaluated
-    target_.truncate(static_cast<int32_t>(keep));
-    kv_.resize(keep);
     batch_.assign(history.begin() + static_cast<std::ptrdiff_t>(keep), history.end());
     batch_.insert(batch_.end(), drafts.begin(), drafts.end());
     const int32_t n_rows = static_cast<int32_t>(drafts.size()) + 1;
     target_.decode(batch_.data(), static_cast<int32_t>(batch_.size()), static_cast<int32_t>(keep), n_rows);
-    kv_.insert(kv_.end(), batch_.begin(), batch_.end());
 }
 
 void Engine::target_distributions(int32_t n_rows, const SamplingParams& sampling) {
@@ -71,13 +68,14 @@ GenerateResult Engine::generate(const std::vector<int32_t>& prompt, const Genera
     history.reserve(prompt.size() + static_cast<size_t>(params.max_tokens) + 1);
 
     const auto t_start = Clock::now();
-    // Prompt: the target keeps all of it but the last token, which the first
-    // round evaluates (and which yields the first token's distribution).
-    kv_.clear();
-    target_.truncate(0);
-    if (n_prompt > 1) {
-        target_.decode(prompt.data(), n_prompt - 1, 0, 0);
-        kv_.assign(prompt.begin(), prompt.end() - 1);
+    // Prompt: the target's cache takes all of it but the last token, which the
+    // first round evaluates together with the first drafts. A prefix the cache
+    // already holds from the previous call (a chat's earlier turns) is reused.
+    const size_t reuse = std::min(common_prefix(target_.cached(), prompt), prompt.size() - 1);
+    target_.truncate(static_cast<int32_t>(reuse));
+    if (prompt.size() - 1 > reuse) {
+        target_.decode(prompt.data() + reuse, static_cast<int32_t>(prompt.size() - 1 - reuse),
+                       static_cast<int32_t>(reuse), 0);
     }
     if (drafter_ && k_max > 0) drafter_->begin(prompt, params.draft_sampling);
     st.prompt_s = since(t_start);
@@ -85,7 +83,6 @@ GenerateResult Engine::generate(const std::vector<int32_t>& prompt, const Genera
     Clock::time_point t_first{};
     result.stop_reason = "max_tokens";
     bool done = params.max_tokens == 0;
-    bool first_round = true;
     while (!done) {
         const int32_t generated = static_cast<int32_t>(result.tokens.size());
         // Room: positions up to n_ctx - 1 and at most max_tokens tokens in total.
@@ -94,8 +91,7 @@ GenerateResult Engine::generate(const std::vector<int32_t>& prompt, const Genera
             result.stop_reason = "context";
             break;
         }
-        int32_t k = first_round ? 0 : k_max;  // the first token comes from the prompt pass
-        k = std::min({k, room_ctx - 1, params.max_tokens - generated - 1});
+        int32_t k = std::min({k_max, room_ctx - 1, params.max_tokens - generated - 1});
         k = std::max(k, 0);
 
         // 1. Draft.
@@ -114,19 +110,15 @@ GenerateResult Engine::generate(const std::vector<int32_t>& prompt, const Genera
         t0 = Clock::now();
         target_distributions(n_draft + 1, params.sampling);
         const VerifyResult vr = verify(p_.data(), q_.data(), drafts_.data(), n_draft, rng, params.variant);
-        if (!first_round) {
-            ++st.rounds;
-            st.drafted += n_draft;
-            st.accepted += vr.n_accepted;
-            for (int32_t i = 0; i < n_draft; ++i) {
-                ++st.drafted_at[static_cast<size_t>(i)];
-                if (i < vr.n_accepted) ++st.accepted_at[static_cast<size_t>(i)];
-            }
+        ++st.rounds;
+        st.drafted += n_draft;
+        st.accepted += vr.n_accepted;
+        for (int32_t i = 0; i < n_draft; ++i) {
+            ++st.drafted_at[static_cast<size_t>(i)];
+            if (i < vr.n_accepted) ++st.accepted_at[static_cast<size_t>(i)];
         }
         // 4. Roll the target back to the accepted prefix (the drafter syncs lazily).
-        const size_t keep = history.size() + static_cast<size_t>(vr.n_accepted);
-        target_.truncate(static_cast<int32_t>(keep));
-        kv_.resize(keep);
+        target_.truncate(static_cast<int32_t>(history.size()) + vr.n_accepted);
         // Emit accepted drafts, then the new token, checking stops after each.
         for (int32_t i = 0; i <= vr.n_accepted && !done; ++i) {
             const int32_t token = i < vr.n_accepted ? drafts_[static_cast<size_t>(i)] : vr.next_token;
@@ -155,7 +147,6 @@ GenerateResult Engine::generate(const std::vector<int32_t>& prompt, const Genera
         }
         st.verify_s += t_eval;
         st.overhead_s += since(t0);
-        first_round = false;
     }
     const std::string tail = stream.finish();
     if (!tail.empty() && on_token) on_token(-1, tail, false);

@@ -35,7 +35,7 @@ struct GenerationStats {
     double ttft_s = 0;        // call start -> first token sampled
     double decode_s = 0;      // first token -> last token
     double decode_tok_s = 0;  // (n_generated - 1) / decode_s
-    int32_t rounds = 0;       // target passes after the first token
+    int32_t rounds = 0;       // target passes (verification batches)
     int32_t drafted = 0;
     int32_t accepted = 0;
     double draft_s = 0;       // drafter time (its decodes and sampling)
@@ -74,7 +74,6 @@ private:
 
     Model& target_;
     Drafter* drafter_;
-    std::vector<int32_t> kv_;          // tokens held in the target's KV cache
     std::vector<int32_t> batch_;       // scratch: the verification batch
     std::vector<int32_t> drafts_;
     std::vector<Distribution> p_, q_;

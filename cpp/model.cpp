@@ -228,6 +228,10 @@ void Model::decode(const int32_t* tokens, int32_t n, int32_t pos0, int32_t n_log
         throw ContextOverflowError("context overflow: " + std::to_string(pos0 + n) + " tokens do not fit in n_ctx=" +
                                    std::to_string(n_ctx_));
     }
+    if (pos0 > static_cast<int32_t>(cached_.size())) {
+        throw std::invalid_argument("decode would leave a gap in the KV cache (pos0 past the cached tokens)");
+    }
+    truncate(pos0);
     llama_batch& b = batch_->batch;
     // Chunk so that the last chunk holds every token whose logits we keep.
     int32_t done = 0;
@@ -248,12 +252,13 @@ void Model::decode(const int32_t* tokens, int32_t n, int32_t pos0, int32_t n_log
         const int32_t rc = llama_decode(ctx_, b);
         if (rc != 0) {
             // Leave the cache exactly as it was before this call.
-            llama_memory_seq_rm(llama_get_memory(ctx_), 0, pos0, -1);
+            truncate(pos0);
             if (rc == 1) {
                 throw ContextOverflowError(with_llama_reason("no KV-cache slot for the batch (context full)"));
             }
             throw DecodeError(with_llama_reason("llama_decode failed with code " + std::to_string(rc)));
         }
+        cached_.insert(cached_.end(), tokens + done, tokens + done + chunk);
         if (done + chunk == n) {
             logits_first_row_ = chunk - n_logits;
             logits_count_ = n_logits;
@@ -270,7 +275,9 @@ const float* Model::logits(int32_t row) const {
 }
 
 void Model::truncate(int32_t pos) {
-    llama_memory_seq_rm(llama_get_memory(ctx_), 0, std::max(pos, 0), -1);
+    pos = std::max(pos, 0);
+    if (pos < static_cast<int32_t>(cached_.size())) cached_.resize(static_cast<size_t>(pos));
+    llama_memory_seq_rm(llama_get_memory(ctx_), 0, pos, -1);
 }
 
 int32_t Model::pos_max() const { return llama_memory_seq_pos_max(llama_get_memory(ctx_), 0); }

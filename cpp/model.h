@@ -66,6 +66,10 @@ public:
     // Drop the KV cache from position pos on (pos = 0 clears it).
     void truncate(int32_t pos);
     int32_t pos_max() const;   // -1 when empty
+    // The tokens the KV cache holds, by position. Everything that decodes with
+    // this context goes through decode()/truncate(), so this record is exact,
+    // whichever engine (plain or speculative) used the context last.
+    const std::vector<int32_t>& cached() const { return cached_; }
 
     llama_context* ctx() const { return ctx_; }
 
@@ -80,6 +84,7 @@ private:
     // One batch allocated for the context's lifetime: no per-decode allocation.
     struct BatchStorage;
     BatchStorage* batch_ = nullptr;
+    std::vector<int32_t> cached_;
     int32_t logits_first_row_ = 0;   // batch row of logits(0) in the last decode
     int32_t logits_count_ = 0;
 };

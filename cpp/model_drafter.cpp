@@ -22,12 +22,10 @@ void ModelDrafter::begin(const std::vector<int32_t>& prompt, const SamplingParam
     sampling.validate();
     sampling_ = sampling;
     // Reuse whatever prefix of the prompt the cache already holds.
-    const size_t keep = common_prefix(kv_, prompt);
+    const size_t keep = common_prefix(model_.cached(), prompt);
     model_.truncate(static_cast<int32_t>(keep));
-    kv_.resize(keep);
     if (keep < prompt.size()) {
         model_.decode(prompt.data() + keep, static_cast<int32_t>(prompt.size() - keep), static_cast<int32_t>(keep), 0);
-        kv_.assign(prompt.begin(), prompt.end());
     }
 }
 
@@ -40,12 +38,9 @@ int32_t ModelDrafter::draft(const std::vector<int32_t>& history, int32_t max_n, 
 
     // Sync the cache with the committed sequence: drop a rejected tail, then feed
     // everything missing (usually one token; two after a fully accepted round).
-    size_t keep = common_prefix(kv_, history);
+    size_t keep = common_prefix(model_.cached(), history);
     if (keep == history.size()) --keep;  // need logits for the last token
-    model_.truncate(static_cast<int32_t>(keep));
-    kv_.resize(keep);
     model_.decode(history.data() + keep, static_cast<int32_t>(history.size() - keep), static_cast<int32_t>(keep), 1);
-    kv_.insert(kv_.end(), history.begin() + static_cast<std::ptrdiff_t>(keep), history.end());
 
     const int32_t n_vocab = model_.n_vocab();
     for (int32_t i = 0; i < max_n; ++i) {
@@ -58,8 +53,7 @@ int32_t ModelDrafter::draft(const std::vector<int32_t>& history, int32_t max_n, 
         const int32_t tok = sampling_.greedy() ? qi.argmax() : qi.sample(rng.uniform());
         tokens.push_back(tok);
         if (i + 1 == max_n || (stop && stop(i, qi, tok))) break;
-        model_.decode(&tok, 1, static_cast<int32_t>(kv_.size()), 1);
-        kv_.push_back(tok);
+        model_.decode(&tok, 1, static_cast<int32_t>(model_.cached().size()), 1);
     }
     return static_cast<int32_t>(tokens.size());
 }

@@ -22,7 +22,6 @@ private:
     Model& model_;
     SamplingParams sampling_;
     SamplingWorkspace ws_;
-    std::vector<int32_t> kv_;   // tokens held in the draft's KV cache, in order
 };
 
 // Throws IncompatibleModelsError unless the draft's vocabulary matches the

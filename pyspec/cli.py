@@ -57,28 +57,57 @@ def main() -> None:
     """
 
 
+DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct-q4_k_m"  # models.DEFAULT_DRAFT
+
+
 @main.command()
 @click.argument("prompt")
-@click.option("--model", "-m", default=DEFAULT_MODEL, show_default=True,
-              help="Target model: a .gguf path or a default model name (see `pyspec models list`).")
+@click.option("--model", "-m", default=None,
+              help=f"Target model: a .gguf path or a default model name (see `pyspec models list`) "
+                   f"[default: {DEFAULT_MODEL}].")
+@click.option("--draft", "-d", default=None,
+              help="Draft model for speculative decoding (path or name). With neither --model nor --draft, "
+                   f"the default pair is used (draft: {DEFAULT_DRAFT}).")
+@click.option("--no-draft", is_flag=True, help="Plain decoding with the target alone.")
+@click.option("--draft-max", "-k", default=4, show_default=True, type=click.IntRange(min=0),
+              help="Tokens drafted per target pass (0 = plain decoding).")
 @click.option("--raw", is_flag=True, help="Send PROMPT as is, without the model's chat template.")
 @click.option("--stop", multiple=True, help="Stop when this text appears (repeatable); it is not printed.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object with text, tokens and stats instead of streaming.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print one JSON object (text, tokens, n_prompt_tokens, n_generated_tokens, stats) instead of streaming.")
+@click.option("--stats", "show_stats", is_flag=True, help="Print a summary of speed and acceptance on stderr.")
+@click.option("--show-drafts", is_flag=True,
+              help="On a terminal, colour accepted draft tokens (green) apart from tokens the target sampled.")
 @_sampling_options
 @_model_options
-def generate(prompt, model, raw, stop, as_json, max_tokens, temperature, top_k, top_p, min_p, seed, n_ctx,
-             threads, n_gpu_layers) -> None:
-    """Generate a continuation of PROMPT and stream it to stdout."""
+def generate(prompt, model, draft, no_draft, draft_max, raw, stop, as_json, show_stats, show_drafts, max_tokens,
+             temperature, top_k, top_p, min_p, seed, n_ctx, threads, n_gpu_layers) -> None:
+    """Generate a continuation of PROMPT and stream it to stdout.
+
+    By default the default target/draft pair runs speculative decoding, which
+    keeps the target's output distribution exactly; --no-draft decodes plainly.
+    """
     from .model import Model
+    from .speculative import SpeculativeDecoder
 
+    if draft is None and model is None and not no_draft:
+        draft = DEFAULT_DRAFT
+    model = model or DEFAULT_MODEL
+    colour = show_drafts and sys.stdout.isatty() and not as_json
     try:
-        m = Model(model, n_ctx=n_ctx, n_threads=threads, n_gpu_layers=n_gpu_layers, seed=seed)
+        load = dict(n_ctx=n_ctx, n_threads=threads, n_gpu_layers=n_gpu_layers, seed=seed)
+        target = Model(model, **load)
+        gen = target
+        kwargs = {}
+        if draft and not no_draft:
+            gen = SpeculativeDecoder(target, Model(draft, **load), draft_max=draft_max)
+            kwargs["draft_max"] = draft_max
 
-        def echo(text: str) -> None:
-            sys.stdout.write(text)
+        def echo(text: str, drafted: bool) -> None:
+            sys.stdout.write(click.style(text, fg="green") if colour and drafted else text)
             sys.stdout.flush()
 
-        out = m.generate(
+        out = gen.generate(
             prompt,
             max_tokens=max_tokens,
             temperature=temperature,
@@ -88,7 +117,8 @@ def generate(prompt, model, raw, stop, as_json, max_tokens, temperature, top_k, 
             seed=seed,
             stop=list(stop),
             chat=not raw,
-            on_text=None if as_json else echo,
+            on_token=None if as_json else echo,
+            **kwargs,
         )
     except KeyboardInterrupt:
         click.echo("\ninterrupted", err=True)
@@ -99,6 +129,68 @@ def generate(prompt, model, raw, stop, as_json, max_tokens, temperature, top_k, 
         click.echo(json.dumps(out.to_dict(), indent=2, ensure_ascii=False))
     else:
         click.echo()
+    if show_stats:
+        click.echo(_stats_summary(out), err=True)
+
+
+def _stats_summary(out) -> str:
+    s = out.stats
+    lines = [
+        f"{out.n_prompt_tokens} prompt tokens, {out.n_generated_tokens} generated ({out.stop_reason})",
+        f"time to first token {s.ttft_s:.2f} s, then {s.decode_tok_s:.1f} tok/s",
+    ]
+    if s.rounds and s.drafted:
+        per_pos = " ".join(f"{a:.2f}" for a in s.accepted_per_position)
+        lines.append(
+            f"{s.rounds} target passes, {s.drafted} drafted, {s.accepted} accepted "
+            f"(acceptance {s.acceptance_rate:.2f}; {s.mean_accepted_len:.2f} tokens per pass; by position: {per_pos})"
+        )
+        lines.append(f"time: draft {s.draft_s:.2f} s, verify {s.verify_s:.2f} s, host overhead {s.overhead_s:.3f} s")
+    return "\n".join(lines)
+
+
+@main.command()
+@click.option("--full", is_flag=True, help="The long version: more cases, 10x the rounds (minutes).")
+@click.option("--seed", default=20240601, show_default=True, type=int)
+@click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
+def check(full, seed, as_json) -> None:
+    """Verify this build's speculative sampling statistically.
+
+    Runs the lossless-verification rule against exact answers (chi-squared
+    goodness of fit of the emitted tokens, z-test of the mean accepted length)
+    over many (p, q) cases, plus negative controls: deliberately wrong rules
+    that the same tests must reject. Exits non-zero if any row fails.
+    """
+    from dataclasses import asdict
+
+    from .check import format_table, run_checks
+
+    rows = run_checks(fast=not full, seed=seed)
+    if as_json:
+        click.echo(json.dumps([asdict(r) for r in rows], indent=2))
+    else:
+        click.echo(format_table(rows))
+    if not all(r.passed for r in rows):
+        sys.exit(1)
+
+
+@main.command("bench-verify")
+@click.option("--n-vocab", default=151936, show_default=True, type=click.IntRange(min=2))
+@click.option("--top-k", default=40, show_default=True, type=click.IntRange(min=0))
+@click.option("--draft-max", "-k", default=4, show_default=True, type=click.IntRange(min=0))
+@click.option("--seconds", default=4.0, show_default=True, type=click.FloatRange(min=0.1))
+@click.option("--json", "as_json", is_flag=True)
+def bench_verify_cmd(n_vocab, top_k, draft_max, seconds, as_json) -> None:
+    """Measure verification rounds per second of the sampling core (no model)."""
+    from .check import bench_verify
+
+    res = bench_verify(n_vocab=n_vocab, top_k=top_k, n_draft=draft_max, seconds=seconds)
+    if as_json:
+        click.echo(json.dumps(res, indent=2))
+        return
+    click.echo(f"V={n_vocab}, top-k {top_k}, k={draft_max} drafts per round:")
+    click.echo(f"  verify only:                 {res['verify_only_rounds_per_s']:12,.0f} rounds/s")
+    click.echo(f"  distributions + verify:      {res['distributions_and_verify_rounds_per_s']:12,.0f} rounds/s")
 
 
 @main.group()
