@@ -96,9 +96,13 @@ def test_ties_broken_by_lower_id():
     np.testing.assert_array_equal(sampling.distribution(logits, temperature=0), [0, 1, 0, 0, 0])
     d = sampling.distribution(logits, top_k=2)
     np.testing.assert_allclose(d, [0, 0.5, 0.5, 0, 0])
-    # Two equal tokens, top_p = 0.5 exactly: the first (lowest id) suffices.
+    # Two equal tokens, top_p = 0.5 exactly: the first (lowest id) suffices ("mass >=
+    # top_p"), with or without top-k in front (two code paths).
     d = sampling.distribution(np.array([NEG_INF, 3.0, 3.0], dtype=np.float32), top_p=0.5)
     np.testing.assert_array_equal(d, [0, 1, 0])
+    d = sampling.distribution(np.array([NEG_INF, 3.0, 3.0, 1.0], dtype=np.float32), top_k=2,
+                              top_p=0.5)
+    np.testing.assert_array_equal(d, [0, 1, 0, 0])
 
 
 def test_order_is_topk_then_topp_on_renormalised_survivors():
@@ -195,6 +199,9 @@ def test_distribution_methods(storage):
     assert d.entropy() == pytest.approx(-(nz * np.log(nz)).sum(), rel=1e-12)
     cum = np.cumsum(nz)
     ids = np.flatnonzero(p)
+    # Inverse CDF convention: token j iff cum[j-1] <= u * total < cum[j].
+    q = core.Distribution.from_probs(np.full(4, 0.25), storage)
+    assert [q.sample(u) for u in (0.0, 0.25, 0.5, 0.75, 0.2499)] == [0, 1, 2, 3, 0]
     for u in np.concatenate([rng.random(200), [0.0, 1 - 2**-53]]):
         j = np.searchsorted(cum, u * cum[-1], side="right")
         assert d.sample(u) == ids[min(j, len(ids) - 1)]

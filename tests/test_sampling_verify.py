@@ -108,6 +108,13 @@ def truncated_rows(rng, rows, v, **kw):
     return np.stack([sampling.distribution(l, **kw) for l in logits])
 
 
+def small_residual_rows(rng, eps, v=20):
+    """Three rows equal to a fixed base (seeded) with eps moved onto token v-1."""
+    base = np.random.default_rng(77).dirichlet(np.ones(v - 1))
+    row = np.append(base * (1 - eps), eps)
+    return np.tile(row, (3, 1))
+
+
 # ------------------------------------------------------------------ the case family
 
 def build_cases():
@@ -143,6 +150,12 @@ def build_cases():
          truncated_rows(rng, 2, 40, top_k=8), "dense"),
         ("min-p-both", truncated_rows(rng, 4, 30, min_p=0.1),
          truncated_rows(rng, 3, 30, min_p=0.05, temperature=1.5), "auto"),
+        # p = q except a little mass on a token q never proposes: the residual is small
+        # and concentrated, so sampling anything but the residual there is visible.
+        ("small-residual-1e-2", small_residual_rows(rng, 1e-2), small_residual_rows(rng, 0)[:2],
+         "auto"),
+        ("small-residual-1e-3-sparse", small_residual_rows(rng, 1e-3),
+         small_residual_rows(rng, 0)[:2], "sparse"),
         ("peaked-p-flat-q", dirichlet_rows(rng, 3, 30, alpha=0.05),
          dirichlet_rows(rng, 2, 30, alpha=50.0), "auto"),
         ("flat-p-peaked-q", dirichlet_rows(rng, 3, 30, alpha=50.0),
