@@ -148,6 +148,9 @@ GenerateResult Engine::generate(const std::vector<int32_t>& prompt, const Genera
         st.verify_s += t_eval;
         st.overhead_s += since(t0);
     }
+    // A stop inside a round leaves drafts past the last emitted token in the
+    // cache; drop them so the cache holds exactly the committed sequence.
+    target_.truncate(static_cast<int32_t>(history.size()) - 1);
     const std::string tail = stream.finish();
     if (!tail.empty() && on_token) on_token(-1, tail, false);
 
