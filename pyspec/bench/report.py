@@ -37,7 +37,7 @@ def summarize(samples: List[Sample], baseline: str) -> Dict[str, Dict[str, dict]
                 "ttft_s": sum(s.ttft_s for s in ss) / len(ss),
                 "n_generated": gen,
                 "acceptance": accepted / drafted if drafted else None,
-                "mean_accepted_len": (gen / rounds) if rounds else None,
+                "mean_accepted_len": (accepted + rounds) / rounds if drafted else None,
             }
         table[cat] = rows
     return table

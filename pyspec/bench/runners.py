@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
-from ..model import Model
+from ..generation import Generator
 
 
 @dataclass
@@ -39,15 +39,17 @@ class Sample:
 
 
 class PyspecRunner:
-    """pyspec's own loop (plain decoding)."""
+    """pyspec's own loop: plain (a Model) or speculative (a SpeculativeDecoder
+    with ``draft_max`` and any other per-call drafting arguments)."""
 
-    def __init__(self, model: Model, name: str = "pyspec plain") -> None:
-        self.model = model
+    def __init__(self, generator: Generator, name: str, **draft_kwargs) -> None:
+        self.generator = generator
         self.name = name
+        self.draft_kwargs = draft_kwargs
 
     def run(self, tokens: List[int], s: Settings) -> Sample:
-        out = self.model.generate(tokens, max_tokens=s.max_tokens, temperature=s.temperature, top_k=s.top_k,
-                                  top_p=s.top_p, min_p=s.min_p, seed=s.seed)
+        out = self.generator.generate(tokens, max_tokens=s.max_tokens, temperature=s.temperature, top_k=s.top_k,
+                                      top_p=s.top_p, min_p=s.min_p, seed=s.seed, **self.draft_kwargs)
         st = out.stats
         extra = {k: getattr(st, k) for k in ("rounds", "drafted", "accepted", "draft_s", "verify_s", "overhead_s")}
         return Sample(self.name, "", "", len(tokens), st.n_generated, st.ttft_s, st.decode_s, extra)
