@@ -13,7 +13,10 @@
 #include "errors.h"
 #include "engine.h"
 #include "model.h"
+#include "hybrid_drafter.h"
 #include "model_drafter.h"
+#include "ngram_drafter.h"
+#include "policy.h"
 
 namespace py = pybind11;
 using namespace pyspec;
@@ -61,6 +64,9 @@ py::dict stats_to_dict(const GenerationStats& s) {
     d["overhead_s"] = s.overhead_s;
     d["drafted_at"] = s.drafted_at;
     d["accepted_at"] = s.accepted_at;
+    d["length_hist"] = s.length_hist;
+    d["policy_plain"] = s.policy_plain;
+    d["ngram_rounds"] = s.ngram_rounds;
     return d;
 }
 
@@ -139,6 +145,7 @@ PYBIND11_MODULE(_core, m) {
         .def_property_readonly("n_ctx", &Model::n_ctx)
         .def_property_readonly("n_batch", &Model::n_batch)
         .def_property_readonly("n_threads", [](const Model& m) { return m.params().n_threads; })
+        .def_property_readonly("n_gpu_layers", [](const Model& m) { return m.params().n_gpu_layers; })
         .def_property_readonly("description", &Model::description)
         .def_property_readonly("vocab_type", &Model::vocab_type)
         .def_property_readonly("bos", &Model::bos)
@@ -179,6 +186,44 @@ PYBIND11_MODULE(_core, m) {
     py::class_<Drafter>(m, "Drafter");
     py::class_<ModelDrafter, Drafter>(m, "ModelDrafter")
         .def(py::init<Model&>(), py::arg("model"), py::keep_alive<1, 2>());
+    py::class_<NgramDrafter, Drafter>(m, "NgramDrafter")
+        .def(py::init<int32_t, int32_t, int32_t>(), py::arg("n_vocab"), py::arg("n_min") = 1, py::arg("n_max") = 4)
+        .def("begin", [](NgramDrafter& d, const std::vector<int32_t>& prompt) { d.begin(prompt, SamplingParams{}); })
+        .def("find",
+             [](NgramDrafter& d, const std::vector<int32_t>& history) {
+                 int32_t len = 0;
+                 const int32_t at = d.find(history, &len);
+                 return py::make_tuple(at, len);
+             },
+             py::arg("history"), "(position whose continuation is proposed or -1, matched n-gram length)")
+        .def("propose",
+             [](NgramDrafter& d, const std::vector<int32_t>& history, int32_t max_n) {
+                 Rng rng(0);
+                 std::vector<int32_t> tokens;
+                 std::vector<Distribution> q(static_cast<size_t>(std::max(max_n, 1)));
+                 d.draft(history, max_n, rng, tokens, q, nullptr);
+                 return tokens;
+             },
+             py::arg("history"), py::arg("max_n"));
+    py::class_<HybridDrafter, Drafter>(m, "HybridDrafter")
+        .def(py::init<ModelDrafter&, NgramDrafter&, int32_t>(), py::arg("model"), py::arg("ngram"),
+             py::arg("min_match") = 2, py::keep_alive<1, 2>(), py::keep_alive<1, 3>());
+
+    py::class_<LengthPolicy>(m, "LengthPolicy")
+        .def(py::init([](const std::string& name, int32_t k, double p_min, double gamma, double h, int32_t cap) {
+                 PolicyParams p;
+                 p.name = name;
+                 p.k = k;
+                 p.p_min = p_min;
+                 p.gamma = gamma;
+                 p.h = h;
+                 p.cap = cap;
+                 return make_policy(p);
+             }),
+             py::arg("name"), py::arg("k") = 4, py::arg("p_min") = 0.75, py::arg("gamma") = 0.15, py::arg("h") = 0.3,
+             py::arg("cap") = 40)
+        .def_property_readonly("name", &LengthPolicy::name);
+    m.def("expected_tokens", &expected_tokens, py::arg("alpha"), py::arg("k"));
 
     m.def("check_compatible", &check_compatible, py::arg("target"), py::arg("draft"),
           "Raise IncompatibleModelsError unless the two models share one vocabulary.");
@@ -189,7 +234,8 @@ PYBIND11_MODULE(_core, m) {
         .def("generate",
              [](Engine& e, const std::vector<int32_t>& prompt, int32_t max_tokens, const SamplingParams& sampling,
                 const SamplingParams& draft_sampling, uint64_t seed, const std::vector<std::string>& stop,
-                int32_t draft_max, const std::string& variant, py::object on_token) {
+                int32_t draft_max, const std::string& variant, bool parallel_prefill, LengthPolicy* policy,
+                py::object on_token) {
                  GenerateParams p;
                  p.max_tokens = max_tokens;
                  p.sampling = sampling;
@@ -198,12 +244,13 @@ PYBIND11_MODULE(_core, m) {
                  p.stop = stop;
                  p.draft_max = draft_max;
                  p.variant = parse_variant(variant);
+                 p.parallel_prefill = parallel_prefill;
                  PyTokenSink sink;
                  sink.callback = std::move(on_token);
                  GenerateResult r;
                  {
                      py::gil_scoped_release release;
-                     r = e.generate(prompt, p, std::ref(sink));
+                     r = e.generate(prompt, p, std::ref(sink), policy);
                  }
                  if (sink.error) throw std::move(*sink.error);
                  py::dict out;
@@ -215,7 +262,7 @@ PYBIND11_MODULE(_core, m) {
              },
              py::arg("prompt"), py::arg("max_tokens"), py::arg("sampling"), py::arg("draft_sampling"),
              py::arg("seed"), py::arg("stop"), py::arg("draft_max"), py::arg("variant") = "correct",
-             py::arg("on_token") = py::none());
+             py::arg("parallel_prefill") = false, py::arg("policy") = nullptr, py::arg("on_token") = py::none());
 
     bind_sampling(m);
 }

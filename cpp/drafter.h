@@ -11,13 +11,21 @@
 
 namespace pyspec {
 
-// Asked after each drafted token (0-based index i, its distribution q, the token):
-// return true to make that token the last one of this draft (policies: svip, confidence).
-using DraftStopRule = std::function<bool(int32_t i, const Distribution& q, int32_t token)>;
+// Asked after each drafted token (0-based index i, its distribution q, the token)
+// by length policies that stop early (svip keeps the token, confidence drops it).
+enum class DraftStop { kContinue, kKeep, kDrop };
+using DraftStopRule = std::function<DraftStop(int32_t i, const Distribution& q, int32_t token)>;
+
+// Where a round's draft comes from (the hybrid drafter switches per round).
+enum class DraftSource { kModel = 0, kNgram = 1 };
 
 class Drafter {
 public:
     virtual ~Drafter() = default;
+
+    // Which source the next draft() will use for this history (hybrid decides
+    // here, so the length policy can choose a length for that source).
+    virtual DraftSource plan(const std::vector<int32_t>& /*history*/) { return DraftSource::kModel; }
 
     // A new generation starts from `prompt` (the drafter may process it now).
     // `sampling` is the drafter's own sampling setting for this generation

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <exception>
 #include <stdexcept>
+#include <thread>
 
 #include "errors.h"
 #include "text_stream.h"
@@ -40,7 +42,7 @@ void Engine::target_distributions(int32_t n_rows, const SamplingParams& sampling
 }
 
 GenerateResult Engine::generate(const std::vector<int32_t>& prompt, const GenerateParams& params,
-                                const TokenCallback& on_token, const DraftStopRule& stop_rule) {
+                                const TokenCallback& on_token, LengthPolicy* policy) {
     params.sampling.validate();
     if (params.max_tokens < 0) throw std::invalid_argument("max_tokens must be >= 0");
     if (params.draft_max < 0) throw std::invalid_argument("draft_max must be >= 0");
@@ -62,6 +64,13 @@ GenerateResult Engine::generate(const std::vector<int32_t>& prompt, const Genera
     st.n_prompt_tokens = n_prompt;
     st.drafted_at.assign(static_cast<size_t>(k_max), 0);
     st.accepted_at.assign(static_cast<size_t>(k_max), 0);
+    st.length_hist.assign(static_cast<size_t>(k_max) + 1, 0);
+    DraftStopRule stop_rule;
+    if (policy) {
+        stop_rule = [policy](int32_t i, const Distribution& q, int32_t token) {
+            return policy->after_token(i, q, token);
+        };
+    }
     Rng rng(params.seed);
     TextStream stream(params.stop);
     std::vector<int32_t> history(prompt);
@@ -73,11 +82,33 @@ GenerateResult Engine::generate(const std::vector<int32_t>& prompt, const Genera
     // already holds from the previous call (a chat's earlier turns) is reused.
     const size_t reuse = std::min(common_prefix(target_.cached(), prompt), prompt.size() - 1);
     target_.truncate(static_cast<int32_t>(reuse));
-    if (prompt.size() - 1 > reuse) {
-        target_.decode(prompt.data() + reuse, static_cast<int32_t>(prompt.size() - 1 - reuse),
-                       static_cast<int32_t>(reuse), 0);
+    const bool use_drafter = drafter_ && k_max > 0;
+    std::exception_ptr drafter_error;
+    std::thread drafter_prefill;
+    if (use_drafter && params.parallel_prefill) {
+        drafter_prefill = std::thread([&] {
+            try {
+                drafter_->begin(prompt, params.draft_sampling);
+            } catch (...) {
+                drafter_error = std::current_exception();
+            }
+        });
     }
-    if (drafter_ && k_max > 0) drafter_->begin(prompt, params.draft_sampling);
+    try {
+        if (prompt.size() - 1 > reuse) {
+            target_.decode(prompt.data() + reuse, static_cast<int32_t>(prompt.size() - 1 - reuse),
+                           static_cast<int32_t>(reuse), 0);
+        }
+    } catch (...) {
+        if (drafter_prefill.joinable()) drafter_prefill.join();
+        throw;
+    }
+    if (drafter_prefill.joinable()) {
+        drafter_prefill.join();
+        if (drafter_error) std::rethrow_exception(drafter_error);
+    } else if (use_drafter) {
+        drafter_->begin(prompt, params.draft_sampling);
+    }
     st.prompt_s = since(t_start);
 
     Clock::time_point t_first{};
@@ -91,16 +122,22 @@ GenerateResult Engine::generate(const std::vector<int32_t>& prompt, const Genera
             result.stop_reason = "context";
             break;
         }
-        int32_t k = std::min({k_max, room_ctx - 1, params.max_tokens - generated - 1});
-        k = std::max(k, 0);
+        const int32_t k_cap = std::max(0, std::min({k_max, room_ctx - 1, params.max_tokens - generated - 1}));
 
-        // 1. Draft.
+        // 1. Draft: the policy picks the length for the source the drafter plans to use.
         int32_t n_draft = 0;
         drafts_.clear();
-        if (k > 0) {
+        DraftSource source = DraftSource::kModel;
+        double draft_time = 0;
+        if (k_cap > 0) {
             const auto t0 = Clock::now();
-            n_draft = drafter_->draft(history, k, rng, drafts_, q_, stop_rule);
-            st.draft_s += since(t0);
+            source = drafter_->plan(history);
+            const int32_t k = policy ? policy->next_length(k_cap, source) : k_cap;
+            if (k == 0) ++st.policy_plain;
+            if (k > 0) n_draft = drafter_->draft(history, std::min(k, k_cap), rng, drafts_, q_, stop_rule);
+            if (n_draft > 0 && source == DraftSource::kNgram) ++st.ngram_rounds;
+            draft_time = since(t0);
+            st.draft_s += draft_time;
         }
         // 2. Verify: one target pass over [uncommitted tail, drafts].
         auto t0 = Clock::now();
@@ -111,6 +148,8 @@ GenerateResult Engine::generate(const std::vector<int32_t>& prompt, const Genera
         target_distributions(n_draft + 1, params.sampling);
         const VerifyResult vr = verify(p_.data(), q_.data(), drafts_.data(), n_draft, rng, params.variant);
         ++st.rounds;
+        if (!st.length_hist.empty()) ++st.length_hist[static_cast<size_t>(n_draft)];
+        if (policy) policy->observe({source, n_draft, vr.n_accepted, draft_time, t_eval});
         st.drafted += n_draft;
         st.accepted += vr.n_accepted;
         for (int32_t i = 0; i < n_draft; ++i) {

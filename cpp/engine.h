@@ -13,6 +13,7 @@
 
 #include "drafter.h"
 #include "model.h"
+#include "policy.h"
 #include "rng.h"
 #include "sampling.h"
 
@@ -24,8 +25,12 @@ struct GenerateParams {
     SamplingParams draft_sampling;     // the drafter's own settings (q); any choice stays lossless
     uint64_t seed = 0;
     std::vector<std::string> stop;
-    int32_t draft_max = 0;             // k: drafts per round; 0 = plain decoding
+    int32_t draft_max = 0;             // cap on drafts per round (the policy picks <= this); 0 = plain
     VerifyVariant variant = VerifyVariant::kCorrect;  // others are test-only negative controls
+    // Let the drafter process the prompt on its own thread while the target does.
+    // Worth it when the models run on different devices (GPU target, CPU draft);
+    // on a CPU alone both would fight over the same cores.
+    bool parallel_prefill = false;
 };
 
 struct GenerationStats {
@@ -43,6 +48,9 @@ struct GenerationStats {
     double overhead_s = 0;    // host work: distributions, verification, text, callbacks
     std::vector<int32_t> drafted_at;   // per draft position 1..k: rounds that drafted it
     std::vector<int32_t> accepted_at;  // ... and accepted it
+    std::vector<int32_t> length_hist;  // rounds by number of drafted tokens (index 0: plain steps)
+    int32_t policy_plain = 0;          // rounds where the policy chose plain decoding (k = 0)
+    int32_t ngram_rounds = 0;          // rounds drafted by n-gram lookup (hybrid/ngram drafters)
 };
 
 struct GenerateResult {
@@ -62,8 +70,9 @@ public:
     // drafter may be null (plain decoding only).
     Engine(Model& target, Drafter* drafter);
 
+    // policy may be null: then every round drafts params.draft_max tokens.
     GenerateResult generate(const std::vector<int32_t>& prompt, const GenerateParams& params,
-                            const TokenCallback& on_token, const DraftStopRule& stop_rule = nullptr);
+                            const TokenCallback& on_token, LengthPolicy* policy = nullptr);
 
 private:
     // Decode the uncommitted tail of `history` plus `drafts` on the target in

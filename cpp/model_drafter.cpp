@@ -52,7 +52,12 @@ int32_t ModelDrafter::draft(const std::vector<int32_t>& history, int32_t max_n, 
         }
         const int32_t tok = sampling_.greedy() ? qi.argmax() : qi.sample(rng.uniform());
         tokens.push_back(tok);
-        if (i + 1 == max_n || (stop && stop(i, qi, tok))) break;
+        if (stop) {
+            const DraftStop verdict = stop(i, qi, tok);
+            if (verdict == DraftStop::kDrop) tokens.pop_back();
+            if (verdict != DraftStop::kContinue) break;
+        }
+        if (i + 1 == max_n) break;
         model_.decode(&tok, 1, static_cast<int32_t>(model_.cached().size()), 1);
     }
     return static_cast<int32_t>(tokens.size());

@@ -70,7 +70,19 @@ def main() -> None:
                    f"the default pair is used (draft: {DEFAULT_DRAFT}).")
 @click.option("--no-draft", is_flag=True, help="Plain decoding with the target alone.")
 @click.option("--draft-max", "-k", default=4, show_default=True, type=click.IntRange(min=0),
-              help="Tokens drafted per target pass (0 = plain decoding).")
+              help="Tokens drafted per target pass (fixed policy) or their cap (other policies); 0 = plain.")
+@click.option("--drafter", type=click.Choice(["model", "ngram", "hybrid"]), default=None,
+              help="model: the draft model; ngram: prompt lookup (no draft model needed); hybrid: n-gram when "
+                   "it matches, else the model [default: model with a draft, else ngram].")
+@click.option("--policy", type=click.Choice(["fixed", "heuristic", "confidence", "svip", "auto"]), default="fixed",
+              show_default=True,
+              help="Draft length per round: fixed k; heuristic +2/-1; confidence stops below --p-min; svip stops "
+                   "on high draft entropy; auto maximises expected tokens/s (may decode plainly).")
+@click.option("--p-min", default=0.75, show_default=True, type=click.FloatRange(0, 1),
+              help="confidence policy: stop when the draft's probability of its own token is below this.")
+@click.option("--svip-h", default=0.3, show_default=True, type=click.FloatRange(min=0, min_open=True),
+              help="svip policy: stop when sqrt(gamma * entropy) exceeds this (gamma = --svip-gamma).")
+@click.option("--svip-gamma", default=0.15, show_default=True, type=click.FloatRange(min=0, min_open=True))
 @click.option("--raw", is_flag=True, help="Send PROMPT as is, without the model's chat template.")
 @click.option("--stop", multiple=True, help="Stop when this text appears (repeatable); it is not printed.")
 @click.option("--json", "as_json", is_flag=True,
@@ -80,8 +92,9 @@ def main() -> None:
               help="On a terminal, colour accepted draft tokens (green) apart from tokens the target sampled.")
 @_sampling_options
 @_model_options
-def generate(prompt, model, draft, no_draft, draft_max, raw, stop, as_json, show_stats, show_drafts, max_tokens,
-             temperature, top_k, top_p, min_p, seed, n_ctx, threads, n_gpu_layers) -> None:
+def generate(prompt, model, draft, no_draft, draft_max, drafter, policy, p_min, svip_h, svip_gamma, raw, stop,
+             as_json, show_stats, show_drafts, max_tokens, temperature, top_k, top_p, min_p, seed, n_ctx, threads,
+             n_gpu_layers) -> None:
     """Generate a continuation of PROMPT and stream it to stdout.
 
     By default the default target/draft pair runs speculative decoding, which
@@ -90,7 +103,7 @@ def generate(prompt, model, draft, no_draft, draft_max, raw, stop, as_json, show
     from .model import Model
     from .speculative import SpeculativeDecoder
 
-    if draft is None and model is None and not no_draft:
+    if draft is None and model is None and not no_draft and drafter != "ngram":
         draft = DEFAULT_DRAFT
     model = model or DEFAULT_MODEL
     colour = show_drafts and sys.stdout.isatty() and not as_json
@@ -99,9 +112,10 @@ def generate(prompt, model, draft, no_draft, draft_max, raw, stop, as_json, show
         target = Model(model, **load)
         gen = target
         kwargs = {}
-        if draft and not no_draft:
-            gen = SpeculativeDecoder(target, Model(draft, **load), draft_max=draft_max)
-            kwargs["draft_max"] = draft_max
+        if not no_draft and (draft or drafter == "ngram"):
+            draft_model = Model(draft, **load) if draft and drafter != "ngram" else None
+            gen = SpeculativeDecoder(target, draft_model, drafter=drafter, policy=policy, draft_max=draft_max)
+            kwargs.update(p_min=p_min, svip_h=svip_h, svip_gamma=svip_gamma)
 
         def echo(text: str, drafted: bool) -> None:
             sys.stdout.write(click.style(text, fg="green") if colour and drafted else text)
@@ -146,6 +160,9 @@ def _stats_summary(out) -> str:
             f"(acceptance {s.acceptance_rate:.2f}; {s.mean_accepted_len:.2f} tokens per pass; by position: {per_pos})"
         )
         lines.append(f"time: draft {s.draft_s:.2f} s, verify {s.verify_s:.2f} s, host overhead {s.overhead_s:.3f} s")
+        hist = " ".join(f"{k}:{n}" for k, n in enumerate(s.length_hist) if n)
+        lines.append(f"draft lengths (length:rounds) {hist}; policy chose plain {s.policy_plain} times; "
+                     f"n-gram drafted {s.ngram_rounds} rounds")
     return "\n".join(lines)
 
 
@@ -250,12 +267,19 @@ def models_list(as_json) -> None:
 @click.option("--draft", "-d", default=DEFAULT_DRAFT, show_default=True, help="Draft model (path or name).")
 @click.option("--draft-max", "-k", "ks", default="1,2,4", show_default=True,
               help="Comma-separated draft lengths to measure (one pyspec runner each).")
+@click.option("--policy", "policies", default="fixed", show_default=True,
+              help="Comma-separated length policies to measure with the draft model "
+                   "(fixed uses each --draft-max; others use the largest as cap).")
+@click.option("--ngram", "ngram_policies", default="", show_default=True,
+              help="Comma-separated policies to measure with the n-gram drafter (e.g. fixed,auto; cap 16).")
+@click.option("--hybrid", "hybrid_policies", default="", show_default=True,
+              help="Comma-separated policies to measure with the hybrid drafter (cap 16).")
 @click.option("--lookup", default=10, show_default=True, type=click.IntRange(min=0),
               help="Tokens per draft for llama-cpp-python's LlamaPromptLookupDecoding (0 = skip that runner).")
 @click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False, allow_dash=True),
               help="Write every figure and sample as JSON to FILE ('-' for stdout).")
-def bench(model, categories, per_category, max_tokens, temperature, reps, threads, n_ctx, draft, ks, lookup,
-          json_path) -> None:
+def bench(model, categories, per_category, max_tokens, temperature, reps, threads, n_ctx, draft, ks, policies,
+          ngram_policies, hybrid_policies, lookup, json_path) -> None:
     """Measure decode speed side by side with llama-cpp-python.
 
     Runs the shipped prompt suite (chat template applied) through each runner,
@@ -279,9 +303,23 @@ def bench(model, categories, per_category, max_tokens, temperature, reps, thread
     try:
         target = Model(model, n_ctx=n_ctx, n_threads=n_threads)
         runners = [PyspecRunner(target, "pyspec plain")]
+        names = lambda text: [x.strip() for x in text.split(",") if x.strip()]  # noqa: E731
+        draft_model = None
         if k_values:
-            spec = SpeculativeDecoder(target, Model(draft, n_ctx=n_ctx, n_threads=n_threads))
-            runners += [PyspecRunner(spec, f"pyspec k={k}", draft_max=k) for k in k_values]
+            draft_model = Model(draft, n_ctx=n_ctx, n_threads=n_threads)
+            spec = SpeculativeDecoder(target, draft_model)
+            for pol in names(policies):
+                if pol == "fixed":
+                    runners += [PyspecRunner(spec, f"pyspec k={k}", draft_max=k, policy="fixed") for k in k_values]
+                else:
+                    runners.append(PyspecRunner(spec, f"pyspec {pol}", draft_max=max(k_values), policy=pol))
+        if ngram_policies:
+            ng = SpeculativeDecoder(target, drafter="ngram", draft_max=16)
+            runners += [PyspecRunner(ng, f"pyspec ngram {pol}", policy=pol) for pol in names(ngram_policies)]
+        if hybrid_policies:
+            draft_model = draft_model or Model(draft, n_ctx=n_ctx, n_threads=n_threads)
+            hy = SpeculativeDecoder(target, draft_model, drafter="hybrid", draft_max=16)
+            runners += [PyspecRunner(hy, f"pyspec hybrid {pol}", policy=pol) for pol in names(hybrid_policies)]
         runners.append(LlamaCppRunner(target.path, n_ctx=n_ctx, n_threads=n_threads))
         if lookup:
             runners.append(LlamaCppRunner(target.path, n_ctx=n_ctx, n_threads=n_threads, prompt_lookup=lookup))

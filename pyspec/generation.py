@@ -136,6 +136,8 @@ class Generator:
                 stop=list(stop or []),
                 draft_max=draft["draft_max"],
                 variant=draft.get("variant", "correct"),
+                parallel_prefill=draft.get("parallel_prefill", False),
+                policy=draft.get("policy"),
                 on_token=callback,
             )
         return Completion(

@@ -29,12 +29,16 @@ class GenerationStats:
     overhead_s: float = 0.0
     drafted_at: Tuple[int, ...] = ()   # per draft position 1..k: rounds that drafted it
     accepted_at: Tuple[int, ...] = ()  # ... and accepted it
+    length_hist: Tuple[int, ...] = ()  # rounds by drafted length (index 0: plain steps)
+    policy_plain: int = 0              # rounds where the length policy chose plain decoding
+    ngram_rounds: int = 0              # rounds drafted by n-gram lookup
 
     @classmethod
     def from_core(cls, d: Dict[str, Any]) -> "GenerationStats":
         d = dict(d)
         d["drafted_at"] = tuple(d.get("drafted_at", ()))
         d["accepted_at"] = tuple(d.get("accepted_at", ()))
+        d["length_hist"] = tuple(d.get("length_hist", ()))
         return cls(**d)
 
     @property
@@ -56,6 +60,7 @@ class GenerationStats:
         d = asdict(self)
         d["drafted_at"] = list(self.drafted_at)
         d["accepted_at"] = list(self.accepted_at)
+        d["length_hist"] = list(self.length_hist)
         d["acceptance_rate"] = self.acceptance_rate
         d["mean_accepted_len"] = self.mean_accepted_len
         d["accepted_per_position"] = list(self.accepted_per_position)

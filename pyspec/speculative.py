@@ -1,64 +1,137 @@
-"""Speculative decoding: a draft proposes, the target verifies, the output
-keeps the target's distribution exactly (SPEC: Leviathan et al., Chen et al.)."""
+"""Speculative decoding: a drafter proposes, the target verifies, the output
+keeps the target's distribution exactly (SPEC: Leviathan et al., Chen et al.).
+
+Drafters (``drafter=``):
+  * ``"model"``  - a smaller model with the same vocabulary (needs ``draft``);
+  * ``"ngram"``  - prompt lookup: the continuation of the longest recent n-gram
+    match in the prompt and the generated text; nearly free, deterministic;
+  * ``"hybrid"`` - n-gram when it has a match of at least 2 tokens, else the model.
+
+Length policies (``policy=``), all lossless (they only choose how much to draft):
+  * ``"fixed"``      - always ``draft_max`` tokens;
+  * ``"heuristic"``  - +2 after a fully accepted round, -1 otherwise (Hugging Face);
+  * ``"confidence"`` - stop when the draft's probability of its own token < ``p_min`` (llama.cpp);
+  * ``"svip"``       - stop after a token when sqrt(gamma * H) > h, H the draft entropy (SVIP);
+  * ``"auto"``       - cost-aware: each round picks the length, 0 (plain decoding)
+    included, that maximises expected tokens per second from running estimates
+    of acceptance per position, draft cost per token and verify cost per batch size.
+"""
 
 from __future__ import annotations
 
 import threading
-from typing import Optional
+from typing import Dict, Optional, Tuple
 
 from . import _core
 from .generation import Generator
 from .model import Model
 
+DRAFTERS = ("model", "ngram", "hybrid")
+POLICIES = ("fixed", "heuristic", "confidence", "svip", "auto")
+
 
 class SpeculativeDecoder(Generator):
-    """Generate with ``target``'s distribution, drafting with ``draft``.
+    """Generate with ``target``'s distribution, drafting ahead to go faster.
 
-    Build it once and reuse it: both models keep their contexts between calls.
-    ``draft_max`` (k) is the number of drafted tokens per target pass; it can be
-    changed per call. The draft samples with its own settings (``draft_temperature``
-    and friends, defaulting to the target's): any choice stays lossless, it only
-    changes how often drafts are accepted.
+    Build it once and reuse it: both models keep their contexts between calls,
+    and the ``auto`` policy keeps what it learned about costs. ``draft_max`` is
+    the draft length (``fixed``) or its cap (other policies); it and the policy
+    can be changed per call. The draft model samples with its own settings
+    (``draft_temperature`` and friends, defaulting to the target's): any choice
+    stays lossless, it only changes how often drafts are accepted.
 
     Raises :class:`~pyspec.IncompatibleModelsError` when the vocabularies differ.
     """
 
-    def __init__(self, target: Model, draft: Model, *, draft_max: int = 4) -> None:
-        if draft_max < 0:
-            raise ValueError(f"draft_max must be >= 0, got {draft_max}")
-        _core.check_compatible(target._core, draft._core)
+    def __init__(
+        self,
+        target: Model,
+        draft: Optional[Model] = None,
+        *,
+        drafter: Optional[str] = None,
+        policy: str = "fixed",
+        draft_max: int = 4,
+        ngram_min: int = 1,
+        ngram_max: int = 4,
+    ) -> None:
+        drafter = drafter or ("model" if draft is not None else "ngram")
+        if drafter not in DRAFTERS:
+            raise ValueError(f"unknown drafter {drafter!r}; choose from {', '.join(DRAFTERS)}")
+        if drafter in ("model", "hybrid") and draft is None:
+            raise ValueError(f"the {drafter!r} drafter needs a draft model")
+        _check_policy(policy, draft_max)
         self.target = target
-        self.draft = draft
+        self.draft = draft if drafter != "ngram" else None
+        self.drafter = drafter
+        self.policy = policy
         self.draft_max = draft_max
-        self._drafter = _core.ModelDrafter(draft._core)
-        self._engine = _core.Engine(target._core, self._drafter)
+        parts = []
+        if self.draft is not None:
+            _core.check_compatible(target._core, self.draft._core)
+            parts.append(_core.ModelDrafter(self.draft._core))
+        if drafter in ("ngram", "hybrid"):
+            parts.append(_core.NgramDrafter(target.n_vocab, ngram_min, ngram_max))
+        self._drafters = parts  # keep the parts alive
+        core_drafter = _core.HybridDrafter(*parts) if drafter == "hybrid" else parts[0]
+        self._core_drafter = core_drafter
+        self._engine = _core.Engine(target._core, core_drafter)
+        self._policies: Dict[Tuple, "_core.LengthPolicy"] = {}
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
-        return f"SpeculativeDecoder(target={self.target.path!r}, draft={self.draft.path!r}, draft_max={self.draft_max})"
+        draft = f", draft={self.draft.path!r}" if self.draft is not None else ""
+        return (f"SpeculativeDecoder(target={self.target.path!r}{draft}, drafter={self.drafter!r}, "
+                f"policy={self.policy!r}, draft_max={self.draft_max})")
 
     def _text_model(self) -> Model:
         return self.target
+
+    def _policy(self, name: str, k: int, p_min: float, svip_gamma: float, svip_h: float) -> "_core.LengthPolicy":
+        # One object per setting, kept across calls: adaptive policies remember.
+        key = (name, k, p_min, svip_gamma, svip_h)
+        if key not in self._policies:
+            self._policies[key] = _core.LengthPolicy(name, k=k, p_min=p_min, gamma=svip_gamma, h=svip_h, cap=k)
+        return self._policies[key]
 
     def _draft_args(
         self,
         *,
         sampling,
         draft_max: Optional[int] = None,
+        policy: Optional[str] = None,
+        p_min: float = 0.75,
+        svip_gamma: float = 0.15,
+        svip_h: float = 0.3,
         draft_temperature: Optional[float] = None,
         draft_top_k: Optional[int] = None,
         draft_top_p: Optional[float] = None,
         draft_min_p: Optional[float] = None,
         _variant: str = "correct",
     ) -> dict:
+        """Per-call drafting arguments (see the class and module docstrings)."""
+        name = policy or self.policy
         k = self.draft_max if draft_max is None else draft_max
-        if k < 0:
-            raise ValueError(f"draft_max must be >= 0, got {k}")
+        _check_policy(name, k)
         draft_sampling = _core.SamplingParams(
             temperature=sampling.temperature if draft_temperature is None else draft_temperature,
             top_k=sampling.top_k if draft_top_k is None else draft_top_k,
             top_p=sampling.top_p if draft_top_p is None else draft_top_p,
             min_p=sampling.min_p if draft_min_p is None else draft_min_p,
         )
-        # _variant selects a deliberately wrong acceptance rule: test-only negative controls.
-        return {"draft_max": k, "draft_sampling": draft_sampling, "variant": _variant}
+        on_gpu = [m._core.n_gpu_layers != 0 for m in (self.target, self.draft) if m is not None]
+        return {
+            "draft_max": k,
+            "draft_sampling": draft_sampling,
+            "policy": self._policy(name, k, p_min, svip_gamma, svip_h) if k > 0 else None,
+            # _variant selects a deliberately wrong acceptance rule: test-only negative controls.
+            "variant": _variant,
+            # Prefill both models at once only when they do not share the CPU cores.
+            "parallel_prefill": len(on_gpu) == 2 and on_gpu[0] != on_gpu[1],
+        }
+
+
+def _check_policy(name: str, k: int) -> None:
+    if name not in POLICIES:
+        raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICIES)}")
+    if k < 0:
+        raise ValueError(f"draft_max must be >= 0, got {k}")

@@ -1,0 +1,86 @@
+#include "ngram_drafter.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+namespace pyspec {
+
+NgramDrafter::NgramDrafter(int32_t n_vocab, int32_t n_min, int32_t n_max)
+    : n_vocab_(n_vocab), n_min_(n_min), n_max_(n_max) {
+    if (n_min < 1 || n_max < n_min || n_max > 16) {
+        throw std::invalid_argument("n-gram sizes must satisfy 1 <= n_min <= n_max <= 16");
+    }
+    index_.resize(static_cast<size_t>(n_max - n_min + 1));
+}
+
+uint64_t NgramDrafter::key(const int32_t* tokens, int32_t n) {
+    uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a over the token ids
+    for (int32_t i = 0; i < n; ++i) {
+        h ^= static_cast<uint32_t>(tokens[i]);
+        h *= 0x100000001b3ull;
+    }
+    return h;
+}
+
+void NgramDrafter::begin(const std::vector<int32_t>& prompt, const SamplingParams&) {
+    for (auto& m : index_) m.clear();
+    indexed_ = 0;
+    index_up_to(prompt);
+}
+
+void NgramDrafter::index_up_to(const std::vector<int32_t>& history) {
+    // An n-gram ending at i is indexed once its next token (i + 1) exists, so the
+    // sequence's own suffix never matches itself.
+    const size_t end = history.size();
+    for (size_t i = std::max<size_t>(indexed_, 0); i + 1 < end; ++i) {
+        for (int32_t n = n_min_; n <= n_max_; ++n) {
+            if (static_cast<int64_t>(i) + 1 < n) break;
+            const int32_t* start = history.data() + i + 1 - n;
+            index_[static_cast<size_t>(n - n_min_)][key(start, n)] = static_cast<int32_t>(i + 1);
+        }
+    }
+    if (end > 0) indexed_ = std::max(indexed_, end - 1);
+}
+
+int32_t NgramDrafter::find(const std::vector<int32_t>& history, int32_t* match_len) {
+    index_up_to(history);
+    const int32_t size = static_cast<int32_t>(history.size());
+    for (int32_t n = std::min(n_max_, size); n >= n_min_; --n) {
+        const int32_t* suffix = history.data() + size - n;
+        const auto& m = index_[static_cast<size_t>(n - n_min_)];
+        const auto it = m.find(key(suffix, n));
+        if (it == m.end()) continue;
+        const int32_t next = it->second;
+        // Guard against hash collisions: the tokens must really match.
+        if (next >= n && std::equal(suffix, suffix + n, history.data() + next - n)) {
+            *match_len = n;
+            return next;
+        }
+    }
+    *match_len = 0;
+    return -1;
+}
+
+int32_t NgramDrafter::draft(const std::vector<int32_t>& history, int32_t max_n, Rng&, std::vector<int32_t>& tokens,
+                            std::vector<Distribution>& q, const DraftStopRule& stop) {
+    tokens.clear();
+    const int32_t at = find(history, &last_match_);
+    if (at < 0) return 0;
+    const int32_t size = static_cast<int32_t>(history.size());
+    for (int32_t i = 0; i < max_n; ++i) {
+        // Past the end of history the copy continues from its own proposals,
+        // which extends repeating patterns ("a b c a b c ...").
+        const int32_t src = at + i;
+        const int32_t tok = src < size ? history[static_cast<size_t>(src)] : tokens[static_cast<size_t>(src - size)];
+        q[static_cast<size_t>(i)].set_one_hot(tok, n_vocab_);
+        tokens.push_back(tok);
+        if (stop) {
+            const DraftStop verdict = stop(i, q[static_cast<size_t>(i)], tok);
+            if (verdict == DraftStop::kDrop) tokens.pop_back();
+            if (verdict != DraftStop::kContinue) break;
+        }
+    }
+    return static_cast<int32_t>(tokens.size());
+}
+
+}  // namespace pyspec

@@ -1,0 +1,39 @@
+// Prompt-lookup drafting: find the longest recent n-gram (n_max down to n_min
+// tokens) that ends the committed sequence and occurred before, in the prompt or
+// the generated text, and propose what followed it. Deterministic, so its q is
+// one-hot on each proposal (the engine then accepts with probability p(x)).
+// Lookups are O(1): one hash index per n, updated as tokens are committed.
+#pragma once
+
+#include <unordered_map>
+
+#include "drafter.h"
+
+namespace pyspec {
+
+class NgramDrafter : public Drafter {
+public:
+    NgramDrafter(int32_t n_vocab, int32_t n_min = 1, int32_t n_max = 4);
+
+    DraftSource plan(const std::vector<int32_t>&) override { return DraftSource::kNgram; }
+    void begin(const std::vector<int32_t>& prompt, const SamplingParams& sampling) override;
+    int32_t draft(const std::vector<int32_t>& history, int32_t max_n, Rng& rng, std::vector<int32_t>& tokens,
+                  std::vector<Distribution>& q, const DraftStopRule& stop) override;
+
+    // Length of the n-gram the last lookup matched (0 = no match).
+    int32_t last_match() const { return last_match_; }
+    // Position in `history` whose continuation the longest match proposes, or -1.
+    int32_t find(const std::vector<int32_t>& history, int32_t* match_len);
+
+private:
+    void index_up_to(const std::vector<int32_t>& history);
+    static uint64_t key(const int32_t* tokens, int32_t n);
+
+    int32_t n_vocab_, n_min_, n_max_;
+    // index_[n - n_min][hash of n tokens ending at i] = i + 1 (latest occurrence wins).
+    std::vector<std::unordered_map<uint64_t, int32_t>> index_;
+    size_t indexed_ = 0;   // n-grams ending before this position are indexed
+    int32_t last_match_ = 0;
+};
+
+}  // namespace pyspec

@@ -1,0 +1,55 @@
+// Draft-length policies: how many tokens to draft each round (0 = a plain
+// decoding step), and whether to stop a draft early after a token. The engine
+// reports every round back so adaptive policies can learn.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "drafter.h"
+
+namespace pyspec {
+
+struct RoundReport {
+    DraftSource source = DraftSource::kModel;
+    int32_t drafted = 0;
+    int32_t accepted = 0;
+    double draft_s = 0;    // drafter time of this round
+    double verify_s = 0;   // target time of this round's batch (drafted + 1 tokens)
+};
+
+class LengthPolicy {
+public:
+    virtual ~LengthPolicy() = default;
+    virtual std::string name() const = 0;
+    // Draft length for the next round, in [0, k_cap], given where the draft comes from.
+    virtual int32_t next_length(int32_t k_cap, DraftSource source) = 0;
+    // Asked after each drafted token; the default never stops early.
+    virtual DraftStop after_token(int32_t /*i*/, const Distribution& /*q*/, int32_t /*token*/) {
+        return DraftStop::kContinue;
+    }
+    virtual void observe(const RoundReport& /*round*/) {}
+};
+
+struct PolicyParams {
+    std::string name = "fixed";  // fixed | heuristic | confidence | svip | auto
+    int32_t k = 4;               // fixed length; heuristic's start; cap of confidence/auto
+    double p_min = 0.75;         // confidence: stop when q(own token) < p_min (token dropped)
+    double gamma = 0.15;         // svip: stop when sqrt(gamma * H) > h (token kept)
+    double h = 0.3;
+    int32_t cap = 40;            // svip's longest draft
+};
+
+// Throws std::invalid_argument for an unknown name or out-of-range parameters.
+std::unique_ptr<LengthPolicy> make_policy(const PolicyParams& params);
+
+// The cost model of the auto policy, exposed for tests and documentation.
+// Expected tokens from a round drafting k tokens with per-position acceptance
+// alpha[0..k-1] (each conditional on the previous ones accepted):
+//   E(k) = 1 + sum_{i<k} prod_{j<=i} alpha[j];
+// cost(k) = k * draft_cost + verify_cost(k + 1); the policy maximises E/cost.
+double expected_tokens(const std::vector<double>& alpha, int32_t k);
+
+}  // namespace pyspec

@@ -1,0 +1,209 @@
+"""n-gram drafter, hybrid drafter and length policies: unit behaviour, and
+losslessness end to end (the chi-square machinery of test_speculative_lossless).
+
+Significance: each chi-square test at alpha = 0.001; sample sizes N = 2,000,
+checked beforehand to give power > 0.99 against the broken-residual control's
+deviation for the same configuration; the control itself is run for the
+n-gram drafter (q one-hot) and must be rejected.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import pyspec
+from pyspec import _core, sampling
+
+from test_speculative_lossless import (
+    ALPHA,
+    PROMPT,
+    TARGET,
+    exact_distribution,
+    pooled_chisquare,
+    power,
+    target_rows,
+    wrong_residual_distribution,
+)
+
+# ------------------------------------------------------------------ n-gram unit
+
+
+def test_ngram_proposes_the_continuation_of_the_longest_match():
+    d = _core.NgramDrafter(1000, 1, 4)
+    history = [5, 6, 7, 8, 9, 1, 6, 7, 8, 2, 3, 6, 7, 8]
+    d.begin(history[:3])
+    at, n = d.find(history)
+    # "6 7 8" occurs twice before the end; the latest occurrence (followed by 2) wins.
+    assert n == 3 and history[at] == 2
+    assert d.propose(history, 3) == [2, 3, 6]
+
+
+def test_ngram_prefers_longer_matches():
+    d = _core.NgramDrafter(1000, 1, 4)
+    history = [1, 2, 3, 4, 50, 9, 3, 4, 60, 2, 3, 4]
+    d.begin(history)
+    at, n = d.find(history)
+    assert n == 3 and history[at] == 50  # "2 3 4" beats the more recent "3 4"
+
+
+def test_ngram_never_matches_the_suffix_itself_and_can_miss():
+    d = _core.NgramDrafter(1000, 2, 4)
+    history = [1, 2, 3, 4]
+    d.begin(history)
+    assert d.find(history) == (-1, 0)
+    assert d.propose(history, 4) == []
+
+
+def test_ngram_extends_repeating_patterns_past_the_end():
+    d = _core.NgramDrafter(1000, 1, 3)
+    history = [7, 8, 9, 7, 8, 9, 7, 8]
+    d.begin(history)
+    assert d.propose(history, 7) == [9, 7, 8, 9, 7, 8, 9]
+
+
+def test_ngram_index_is_incremental():
+    d = _core.NgramDrafter(1000, 1, 2)
+    history = [1, 2, 3]
+    d.begin(history)
+    for t in [4, 1, 2]:
+        history.append(t)
+        d.find(history)  # indexes only the new positions
+    assert d.propose(history, 2) == [3, 4]
+
+
+def test_invalid_ngram_sizes():
+    with pytest.raises(ValueError):
+        _core.NgramDrafter(1000, 0, 4)
+    with pytest.raises(ValueError):
+        _core.NgramDrafter(1000, 3, 2)
+
+
+# ------------------------------------------------------------------ policies unit
+
+
+def test_expected_tokens_formula():
+    assert _core.expected_tokens([0.5, 0.5, 0.5], 0) == 1.0
+    assert _core.expected_tokens([0.5, 0.5, 0.5], 3) == pytest.approx(1 + 0.5 + 0.25 + 0.125)
+
+
+@pytest.mark.parametrize("name", ["fixed", "heuristic", "confidence", "svip", "auto"])
+def test_policies_construct(name):
+    assert _core.LengthPolicy(name, k=4).name == name
+
+
+def test_bad_policy_settings():
+    with pytest.raises(ValueError):
+        _core.LengthPolicy("nope")
+    with pytest.raises(ValueError):
+        _core.LengthPolicy("confidence", p_min=1.5)
+    with pytest.raises(ValueError):
+        _core.LengthPolicy("svip", gamma=-1)
+
+
+# ------------------------------------------------------------------ on real models
+
+COPY_PROMPT = "Repeat exactly: the quick brown fox jumps over the lazy dog. Repeat exactly: the quick brown fox"
+
+
+def test_ngram_drafter_greedy_matches_plain_and_accepts_copies(gemma_path):
+    target = pyspec.Model(gemma_path, n_ctx=512)
+    spec = pyspec.SpeculativeDecoder(target, drafter="ngram", policy="fixed", draft_max=2)
+    plain = target.generate(COPY_PROMPT, chat=False, max_tokens=24, temperature=0)
+    fast = spec.generate(COPY_PROMPT, chat=False, max_tokens=24, temperature=0)
+    assert fast.tokens == plain.tokens  # batches <= 3 tokens: bit-identical kernels
+    assert fast.stats.ngram_rounds > 0 and fast.stats.accepted > 0
+
+
+@pytest.mark.parametrize("policy", ["heuristic", "confidence", "svip", "auto"])
+def test_policies_keep_greedy_output(gemma_path, policy):
+    target = pyspec.Model(gemma_path, n_ctx=512)
+    spec = pyspec.SpeculativeDecoder(target, pyspec.Model(gemma_path, n_ctx=512), policy=policy, draft_max=2)
+    plain = target.generate(COPY_PROMPT, chat=False, max_tokens=20, temperature=0)
+    fast = spec.generate(COPY_PROMPT, chat=False, max_tokens=20, temperature=0)
+    assert fast.tokens == plain.tokens
+    s = fast.stats
+    assert sum(s.length_hist) == s.rounds
+
+
+def test_auto_leaves_plain_mode_when_text_turns_repetitive(gemma_path):
+    target = pyspec.Model(gemma_path, n_ctx=1024)
+    spec = pyspec.SpeculativeDecoder(target, drafter="ngram", policy="auto", draft_max=8)
+    out = spec.generate("Write the word banana twenty times: banana banana banana", chat=False,
+                        max_tokens=60, temperature=0)
+    s = out.stats
+    assert s.drafted > 0 and s.accepted > 0, "auto never drafted on repetitive text"
+
+
+def test_hybrid_uses_both_sources(target_path, draft_path):
+    target = pyspec.Model(target_path, n_ctx=1024)
+    spec = pyspec.SpeculativeDecoder(target, pyspec.Model(draft_path, n_ctx=1024), drafter="hybrid",
+                                     policy="fixed", draft_max=2)
+    prompt = "Return this list unchanged: [alpha, beta, gamma, delta, epsilon, zeta, eta, theta]"
+    out = spec.generate(prompt, max_tokens=40, temperature=0)
+    plain = target.generate(prompt, max_tokens=40, temperature=0)
+    assert out.tokens == plain.tokens
+    assert 0 < out.stats.ngram_rounds < out.stats.rounds
+
+
+# ------------------------------------------------------------------ lossless end to end
+
+NGRAM_PROMPT = "one two three one two three one two"
+N = 2_000
+
+
+def _sample(spec, tokens, n, variant="correct", **kw):
+    counts: dict = {}
+    for i in range(n):
+        out = spec.generate(tokens, max_tokens=2, seed=50_000 + i, _variant=variant, **TARGET, **kw)
+        counts[tuple(out.tokens)] = counts.get(tuple(out.tokens), 0) + 1
+    return counts
+
+
+@pytest.fixture(scope="module")
+def gemma_target(gemma_path):
+    return pyspec.Model(gemma_path, n_ctx=256, seed=0)
+
+
+def _ngram_case(target):
+    tokens = target.tokenize(NGRAM_PROMPT)
+    p0, p1 = target_rows(target, tokens)
+    exact = exact_distribution(target, p0, p1)
+    spec = pyspec.SpeculativeDecoder(target, drafter="ngram", policy="fixed", draft_max=1)
+    proposal = spec._core_drafter.propose(tokens, 1)
+    assert proposal, "the prompt must give the n-gram drafter a proposal"
+    q0 = np.zeros_like(p0)
+    q0[proposal[0]] = 1.0
+    return spec, tokens, exact, wrong_residual_distribution(target, p0, q0, p1)
+
+
+def test_lossless_ngram(gemma_target):
+    spec, tokens, exact, wrong = _ngram_case(gemma_target)
+    assert power(exact, wrong, N, max(len(exact) - 1, 1)) > 0.99
+    counts = _sample(spec, tokens, N)
+    stat, df, pv = pooled_chisquare(counts, exact, N)
+    print(f"ngram: N={N} chi2={stat:.2f} df={df} p={pv:.3g}")
+    assert pv > ALPHA
+
+
+def test_negative_control_ngram_broken_residual(gemma_target):
+    spec, tokens, exact, _ = _ngram_case(gemma_target)
+    counts = _sample(spec, tokens, N, variant="residual_is_p")
+    stat, df, pv = pooled_chisquare(counts, exact, N)
+    print(f"NEGATIVE CONTROL ngram residual=p: N={N} chi2={stat:.2f} df={df} p={pv:.3g}")
+    assert pv < ALPHA
+
+
+@pytest.mark.parametrize("policy", ["svip", "auto"])
+def test_lossless_policies(gemma_target, gemma_path, policy):
+    target = gemma_target
+    tokens = target.tokenize(PROMPT)
+    p0, p1 = target_rows(target, tokens)
+    exact = exact_distribution(target, p0, p1)
+    draft = pyspec.Model(gemma_path, n_ctx=256, seed=0)
+    spec = pyspec.SpeculativeDecoder(target, draft, policy=policy, draft_max=1)
+    kw = dict(draft_temperature=2.0, draft_top_k=8, draft_top_p=1.0, draft_min_p=0.0)
+    counts = _sample(spec, tokens, N, **kw)
+    stat, df, pv = pooled_chisquare(counts, exact, N)
+    print(f"{policy}: N={N} chi2={stat:.2f} df={df} p={pv:.3g}")
+    assert pv > ALPHA
