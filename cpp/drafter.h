@@ -16,16 +16,21 @@ namespace pyspec {
 enum class DraftStop { kContinue, kKeep, kDrop };
 using DraftStopRule = std::function<DraftStop(int32_t i, const Distribution& q, int32_t token)>;
 
-// Where a round's draft comes from (the hybrid drafter switches per round).
+// Where a round's draft comes from (the hybrid drafter switches per round),
+// and for n-gram drafts how long the matched n-gram is (0: no match).
 enum class DraftSource { kModel = 0, kNgram = 1 };
+struct DraftPlan {
+    DraftSource source = DraftSource::kModel;
+    int32_t match_len = 0;
+};
 
 class Drafter {
 public:
     virtual ~Drafter() = default;
 
-    // Which source the next draft() will use for this history (hybrid decides
-    // here, so the length policy can choose a length for that source).
-    virtual DraftSource plan(const std::vector<int32_t>& /*history*/) { return DraftSource::kModel; }
+    // What the next draft() will use for this history (hybrid decides here, so
+    // the length policy can choose a length for that source).
+    virtual DraftPlan plan(const std::vector<int32_t>& /*history*/) { return {}; }
 
     // A new generation starts from `prompt` (the drafter may process it now).
     // `sampling` is the drafter's own sampling setting for this generation

@@ -127,15 +127,16 @@ GenerateResult Engine::generate(const std::vector<int32_t>& prompt, const Genera
         // 1. Draft: the policy picks the length for the source the drafter plans to use.
         int32_t n_draft = 0;
         drafts_.clear();
-        DraftSource source = DraftSource::kModel;
+        DraftPlan plan;
         double draft_time = 0;
         if (k_cap > 0) {
             const auto t0 = Clock::now();
-            source = drafter_->plan(history);
-            const int32_t k = policy ? policy->next_length(k_cap, source) : k_cap;
-            if (k == 0) ++st.policy_plain;
+            plan = drafter_->plan(history);
+            const bool nothing = plan.source == DraftSource::kNgram && plan.match_len == 0;
+            const int32_t k = nothing ? 0 : policy ? policy->next_length(k_cap, plan) : k_cap;
+            if (k == 0 && !nothing) ++st.policy_plain;
             if (k > 0) n_draft = drafter_->draft(history, std::min(k, k_cap), rng, drafts_, q_, stop_rule);
-            if (n_draft > 0 && source == DraftSource::kNgram) ++st.ngram_rounds;
+            if (n_draft > 0 && plan.source == DraftSource::kNgram) ++st.ngram_rounds;
             draft_time = since(t0);
             st.draft_s += draft_time;
         }
@@ -149,7 +150,7 @@ GenerateResult Engine::generate(const std::vector<int32_t>& prompt, const Genera
         const VerifyResult vr = verify(p_.data(), q_.data(), drafts_.data(), n_draft, rng, params.variant);
         ++st.rounds;
         if (!st.length_hist.empty()) ++st.length_hist[static_cast<size_t>(n_draft)];
-        if (policy) policy->observe({source, n_draft, vr.n_accepted, draft_time, t_eval});
+        if (policy) policy->observe({plan, n_draft, vr.n_accepted, draft_time, t_eval});
         st.drafted += n_draft;
         st.accepted += vr.n_accepted;
         for (int32_t i = 0; i < n_draft; ++i) {

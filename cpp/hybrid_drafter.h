@@ -12,11 +12,11 @@ public:
     HybridDrafter(ModelDrafter& model, NgramDrafter& ngram, int32_t min_match = 2)
         : model_(model), ngram_(ngram), min_match_(min_match) {}
 
-    DraftSource plan(const std::vector<int32_t>& history) override {
-        int32_t len = 0;
-        ngram_.find(history, &len);
-        planned_ = len >= min_match_ ? DraftSource::kNgram : DraftSource::kModel;
-        return planned_;
+    DraftPlan plan(const std::vector<int32_t>& history) override {
+        DraftPlan p = ngram_.plan(history);
+        if (p.match_len < min_match_) p = {DraftSource::kModel, 0};
+        planned_ = p.source;
+        return p;
     }
     void begin(const std::vector<int32_t>& prompt, const SamplingParams& sampling) override {
         model_.begin(prompt, sampling);

@@ -61,10 +61,17 @@ int32_t NgramDrafter::find(const std::vector<int32_t>& history, int32_t* match_l
     return -1;
 }
 
+DraftPlan NgramDrafter::plan(const std::vector<int32_t>& history) {
+    planned_at_ = find(history, &last_match_);
+    planned_size_ = history.size();
+    return {DraftSource::kNgram, last_match_};
+}
+
 int32_t NgramDrafter::draft(const std::vector<int32_t>& history, int32_t max_n, Rng&, std::vector<int32_t>& tokens,
                             std::vector<Distribution>& q, const DraftStopRule& stop) {
     tokens.clear();
-    const int32_t at = find(history, &last_match_);
+    const int32_t at = planned_size_ == history.size() ? planned_at_ : find(history, &last_match_);
+    planned_size_ = 0;
     if (at < 0) return 0;
     const int32_t size = static_cast<int32_t>(history.size());
     for (int32_t i = 0; i < max_n; ++i) {

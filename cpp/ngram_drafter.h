@@ -15,7 +15,7 @@ class NgramDrafter : public Drafter {
 public:
     NgramDrafter(int32_t n_vocab, int32_t n_min = 1, int32_t n_max = 4);
 
-    DraftSource plan(const std::vector<int32_t>&) override { return DraftSource::kNgram; }
+    DraftPlan plan(const std::vector<int32_t>& history) override;
     void begin(const std::vector<int32_t>& prompt, const SamplingParams& sampling) override;
     int32_t draft(const std::vector<int32_t>& history, int32_t max_n, Rng& rng, std::vector<int32_t>& tokens,
                   std::vector<Distribution>& q, const DraftStopRule& stop) override;
@@ -34,6 +34,8 @@ private:
     std::vector<std::unordered_map<uint64_t, int32_t>> index_;
     size_t indexed_ = 0;   // n-grams ending before this position are indexed
     int32_t last_match_ = 0;
+    int32_t planned_at_ = -1;          // the lookup plan() made, reused by draft()
+    size_t planned_size_ = 0;
 };
 
 }  // namespace pyspec

@@ -13,7 +13,7 @@
 namespace pyspec {
 
 struct RoundReport {
-    DraftSource source = DraftSource::kModel;
+    DraftPlan plan;
     int32_t drafted = 0;
     int32_t accepted = 0;
     double draft_s = 0;    // drafter time of this round
@@ -25,7 +25,7 @@ public:
     virtual ~LengthPolicy() = default;
     virtual std::string name() const = 0;
     // Draft length for the next round, in [0, k_cap], given where the draft comes from.
-    virtual int32_t next_length(int32_t k_cap, DraftSource source) = 0;
+    virtual int32_t next_length(int32_t k_cap, const DraftPlan& plan) = 0;
     // Asked after each drafted token; the default never stops early.
     virtual DraftStop after_token(int32_t /*i*/, const Distribution& /*q*/, int32_t /*token*/) {
         return DraftStop::kContinue;
