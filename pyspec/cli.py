@@ -278,8 +278,11 @@ def models_list(as_json) -> None:
               help="Tokens per draft for llama-cpp-python's LlamaPromptLookupDecoding (0 = skip that runner).")
 @click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False, allow_dash=True),
               help="Write every figure and sample as JSON to FILE ('-' for stdout).")
+@click.option("--plot", "plot_path", default=None, type=click.Path(dir_okay=False),
+              help="Draw ratios per category and runner, and acceptance by draft position, to FILE.png "
+                   "(needs matplotlib: the `plot` extra).")
 def bench(model, categories, per_category, max_tokens, temperature, reps, threads, n_ctx, draft, ks, policies,
-          ngram_policies, hybrid_policies, lookup, json_path) -> None:
+          ngram_policies, hybrid_policies, lookup, json_path, plot_path) -> None:
     """Measure decode speed side by side with llama-cpp-python.
 
     Runs the shipped prompt suite (chat template applied) through each runner,
@@ -342,6 +345,10 @@ def bench(model, categories, per_category, max_tokens, temperature, reps, thread
     if json_path:
         with click.open_file(json_path, "w") as f:
             json.dump(result, f, indent=2)
+    if plot_path:
+        from .bench.plot import plot
+
+        plot(result, plot_path)
     if json_path != "-":
         click.echo(result["table"])
 

@@ -32,6 +32,8 @@ def summarize(samples: List[Sample], baseline: str) -> Dict[str, Dict[str, dict]
             rounds = sum(s.extra.get("rounds", 0) for s in ss)
             gen = sum(s.n_generated for s in ss)
             rows[runner] = {
+                "mean_draft_len": drafted / rounds if drafted else None,
+                "plain_rounds": sum(s.extra.get("policy_plain", 0) for s in ss) if drafted else None,
                 "decode_tok_s": rate,
                 "ratio": rate / base if base > 0 else float("nan"),
                 "ttft_s": sum(s.ttft_s for s in ss) / len(ss),
@@ -44,22 +46,27 @@ def summarize(samples: List[Sample], baseline: str) -> Dict[str, Dict[str, dict]
 
 
 def format_table(table: Dict[str, Dict[str, dict]], runners: Sequence[str], baseline: str) -> str:
+    """One block per category, one line per runner: decode tok/s, ratio to the
+    baseline, acceptance, tokens per target pass (L), mean draft length (d) and
+    rounds where the policy chose plain decoding."""
     cats = [c for c in table if c != "all"] + ["all"]
-    width = max(len(r) for r in runners) + 2
-    lines = [f"decode tok/s and ratio to {baseline} (same prompts, same run)"]
-    header = f"{'category':<15}" + "".join(f"{r:>{max(width, 22)}}" for r in runners)
-    lines.append(header)
-    lines.append("-" * len(header))
+    w = max(len(r) for r in runners)
+    lines = [f"decode tok/s (tokens after the first) and ratio to {baseline}; same prompts, same run"]
+    head = f"  {'runner':<{w}}  {'tok/s':>6}  {'ratio':>6}  {'accept':>6}  {'L':>5}  {'d':>5}  {'plain':>5}"
     for cat in cats:
-        cells = []
+        lines.append(f"[{cat}]")
+        lines.append(head)
         for r in runners:
             row = table[cat].get(r)
             if row is None:
-                cells.append(f"{'-':>{max(width, 22)}}")
                 continue
-            cell = f"{row['decode_tok_s']:6.1f} ({row['ratio']:.2f}x)"
-            if row["acceptance"] is not None:
-                cell += f" a={row['acceptance']:.2f} L={row['mean_accepted_len']:.2f}"
-            cells.append(f"{cell:>{max(width, 22)}}")
-        lines.append(f"{cat:<15}" + "".join(cells))
+
+            def fmt(v, spec):
+                return format(v, spec) if v is not None else "-"
+
+            lines.append(
+                f"  {r:<{w}}  {row['decode_tok_s']:6.1f}  {row['ratio']:5.2f}x  {fmt(row['acceptance'], '6.2f'):>6}  "
+                f"{fmt(row['mean_accepted_len'], '5.2f'):>5}  {fmt(row['mean_draft_len'], '5.1f'):>5}  "
+                f"{fmt(row['plain_rounds'], 'd'):>5}"
+            )
     return "\n".join(lines)

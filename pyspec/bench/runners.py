@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 from ..generation import Generator
 
@@ -31,7 +31,7 @@ class Sample:
     n_generated: int
     ttft_s: float
     decode_s: float  # first token -> last token
-    extra: Dict[str, float] = field(default_factory=dict)  # drafting statistics
+    extra: Dict[str, Any] = field(default_factory=dict)  # drafting statistics
 
     @property
     def decode_tokens(self) -> int:
@@ -51,7 +51,11 @@ class PyspecRunner:
         out = self.generator.generate(tokens, max_tokens=s.max_tokens, temperature=s.temperature, top_k=s.top_k,
                                       top_p=s.top_p, min_p=s.min_p, seed=s.seed, **self.draft_kwargs)
         st = out.stats
-        extra = {k: getattr(st, k) for k in ("rounds", "drafted", "accepted", "draft_s", "verify_s", "overhead_s")}
+        extra = {k: getattr(st, k) for k in ("rounds", "drafted", "accepted", "draft_s", "verify_s", "overhead_s",
+                                             "policy_plain", "ngram_rounds")}
+        extra["drafted_at"] = list(st.drafted_at)
+        extra["accepted_at"] = list(st.accepted_at)
+        extra["length_hist"] = list(st.length_hist)
         return Sample(self.name, "", "", len(tokens), st.n_generated, st.ttft_s, st.decode_s, extra)
 
 

@@ -1,0 +1,60 @@
+"""Pictures of a benchmark: speed ratio per category and runner, and the
+acceptance rate by draft position (matplotlib, the optional `plot` extra)."""
+
+from __future__ import annotations
+
+from typing import Dict, List
+
+
+def acceptance_by_position(samples: List[dict]) -> Dict[str, List[float]]:
+    """{runner: acceptance rate of draft position 1..k}, pooled over samples."""
+    drafted: Dict[str, List[int]] = {}
+    accepted: Dict[str, List[int]] = {}
+    for s in samples:
+        d, a = s["extra"].get("drafted_at"), s["extra"].get("accepted_at")
+        if not d or not sum(d):
+            continue
+        dd = drafted.setdefault(s["runner"], [0] * len(d))
+        aa = accepted.setdefault(s["runner"], [0] * len(a))
+        for i, (x, y) in enumerate(zip(d, a)):
+            if i >= len(dd):
+                dd.append(0)
+                aa.append(0)
+            dd[i] += x
+            aa[i] += y
+    return {r: [a / d if d else float("nan") for a, d in zip(accepted[r], drafted[r]) if d] for r in drafted}
+
+
+def plot(result: dict, path: str) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise RuntimeError("--plot needs matplotlib: pip install 'pyspec-llama[plot]'") from e
+    table = result["summary"]
+    runners = result["runners"]
+    cats = [c for c in table if c != "all"] + ["all"]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(16, 6), gridspec_kw={"width_ratios": [2.2, 1]})
+    width = 0.8 / len(runners)
+    for i, r in enumerate(runners):
+        ys = [table[c].get(r, {}).get("ratio", float("nan")) for c in cats]
+        ax1.bar([x + i * width for x in range(len(cats))], ys, width, label=r)
+    ax1.axhline(1.0, color="black", linewidth=0.8)
+    ax1.set_xticks([x + 0.4 - width / 2 for x in range(len(cats))])
+    ax1.set_xticklabels(cats, rotation=20)
+    ax1.set_ylabel(f"decode tok/s ÷ {result['baseline']}")
+    ax1.set_title(f"speed ratio (temperature {result['settings']['temperature']}, {result['threads']} threads)")
+    ax1.legend(fontsize=7, ncol=2)
+    for r, rates in acceptance_by_position(result["samples"]).items():
+        ax2.plot(range(1, len(rates) + 1), rates, marker="o", label=r)
+    ax2.xaxis.get_major_locator().set_params(integer=True)
+    ax2.set_xlabel("draft position")
+    ax2.set_ylabel("acceptance rate (given the position was reached)")
+    ax2.set_ylim(0, 1.05)
+    ax2.set_title("acceptance by draft position")
+    ax2.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
