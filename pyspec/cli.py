@@ -144,6 +144,7 @@ def generate(prompt, model, draft, no_draft, draft_max, drafter, policy, p_min, 
     else:
         click.echo()
     if show_stats:
+        sys.stdout.flush()
         click.echo(_stats_summary(out), err=True)
 
 
@@ -288,9 +289,11 @@ def bench(model, categories, per_category, max_tokens, temperature, reps, thread
     Runs the shipped prompt suite (chat template applied) through each runner,
     interleaved in one process with the same prompts, threads and settings:
     pyspec plain, pyspec speculative at each --draft-max, llama-cpp-python's
-    create_completion and its prompt-lookup decoding. Prints decode tok/s
-    (tokens after the first), the ratio to llama-cpp-python plain, acceptance
-    (a) and tokens per target pass (L), per category and overall.
+    create_completion and its prompt-lookup decoding; optionally other length
+    policies and the n-gram / hybrid drafters. Prints, per category and
+    overall: decode tok/s (tokens after the first), the ratio to
+    llama-cpp-python plain, acceptance, tokens per target pass (L), mean draft
+    length (d) and rounds where the policy chose plain decoding.
     """
     from ._platform import physical_cores
     from .bench.runner import run_bench

@@ -115,3 +115,22 @@ def test_cli_default_names_match_the_catalog():
 
     assert cli.DEFAULT_MODEL == models.DEFAULT_TARGET
     assert cli.DEFAULT_DRAFT == models.DEFAULT_DRAFT
+
+
+def test_generate_speculative_json_has_drafting_stats(gemma_path):
+    out = pyspec_cmd("generate", "one two three one two three one two", "-m", gemma_path, "--raw", "--json",
+                     "--drafter", "ngram", "--policy", "fixed", "-k", "3", "-n", "12", "-t", "0", "--n-ctx", "256")
+    assert out.returncode == 0, out.stderr
+    stats = json.loads(out.stdout)["stats"]
+    for key in ("rounds", "drafted", "accepted", "acceptance_rate", "mean_accepted_len", "accepted_per_position",
+                "draft_s", "verify_s", "overhead_s", "length_hist", "policy_plain", "ngram_rounds"):
+        assert key in stats, key
+    assert stats["drafted"] > 0 and stats["ngram_rounds"] > 0
+    assert len(stats["accepted_per_position"]) == 3
+
+
+def test_stats_summary_goes_to_stderr(gemma_path):
+    out = pyspec_cmd("generate", "The sky is", "-m", gemma_path, "--raw", "-n", "6", "-t", "0", "--n-ctx", "256",
+                     "--drafter", "ngram", "--stats")
+    assert out.returncode == 0, out.stderr
+    assert "tok/s" in out.stderr and "tok/s" not in out.stdout
