@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -21,6 +22,14 @@ print("\n".join(sorted(libs)))
 """
 
 
+def _run(cmd):
+    # Run outside the source tree: `python -c` puts the working directory first
+    # on sys.path, and the source folder's pyspec has no compiled _core.
+    out = subprocess.run(cmd, capture_output=True, text=True, cwd=tempfile.gettempdir())
+    assert out.returncode == 0, out.stderr
+    return out
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/maps")
 @pytest.mark.parametrize(
     "order",
@@ -28,7 +37,7 @@ print("\n".join(sorted(libs)))
     ids=lambda o: " then ".join(o),
 )
 def test_one_libllama_mapped(order):
-    out = subprocess.run([sys.executable, "-c", PROBE, *order], capture_output=True, text=True, check=True)
+    out = _run([sys.executable, "-c", PROBE, *order])
     libs = out.stdout.split()
     assert len(libs) == 1, f"{len(libs)} copies of libllama mapped: {libs}"
     assert "llama_cpp" in libs[0], libs
@@ -46,5 +55,5 @@ def test_probe_can_see_two_copies():
     if not copies:
         pytest.skip("this llama_cpp ships symlinks, so there is no second copy to load")
     code = f"import ctypes; ctypes.CDLL({str(copies[-1])!r}); import pyspec\n" + PROBE
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    out = _run([sys.executable, "-c", code])
     assert len(out.stdout.split()) == 2, out.stdout
