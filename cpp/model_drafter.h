@@ -13,7 +13,6 @@ class ModelDrafter : public Drafter {
 public:
     explicit ModelDrafter(Model& model);
 
-    Model& model() { return model_; }
     void begin(const std::vector<int32_t>& prompt, const SamplingParams& sampling) override;
     int32_t draft(const std::vector<int32_t>& history, int32_t max_n, Rng& rng, std::vector<int32_t>& tokens,
                   std::vector<Distribution>& q, const DraftStopRule& stop) override;

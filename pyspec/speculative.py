@@ -23,7 +23,7 @@ import threading
 from typing import Dict, Optional, Tuple
 
 from . import _core
-from .generation import Generator
+from .generation import Generator, sampling_params
 from .model import Model
 
 DRAFTERS = ("model", "ngram", "hybrid")
@@ -112,11 +112,11 @@ class SpeculativeDecoder(Generator):
         name = policy or self.policy
         k = self.draft_max if draft_max is None else draft_max
         _check_policy(name, k)
-        draft_sampling = _core.SamplingParams(
-            temperature=sampling.temperature if draft_temperature is None else draft_temperature,
-            top_k=sampling.top_k if draft_top_k is None else draft_top_k,
-            top_p=sampling.top_p if draft_top_p is None else draft_top_p,
-            min_p=sampling.min_p if draft_min_p is None else draft_min_p,
+        draft_sampling = sampling_params(
+            sampling.temperature if draft_temperature is None else draft_temperature,
+            sampling.top_k if draft_top_k is None else draft_top_k,
+            sampling.top_p if draft_top_p is None else draft_top_p,
+            sampling.min_p if draft_min_p is None else draft_min_p,
         )
         on_gpu = [m._core.n_gpu_layers != 0 for m in (self.target, self.draft) if m is not None]
         return {
