@@ -16,6 +16,7 @@
 #include "hybrid_drafter.h"
 #include "model_drafter.h"
 #include "ngram_drafter.h"
+#include "auto_policy.h"
 #include "policy.h"
 
 namespace py = pybind11;
@@ -62,6 +63,7 @@ py::dict stats_to_dict(const GenerationStats& s) {
     d["draft_s"] = s.draft_s;
     d["verify_s"] = s.verify_s;
     d["overhead_s"] = s.overhead_s;
+    d["calibrate_s"] = s.calibrate_s;
     d["drafted_at"] = s.drafted_at;
     d["accepted_at"] = s.accepted_at;
     d["length_hist"] = s.length_hist;
@@ -92,6 +94,26 @@ struct PyTokenSink {
         return true;
     }
 };
+
+DraftSource parse_source(const std::string& name) {
+    if (name == "model") return DraftSource::kModel;
+    if (name == "ngram") return DraftSource::kNgram;
+    throw std::invalid_argument("unknown draft source '" + name + "' (model, ngram)");
+}
+
+DraftPlan make_plan(const std::string& source, int32_t match_len, int32_t lag) {
+    DraftPlan p;
+    p.source = parse_source(source);
+    p.match_len = match_len;
+    p.lag = lag;
+    return p;
+}
+
+const AutoPolicy& as_auto(const LengthPolicy& p) {
+    const auto* a = dynamic_cast<const AutoPolicy*>(&p);
+    if (!a) throw std::invalid_argument("only the auto policy keeps cost estimates");
+    return *a;
+}
 
 VerifyVariant parse_variant(const std::string& name) {
     if (name == "correct") return VerifyVariant::kCorrect;
@@ -187,8 +209,8 @@ PYBIND11_MODULE(_core, m) {
     py::class_<ModelDrafter, Drafter>(m, "ModelDrafter")
         .def(py::init<Model&>(), py::arg("model"), py::keep_alive<1, 2>());
     py::class_<NgramDrafter, Drafter>(m, "NgramDrafter")
-        .def(py::init<int32_t, int32_t, int32_t>(), py::arg("n_vocab"), py::arg("n_min") = 1, py::arg("n_max") = 4)
-        .def("begin", [](NgramDrafter& d, const std::vector<int32_t>& prompt) { d.begin(prompt, SamplingParams{}); })
+        .def(py::init<int32_t, int32_t, int32_t>(), py::arg("n_vocab"), py::arg("n_min") = 1, py::arg("n_max") = 16)
+        .def("begin", [](NgramDrafter& d, const std::vector<int32_t>& prompt) { d.begin(prompt, SamplingParams{}, true); })
         .def("find",
              [](NgramDrafter& d, const std::vector<int32_t>& history) {
                  int32_t len = 0;
@@ -222,7 +244,48 @@ PYBIND11_MODULE(_core, m) {
              }),
              py::arg("name"), py::arg("k") = 4, py::arg("p_min") = 0.75, py::arg("gamma") = 0.15, py::arg("h") = 0.3,
              py::arg("cap") = 40)
-        .def_property_readonly("name", &LengthPolicy::name);
+        .def_property_readonly("name", &LengthPolicy::name)
+        // The engine's side of the conversation, for tests and tools that drive a policy directly.
+        .def("next_length",
+             [](LengthPolicy& p, int32_t k_cap, const std::string& source, int32_t match_len, int32_t lag) {
+                 return p.next_length(k_cap, make_plan(source, match_len, lag));
+             },
+             py::arg("k_cap"), py::arg("source") = "model", py::arg("match_len") = 0, py::arg("lag") = 1)
+        .def("after_token",
+             [](LengthPolicy& p, int32_t i, const Distribution& belief, int32_t token) {
+                 switch (p.after_token(i, belief, token)) {
+                     case DraftStop::kKeep: return std::string("keep");
+                     case DraftStop::kDrop: return std::string("drop");
+                     default: return std::string("continue");
+                 }
+             },
+             py::arg("i"), py::arg("belief"), py::arg("token"))
+        .def("observe",
+             [](LengthPolicy& p, int32_t drafted, int32_t accepted, double draft_s, double verify_s,
+                const std::string& source, int32_t match_len, int32_t lag) {
+                 p.observe({make_plan(source, match_len, lag), drafted, accepted, draft_s, verify_s});
+             },
+             py::arg("drafted"), py::arg("accepted"), py::arg("draft_s"), py::arg("verify_s"),
+             py::arg("source") = "model", py::arg("match_len") = 0, py::arg("lag") = 1)
+        .def("calibration_sizes", &LengthPolicy::calibration_sizes, py::arg("max_batch"))
+        .def("calibrated", &LengthPolicy::calibrated, py::arg("sizes"), py::arg("seconds"))
+        .def("may_draft", [](const LengthPolicy& p, const std::string& s) { return p.may_draft(parse_source(s)); },
+             py::arg("source"))
+        .def("verify_cost", [](const LengthPolicy& p, int32_t n) { return as_auto(p).verify_cost(n); },
+             py::arg("batch"), "auto: estimated seconds for an n-token target batch (-1: not measured)")
+        .def("draft_cost",
+             [](const LengthPolicy& p, const std::string& s) { return as_auto(p).draft_cost(parse_source(s)); },
+             py::arg("source"), "auto: estimated drafter seconds per token (-1: not measured)")
+        .def("acceptance",
+             [](const LengthPolicy& p, const std::string& s, int32_t match_len) {
+                 return as_auto(p).acceptance(make_plan(s, match_len, 0));
+             },
+             py::arg("source") = "model", py::arg("match_len") = 0, "auto: acceptance estimate by draft position")
+        .def("probe_interval",
+             [](const LengthPolicy& p, const std::string& s, int32_t match_len) {
+                 return as_auto(p).probe_interval(make_plan(s, match_len, 0));
+             },
+             py::arg("source") = "model", py::arg("match_len") = 0);
     m.def("expected_tokens", &expected_tokens, py::arg("alpha"), py::arg("k"));
 
     m.def("check_compatible", &check_compatible, py::arg("target"), py::arg("draft"),

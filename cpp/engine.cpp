@@ -41,6 +41,29 @@ void Engine::target_distributions(int32_t n_rows, const SamplingParams& sampling
     }
 }
 
+bool Engine::calibrate(LengthPolicy& policy, int32_t max_batch, int32_t filler) {
+    const std::vector<int32_t> sizes = policy.calibration_sizes(max_batch);
+    if (sizes.empty()) return false;
+    // Time each batch size twice (the faster run counts: noise only adds time)
+    // at the position the first verification batch will use, then drop it again.
+    const int32_t pos = static_cast<int32_t>(target_.cached().size());
+    std::vector<double> best(sizes.size(), -1.0);
+    for (int rep = 0; rep < 2; ++rep) {
+        for (size_t i = 0; i < sizes.size(); ++i) {
+            const int32_t n = sizes[i];
+            if (n < 1 || pos + n > target_.n_ctx() || n > target_.n_batch()) continue;
+            batch_.assign(static_cast<size_t>(n), filler);
+            const auto t0 = Clock::now();
+            target_.decode(batch_.data(), n, pos, n);
+            const double t = since(t0);
+            target_.truncate(pos);
+            if (best[i] < 0 || t < best[i]) best[i] = t;
+        }
+    }
+    policy.calibrated(sizes, best);
+    return true;
+}
+
 GenerateResult Engine::generate(const std::vector<int32_t>& prompt, const GenerateParams& params,
                                 const TokenCallback& on_token, LengthPolicy* policy) {
     params.sampling.validate();
@@ -66,9 +89,9 @@ GenerateResult Engine::generate(const std::vector<int32_t>& prompt, const Genera
     st.accepted_at.assign(static_cast<size_t>(k_max), 0);
     st.length_hist.assign(static_cast<size_t>(k_max) + 1, 0);
     DraftStopRule stop_rule;
-    if (policy) {
-        stop_rule = [policy](int32_t i, const Distribution& q, int32_t token) {
-            return policy->after_token(i, q, token);
+    if (policy && policy->stops_early()) {
+        stop_rule = [policy](int32_t i, const Distribution& belief, int32_t token) {
+            return policy->after_token(i, belief, token);
         };
     }
     Rng rng(params.seed);
@@ -83,12 +106,14 @@ GenerateResult Engine::generate(const std::vector<int32_t>& prompt, const Genera
     const size_t reuse = std::min(common_prefix(target_.cached(), prompt), prompt.size() - 1);
     target_.truncate(static_cast<int32_t>(reuse));
     const bool use_drafter = drafter_ && k_max > 0;
+    // A policy that will not draft from the model soon spares it the prompt.
+    const bool eager = !policy || policy->may_draft(DraftSource::kModel);
     std::exception_ptr drafter_error;
     std::thread drafter_prefill;
-    if (use_drafter && params.parallel_prefill) {
+    if (use_drafter && params.parallel_prefill && eager) {
         drafter_prefill = std::thread([&] {
             try {
-                drafter_->begin(prompt, params.draft_sampling);
+                drafter_->begin(prompt, params.draft_sampling, true);
             } catch (...) {
                 drafter_error = std::current_exception();
             }
@@ -107,7 +132,13 @@ GenerateResult Engine::generate(const std::vector<int32_t>& prompt, const Genera
         drafter_prefill.join();
         if (drafter_error) std::rethrow_exception(drafter_error);
     } else if (use_drafter) {
-        drafter_->begin(prompt, params.draft_sampling);
+        drafter_->begin(prompt, params.draft_sampling, eager);
+    }
+    if (use_drafter && policy) {
+        const auto t0 = Clock::now();
+        if (calibrate(*policy, std::min(k_max + 1, n_ctx - static_cast<int32_t>(prompt.size()) + 1), prompt.back())) {
+            st.calibrate_s = since(t0);
+        }
     }
     st.prompt_s = since(t_start);
 
@@ -131,10 +162,17 @@ GenerateResult Engine::generate(const std::vector<int32_t>& prompt, const Genera
         double draft_time = 0;
         if (k_cap > 0) {
             const auto t0 = Clock::now();
+            auto choose = [&](const DraftPlan& pl) {
+                if (pl.source == DraftSource::kNgram && pl.match_len == 0) return -1;  // nothing to propose
+                return policy ? policy->next_length(k_cap, pl) : k_cap;
+            };
             plan = drafter_->plan(history);
-            const bool nothing = plan.source == DraftSource::kNgram && plan.match_len == 0;
-            const int32_t k = nothing ? 0 : policy ? policy->next_length(k_cap, plan) : k_cap;
-            if (k == 0 && !nothing) ++st.policy_plain;
+            int32_t k = choose(plan);
+            if (k <= 0 && plan.has_fallback) {
+                plan = drafter_->fallback(history);
+                k = choose(plan);
+            }
+            if (k == 0) ++st.policy_plain;
             if (k > 0) n_draft = drafter_->draft(history, std::min(k, k_cap), rng, drafts_, q_, stop_rule);
             if (n_draft > 0 && plan.source == DraftSource::kNgram) ++st.ngram_rounds;
             draft_time = since(t0);

@@ -46,6 +46,7 @@ struct GenerationStats {
     double draft_s = 0;       // drafter time (its decodes and sampling)
     double verify_s = 0;      // target decodes
     double overhead_s = 0;    // host work: distributions, verification, text, callbacks
+    double calibrate_s = 0;   // timing the target's batch sizes for the policy (first use only)
     std::vector<int32_t> drafted_at;   // per draft position 1..k: rounds that drafted it
     std::vector<int32_t> accepted_at;  // ... and accepted it
     std::vector<int32_t> length_hist;  // rounds by number of drafted tokens (index 0: plain steps)
@@ -80,6 +81,8 @@ private:
     void decode_verification_batch(const std::vector<int32_t>& history, const std::vector<int32_t>& drafts);
     // p[i] = the target's sampling distribution at logits row i.
     void target_distributions(int32_t n_rows, const SamplingParams& sampling);
+    // Time the target batch sizes the policy asks for (once per policy); false if none.
+    bool calibrate(LengthPolicy& policy, int32_t max_batch, int32_t filler);
 
     Model& target_;
     Drafter* drafter_;

@@ -1,5 +1,6 @@
-// n-gram lookup when it has a confident match (at least min_match tokens),
-// the draft model otherwise. The length policy sets the length either way.
+// n-gram lookup when it has a confident match (at least min_match tokens), the
+// draft model otherwise; the length policy sets the length either way. When the
+// policy declines an n-gram draft (length 0), the engine may fall back to the model.
 #pragma once
 
 #include "model_drafter.h"
@@ -14,13 +15,18 @@ public:
 
     DraftPlan plan(const std::vector<int32_t>& history) override {
         DraftPlan p = ngram_.plan(history);
-        if (p.match_len < min_match_) p = {DraftSource::kModel, 0};
-        planned_ = p.source;
+        if (p.match_len < min_match_) return fallback(history);
+        p.has_fallback = true;
+        planned_ = DraftSource::kNgram;
         return p;
     }
-    void begin(const std::vector<int32_t>& prompt, const SamplingParams& sampling) override {
-        model_.begin(prompt, sampling);
-        ngram_.begin(prompt, sampling);
+    DraftPlan fallback(const std::vector<int32_t>& history) override {
+        planned_ = DraftSource::kModel;
+        return model_.plan(history);
+    }
+    void begin(const std::vector<int32_t>& prompt, const SamplingParams& sampling, bool eager) override {
+        model_.begin(prompt, sampling, eager);
+        ngram_.begin(prompt, sampling, eager);
     }
     int32_t draft(const std::vector<int32_t>& history, int32_t max_n, Rng& rng, std::vector<int32_t>& tokens,
                   std::vector<Distribution>& q, const DraftStopRule& stop) override {

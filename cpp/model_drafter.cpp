@@ -18,13 +18,21 @@ size_t common_prefix(const std::vector<int32_t>& a, const std::vector<int32_t>& 
 
 ModelDrafter::ModelDrafter(Model& model) : model_(model) {}
 
-void ModelDrafter::begin(const std::vector<int32_t>& prompt, const SamplingParams& sampling) {
+DraftPlan ModelDrafter::plan(const std::vector<int32_t>& history) {
+    DraftPlan p;
+    p.lag = static_cast<int32_t>(history.size() - common_prefix(model_.cached(), history));
+    return p;
+}
+
+void ModelDrafter::begin(const std::vector<int32_t>& prompt, const SamplingParams& sampling, bool eager) {
     sampling.validate();
     sampling_ = sampling;
+    belief_sampling_ = sampling;
+    belief_sampling_.temperature = 1.0;
     // Reuse whatever prefix of the prompt the cache already holds.
     const size_t keep = common_prefix(model_.cached(), prompt);
     model_.truncate(static_cast<int32_t>(keep));
-    if (keep < prompt.size()) {
+    if (eager && keep < prompt.size()) {
         model_.decode(prompt.data() + keep, static_cast<int32_t>(prompt.size() - keep), static_cast<int32_t>(keep), 0);
     }
 }
@@ -53,7 +61,9 @@ int32_t ModelDrafter::draft(const std::vector<int32_t>& history, int32_t max_n, 
         const int32_t tok = sampling_.greedy() ? qi.argmax() : qi.sample(rng.uniform());
         tokens.push_back(tok);
         if (stop) {
-            const DraftStop verdict = stop(i, qi, tok);
+            // A greedy q is one-hot: judge confidence by the T = 1 distribution instead.
+            if (sampling_.greedy()) compute_distribution(model_.logits(0), n_vocab, belief_sampling_, belief_, ws_);
+            const DraftStop verdict = stop(i, sampling_.greedy() ? belief_ : qi, tok);
             if (verdict == DraftStop::kDrop) tokens.pop_back();
             if (verdict != DraftStop::kContinue) break;
         }

@@ -13,13 +13,16 @@ class ModelDrafter : public Drafter {
 public:
     explicit ModelDrafter(Model& model);
 
-    void begin(const std::vector<int32_t>& prompt, const SamplingParams& sampling) override;
+    DraftPlan plan(const std::vector<int32_t>& history) override;
+    void begin(const std::vector<int32_t>& prompt, const SamplingParams& sampling, bool eager) override;
     int32_t draft(const std::vector<int32_t>& history, int32_t max_n, Rng& rng, std::vector<int32_t>& tokens,
                   std::vector<Distribution>& q, const DraftStopRule& stop) override;
 
 private:
     Model& model_;
     SamplingParams sampling_;
+    SamplingParams belief_sampling_;  // sampling_ at T = 1: the stop rules' view of a greedy draft
+    Distribution belief_;
     SamplingWorkspace ws_;
 };
 

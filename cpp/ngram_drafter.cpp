@@ -22,7 +22,7 @@ uint64_t NgramDrafter::key(const int32_t* tokens, int32_t n) {
     return h;
 }
 
-void NgramDrafter::begin(const std::vector<int32_t>& prompt, const SamplingParams&) {
+void NgramDrafter::begin(const std::vector<int32_t>& prompt, const SamplingParams&, bool) {
     for (auto& m : index_) m.clear();
     indexed_ = 0;
     index_up_to(prompt);

@@ -13,10 +13,10 @@ namespace pyspec {
 
 class NgramDrafter : public Drafter {
 public:
-    NgramDrafter(int32_t n_vocab, int32_t n_min = 1, int32_t n_max = 4);
+    NgramDrafter(int32_t n_vocab, int32_t n_min = 1, int32_t n_max = 16);
 
     DraftPlan plan(const std::vector<int32_t>& history) override;
-    void begin(const std::vector<int32_t>& prompt, const SamplingParams& sampling) override;
+    void begin(const std::vector<int32_t>& prompt, const SamplingParams& sampling, bool eager) override;
     int32_t draft(const std::vector<int32_t>& history, int32_t max_n, Rng& rng, std::vector<int32_t>& tokens,
                   std::vector<Distribution>& q, const DraftStopRule& stop) override;
 

@@ -1,6 +1,7 @@
 // Draft-length policies: how many tokens to draft each round (0 = a plain
 // decoding step), and whether to stop a draft early after a token. The engine
-// reports every round back so adaptive policies can learn.
+// reports every round back so adaptive policies can learn, and times the
+// verification batch sizes a policy asks for before its first round.
 #pragma once
 
 #include <cstdint>
@@ -16,7 +17,7 @@ struct RoundReport {
     DraftPlan plan;
     int32_t drafted = 0;
     int32_t accepted = 0;
-    double draft_s = 0;    // drafter time of this round
+    double draft_s = 0;    // drafter time of this round (its catch-up on `plan.lag` tokens included)
     double verify_s = 0;   // target time of this round's batch (drafted + 1 tokens)
 };
 
@@ -26,17 +27,26 @@ public:
     virtual std::string name() const = 0;
     // Draft length for the next round, in [0, k_cap], given where the draft comes from.
     virtual int32_t next_length(int32_t k_cap, const DraftPlan& plan) = 0;
+    // Whether after_token can stop a draft (drafters then compute a belief for it).
+    virtual bool stops_early() const { return false; }
     // Asked after each drafted token; the default never stops early.
-    virtual DraftStop after_token(int32_t /*i*/, const Distribution& /*q*/, int32_t /*token*/) {
+    virtual DraftStop after_token(int32_t /*i*/, const Distribution& /*belief*/, int32_t /*token*/) {
         return DraftStop::kContinue;
     }
     virtual void observe(const RoundReport& /*round*/) {}
+    // Whether this policy may draft from `source` soon; when it says no for the
+    // model, the drafter defers processing the prompt until it is asked to draft.
+    virtual bool may_draft(DraftSource /*source*/) const { return true; }
+    // Target batch sizes (<= max_batch) the policy wants timed before it drafts;
+    // the engine times each and reports the seconds through calibrated().
+    virtual std::vector<int32_t> calibration_sizes(int32_t /*max_batch*/) { return {}; }
+    virtual void calibrated(const std::vector<int32_t>& /*sizes*/, const std::vector<double>& /*seconds*/) {}
 };
 
 struct PolicyParams {
-    std::string name = "fixed";  // fixed | heuristic | confidence | svip | auto
-    int32_t k = 4;               // fixed length; heuristic's start; cap of confidence/auto
-    double p_min = 0.75;         // confidence: stop when q(own token) < p_min (token dropped)
+    std::string name = "auto";   // fixed | heuristic | confidence | svip | auto
+    int32_t k = 4;               // fixed length; heuristic's start; cap of heuristic/confidence/auto
+    double p_min = 0.75;         // confidence: stop when the belief in the own token < p_min (token dropped)
     double gamma = 0.15;         // svip: stop when sqrt(gamma * H) > h (token kept)
     double h = 0.3;
     int32_t cap = 40;            // svip's longest draft
@@ -45,11 +55,9 @@ struct PolicyParams {
 // Throws std::invalid_argument for an unknown name or out-of-range parameters.
 std::unique_ptr<LengthPolicy> make_policy(const PolicyParams& params);
 
-// The cost model of the auto policy, exposed for tests and documentation.
 // Expected tokens from a round drafting k tokens with per-position acceptance
 // alpha[0..k-1] (each conditional on the previous ones accepted):
-//   E(k) = 1 + sum_{i<k} prod_{j<=i} alpha[j];
-// cost(k) = k * draft_cost + verify_cost(k + 1); the policy maximises E/cost.
+//   E(k) = 1 + sum_{i<k} prod_{j<=i} alpha[j].
 double expected_tokens(const std::vector<double>& alpha, int32_t k);
 
 }  // namespace pyspec

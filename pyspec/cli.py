@@ -69,15 +69,17 @@ def main() -> None:
               help="Draft model for speculative decoding (path or name). With neither --model nor --draft, "
                    f"the default pair is used (draft: {DEFAULT_DRAFT}).")
 @click.option("--no-draft", is_flag=True, help="Plain decoding with the target alone.")
-@click.option("--draft-max", "-k", default=4, show_default=True, type=click.IntRange(min=0),
-              help="Tokens drafted per target pass (fixed policy) or their cap (other policies); 0 = plain.")
+@click.option("--draft-max", "-k", default=None, type=click.IntRange(min=0),
+              help="Tokens drafted per target pass (fixed policy) or their cap (other policies); 0 = plain "
+                   "[default: 4 for fixed, 40 for svip, 16 for the others].")
 @click.option("--drafter", type=click.Choice(["model", "ngram", "hybrid"]), default=None,
               help="model: the draft model; ngram: prompt lookup (no draft model needed); hybrid: n-gram when "
-                   "it matches, else the model [default: model with a draft, else ngram].")
-@click.option("--policy", type=click.Choice(["fixed", "heuristic", "confidence", "svip", "auto"]), default="fixed",
+                   "it matches, else the model [default: hybrid with a draft model, else ngram].")
+@click.option("--policy", type=click.Choice(["fixed", "heuristic", "confidence", "svip", "auto"]), default="auto",
               show_default=True,
               help="Draft length per round: fixed k; heuristic +2/-1; confidence stops below --p-min; svip stops "
-                   "on high draft entropy; auto maximises expected tokens/s (may decode plainly).")
+                   "on high draft entropy; auto maximises expected tokens/s from measured costs and acceptance "
+                   "(and decodes plainly where drafting does not pay).")
 @click.option("--p-min", default=0.75, show_default=True, type=click.FloatRange(0, 1),
               help="confidence policy: stop when the draft's probability of its own token is below this.")
 @click.option("--svip-h", default=0.3, show_default=True, type=click.FloatRange(min=0, min_open=True),
@@ -98,7 +100,10 @@ def generate(prompt, model, draft, no_draft, draft_max, drafter, policy, p_min, 
     """Generate a continuation of PROMPT and stream it to stdout.
 
     By default the default target/draft pair runs speculative decoding, which
-    keeps the target's output distribution exactly; --no-draft decodes plainly.
+    keeps the target's output distribution exactly: the hybrid drafter (n-gram
+    lookup where the text repeats, the draft model elsewhere) under the auto
+    policy, which drafts only where its measurements say it pays. --no-draft
+    decodes plainly.
     """
     from .model import Model
     from .speculative import SpeculativeDecoder
@@ -154,13 +159,15 @@ def _stats_summary(out) -> str:
         f"{out.n_prompt_tokens} prompt tokens, {out.n_generated_tokens} generated ({out.stop_reason})",
         f"time to first token {s.ttft_s:.2f} s, then {s.decode_tok_s:.1f} tok/s",
     ]
-    if s.rounds and s.drafted:
-        per_pos = " ".join(f"{a:.2f}" for a in s.accepted_per_position)
+    if s.rounds and (s.drafted or s.policy_plain):
+        per_pos = " ".join(f"{a:.2f}" for a, d in zip(s.accepted_per_position, s.drafted_at) if d)
         lines.append(
             f"{s.rounds} target passes, {s.drafted} drafted, {s.accepted} accepted "
             f"(acceptance {s.acceptance_rate:.2f}; {s.mean_accepted_len:.2f} tokens per pass; by position: {per_pos})"
         )
-        lines.append(f"time: draft {s.draft_s:.2f} s, verify {s.verify_s:.2f} s, host overhead {s.overhead_s:.3f} s")
+        calib = f", calibration {s.calibrate_s:.2f} s" if s.calibrate_s else ""
+        lines.append(f"time: draft {s.draft_s:.2f} s, verify {s.verify_s:.2f} s, host overhead {s.overhead_s:.3f} s"
+                     f"{calib}")
         hist = " ".join(f"{k}:{n}" for k, n in enumerate(s.length_hist) if n)
         lines.append(f"draft lengths (length:rounds) {hist}; policy chose plain {s.policy_plain} times; "
                      f"n-gram drafted {s.ngram_rounds} rounds")
@@ -268,13 +275,16 @@ def models_list(as_json) -> None:
 @click.option("--draft", "-d", default=DEFAULT_DRAFT, show_default=True, help="Draft model (path or name).")
 @click.option("--draft-max", "-k", "ks", default="1,2,4", show_default=True,
               help="Comma-separated draft lengths to measure (one pyspec runner each).")
-@click.option("--policy", "policies", default="fixed", show_default=True,
+@click.option("--policy", "policies", default="fixed,auto", show_default=True,
               help="Comma-separated length policies to measure with the draft model "
-                   "(fixed uses each --draft-max; others use the largest as cap).")
-@click.option("--ngram", "ngram_policies", default="", show_default=True,
-              help="Comma-separated policies to measure with the n-gram drafter (e.g. fixed,auto; cap 16).")
-@click.option("--hybrid", "hybrid_policies", default="", show_default=True,
-              help="Comma-separated policies to measure with the hybrid drafter (cap 16).")
+                   "(fixed runs each --draft-max; the others run up to --cap); '' for none.")
+@click.option("--ngram", "ngram_policies", default="auto", show_default=True,
+              help="Comma-separated policies to measure with the n-gram drafter (e.g. fixed,auto); '' for none.")
+@click.option("--hybrid", "hybrid_policies", default="auto", show_default=True,
+              help="Comma-separated policies to measure with the hybrid drafter; '' for none.")
+@click.option("--cap", default=None, type=click.IntRange(min=1),
+              help="Longest draft of the adaptive policies, and the n-gram/hybrid fixed length "
+                   "[default: 16; svip 40, its paper's cap].")
 @click.option("--lookup", default=10, show_default=True, type=click.IntRange(min=0),
               help="Tokens per draft for llama-cpp-python's LlamaPromptLookupDecoding (0 = skip that runner).")
 @click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False, allow_dash=True),
@@ -283,7 +293,7 @@ def models_list(as_json) -> None:
               help="Draw ratios per category and runner, and acceptance by draft position, to FILE.png "
                    "(needs matplotlib: the `plot` extra).")
 def bench(model, categories, per_category, max_tokens, temperature, reps, threads, n_ctx, draft, ks, policies,
-          ngram_policies, hybrid_policies, lookup, json_path, plot_path) -> None:
+          ngram_policies, hybrid_policies, cap, lookup, json_path, plot_path) -> None:
     """Measure decode speed side by side with llama-cpp-python.
 
     Runs the shipped prompt suite (chat template applied) through each runner,
@@ -292,14 +302,15 @@ def bench(model, categories, per_category, max_tokens, temperature, reps, thread
     create_completion and its prompt-lookup decoding; optionally other length
     policies and the n-gram / hybrid drafters. Prints, per category and
     overall: decode tok/s (tokens after the first), the ratio to
-    llama-cpp-python plain, acceptance, tokens per target pass (L), mean draft
-    length (d) and rounds where the policy chose plain decoding.
+    llama-cpp-python plain and to pyspec plain, acceptance, tokens per target
+    pass (L), mean draft length (d) and rounds where the policy chose plain
+    decoding. Progress goes to stderr; --json and --plot save the figures.
     """
     from ._platform import physical_cores
     from .bench.runner import run_bench
     from .bench.runners import LlamaCppRunner, PyspecRunner, Settings
     from .model import Model
-    from .speculative import SpeculativeDecoder
+    from .speculative import DEFAULT_DRAFT_MAX, SpeculativeDecoder
 
     try:
         k_values = [int(k) for k in ks.split(",") if k.strip()]
@@ -311,21 +322,28 @@ def bench(model, categories, per_category, max_tokens, temperature, reps, thread
         runners = [PyspecRunner(target, "pyspec plain")]
         names = lambda text: [x.strip() for x in text.split(",") if x.strip()]  # noqa: E731
         draft_model = None
-        if k_values:
+
+        def limit(pol: str) -> int:  # the cap of an adaptive policy, or an n-gram/hybrid fixed length
+            return cap if cap is not None else 16 if pol == "fixed" else DEFAULT_DRAFT_MAX[pol]
+
+        model_policies = names(policies)
+        if model_policies:
             draft_model = Model(draft, n_ctx=n_ctx, n_threads=n_threads)
-            spec = SpeculativeDecoder(target, draft_model)
-            for pol in names(policies):
+            spec = SpeculativeDecoder(target, draft_model, drafter="model")
+            for pol in model_policies:
                 if pol == "fixed":
                     runners += [PyspecRunner(spec, f"pyspec k={k}", draft_max=k, policy="fixed") for k in k_values]
                 else:
-                    runners.append(PyspecRunner(spec, f"pyspec {pol}", draft_max=max(k_values), policy=pol))
+                    runners.append(PyspecRunner(spec, f"pyspec {pol}", draft_max=limit(pol), policy=pol))
         if ngram_policies:
-            ng = SpeculativeDecoder(target, drafter="ngram", draft_max=16)
-            runners += [PyspecRunner(ng, f"pyspec ngram {pol}", policy=pol) for pol in names(ngram_policies)]
+            ng = SpeculativeDecoder(target, drafter="ngram")
+            runners += [PyspecRunner(ng, f"pyspec ngram {pol}", draft_max=limit(pol), policy=pol)
+                        for pol in names(ngram_policies)]
         if hybrid_policies:
             draft_model = draft_model or Model(draft, n_ctx=n_ctx, n_threads=n_threads)
-            hy = SpeculativeDecoder(target, draft_model, drafter="hybrid", draft_max=16)
-            runners += [PyspecRunner(hy, f"pyspec hybrid {pol}", policy=pol) for pol in names(hybrid_policies)]
+            hy = SpeculativeDecoder(target, draft_model, drafter="hybrid")
+            runners += [PyspecRunner(hy, f"pyspec hybrid {pol}", draft_max=limit(pol), policy=pol)
+                        for pol in names(hybrid_policies)]
         runners.append(LlamaCppRunner(target.path, n_ctx=n_ctx, n_threads=n_threads))
         if lookup:
             runners.append(LlamaCppRunner(target.path, n_ctx=n_ctx, n_threads=n_threads, prompt_lookup=lookup))
@@ -344,7 +362,7 @@ def bench(model, categories, per_category, max_tokens, temperature, reps, thread
         raise click.ClickException(str(e)) from e
     result["threads"] = n_threads
     result["model"] = target.path
-    result["draft"] = draft if k_values else None
+    result["draft"] = draft if draft_model is not None else None
     if json_path:
         with click.open_file(json_path, "w") as f:
             json.dump(result, f, indent=2)

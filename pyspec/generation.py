@@ -140,13 +140,18 @@ class Generator:
                 policy=draft.get("policy"),
                 on_token=callback,
             )
-        return Completion(
+        completion = Completion(
             text=out["text"].decode("utf-8", errors="replace"),
             tokens=list(out["tokens"]),
             n_prompt_tokens=len(tokens),
             stop_reason=out["stop_reason"],
             stats=GenerationStats.from_core(out["stats"]),
         )
+        self._after_run(draft, completion)
+        return completion
+
+    def _after_run(self, draft: dict, completion: Completion) -> None:
+        """Hook for subclasses (the speculative decoder keeps calibrations)."""
 
     def _default_seed(self) -> int:
         return self._text_model()._core.seed

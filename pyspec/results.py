@@ -27,6 +27,7 @@ class GenerationStats:
     draft_s: float = 0.0
     verify_s: float = 0.0
     overhead_s: float = 0.0
+    calibrate_s: float = 0.0           # the auto policy timing batch sizes (its first generation only)
     drafted_at: Tuple[int, ...] = ()   # per draft position 1..k: rounds that drafted it
     accepted_at: Tuple[int, ...] = ()  # ... and accepted it
     length_hist: Tuple[int, ...] = ()  # rounds by drafted length (index 0: plain steps)

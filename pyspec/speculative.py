@@ -4,17 +4,24 @@ keeps the target's distribution exactly (SPEC: Leviathan et al., Chen et al.).
 Drafters (``drafter=``):
   * ``"model"``  - a smaller model with the same vocabulary (needs ``draft``);
   * ``"ngram"``  - prompt lookup: the continuation of the longest recent n-gram
-    match in the prompt and the generated text; nearly free, deterministic;
-  * ``"hybrid"`` - n-gram when it has a match of at least 2 tokens, else the model.
+    match (up to 16 tokens) in the prompt and the generated text; nearly free,
+    deterministic (the default without a draft model);
+  * ``"hybrid"`` - n-gram when it has a match of at least 2 tokens, else the model
+    (the default with a draft model; under ``auto``, a declined n-gram draft
+    falls back to the model).
 
 Length policies (``policy=``), all lossless (they only choose how much to draft):
-  * ``"fixed"``      - always ``draft_max`` tokens;
+  * ``"fixed"``      - always ``draft_max`` tokens (default 4);
   * ``"heuristic"``  - +2 after a fully accepted round, -1 otherwise (Hugging Face);
-  * ``"confidence"`` - stop when the draft's probability of its own token < ``p_min`` (llama.cpp);
+  * ``"confidence"`` - stop when the draft's belief in its own token < ``p_min`` (llama.cpp);
   * ``"svip"``       - stop after a token when sqrt(gamma * H) > h, H the draft entropy (SVIP);
-  * ``"auto"``       - cost-aware: each round picks the length, 0 (plain decoding)
-    included, that maximises expected tokens per second from running estimates
-    of acceptance per position, draft cost per token and verify cost per batch size.
+  * ``"auto"``       - the default. Cost-aware: each round picks the length, 0 (plain
+    decoding) included, that maximises expected tokens per second from running
+    estimates of acceptance per position, draft cost per token and verify cost per
+    batch size (timed on first use). The model it optimises is documented in
+    ``cpp/auto_policy.h``.
+A greedy draft model's q is one-hot, so the stop rules (confidence, svip, auto)
+judge its T = 1 distribution instead.
 """
 
 from __future__ import annotations
@@ -22,12 +29,15 @@ from __future__ import annotations
 import threading
 from typing import Dict, Optional, Tuple
 
-from . import _core
+from . import _core, calibration
 from .generation import Generator, sampling_params
 from .model import Model
 
 DRAFTERS = ("model", "ngram", "hybrid")
 POLICIES = ("fixed", "heuristic", "confidence", "svip", "auto")
+#: draft_max when none is given: the fixed length, or the cap of the adaptive policies
+#: (SVIP's paper caps drafts at 40).
+DEFAULT_DRAFT_MAX = {"fixed": 4, "heuristic": 16, "confidence": 16, "svip": 40, "auto": 16}
 
 
 class SpeculativeDecoder(Generator):
@@ -35,8 +45,8 @@ class SpeculativeDecoder(Generator):
 
     Build it once and reuse it: both models keep their contexts between calls,
     and the ``auto`` policy keeps what it learned about costs. ``draft_max`` is
-    the draft length (``fixed``) or its cap (other policies); it and the policy
-    can be changed per call. The draft model samples with its own settings
+    the draft length (``fixed``) or its cap (other policies), by default
+    ``DEFAULT_DRAFT_MAX[policy]``; it and the policy can be changed per call. The draft model samples with its own settings
     (``draft_temperature`` and friends, defaulting to the target's): any choice
     stays lossless, it only changes how often drafts are accepted.
 
@@ -49,12 +59,12 @@ class SpeculativeDecoder(Generator):
         draft: Optional[Model] = None,
         *,
         drafter: Optional[str] = None,
-        policy: str = "fixed",
-        draft_max: int = 4,
+        policy: str = "auto",
+        draft_max: Optional[int] = None,
         ngram_min: int = 1,
-        ngram_max: int = 4,
+        ngram_max: int = 16,
     ) -> None:
-        drafter = drafter or ("model" if draft is not None else "ngram")
+        drafter = drafter or ("hybrid" if draft is not None else "ngram")
         if drafter not in DRAFTERS:
             raise ValueError(f"unknown drafter {drafter!r}; choose from {', '.join(DRAFTERS)}")
         if drafter in ("model", "hybrid") and draft is None:
@@ -86,6 +96,23 @@ class SpeculativeDecoder(Generator):
     def _text_model(self) -> Model:
         return self.target
 
+    def policy_object(self, policy: Optional[str] = None, *, draft_max: Optional[int] = None, p_min: float = 0.75,
+                      svip_gamma: float = 0.15, svip_h: float = 0.3) -> "_core.LengthPolicy":
+        """The live length-policy object that generations with these settings use
+        (one per setting, kept across calls). For ``auto`` it exposes the cost
+        model's estimates: ``verify_cost(n)``, ``draft_cost(source)``,
+        ``acceptance(source, match_len)``."""
+        name, k = self._resolve(policy, draft_max)
+        return self._policy(name, k, p_min, svip_gamma, svip_h)
+
+    def _resolve(self, policy: Optional[str], draft_max: Optional[int]) -> Tuple[str, int]:
+        """(policy, draft length or cap) of a call: its own, else the decoder's, else the policy's default."""
+        name = policy or self.policy
+        k = draft_max if draft_max is not None else self.draft_max
+        k = DEFAULT_DRAFT_MAX[name] if k is None and name in DEFAULT_DRAFT_MAX else k
+        _check_policy(name, k)
+        return name, k
+
     def _policy(self, name: str, k: int, p_min: float, svip_gamma: float, svip_h: float) -> "_core.LengthPolicy":
         # One object per setting, kept across calls: adaptive policies remember.
         key = (name, k, p_min, svip_gamma, svip_h)
@@ -109,9 +136,7 @@ class SpeculativeDecoder(Generator):
         _variant: str = "correct",
     ) -> dict:
         """Per-call drafting arguments (see the class and module docstrings)."""
-        name = policy or self.policy
-        k = self.draft_max if draft_max is None else draft_max
-        _check_policy(name, k)
+        name, k = self._resolve(policy, draft_max)
         draft_sampling = sampling_params(
             sampling.temperature if draft_temperature is None else draft_temperature,
             sampling.top_k if draft_top_k is None else draft_top_k,
@@ -119,10 +144,13 @@ class SpeculativeDecoder(Generator):
             sampling.min_p if draft_min_p is None else draft_min_p,
         )
         on_gpu = [m._core.n_gpu_layers != 0 for m in (self.target, self.draft) if m is not None]
+        policy_obj = self._policy(name, k, p_min, svip_gamma, svip_h) if k > 0 else None
+        calibrate = self._reuse_calibration(policy_obj, k) if policy_obj is not None else []
         return {
             "draft_max": k,
             "draft_sampling": draft_sampling,
-            "policy": self._policy(name, k, p_min, svip_gamma, svip_h) if k > 0 else None,
+            "policy": policy_obj,
+            "calibrate": calibrate,
             # _variant selects a deliberately wrong acceptance rule: test-only negative controls.
             "variant": _variant,
             # Prefill both models at once only when they do not share the CPU cores.
@@ -130,8 +158,27 @@ class SpeculativeDecoder(Generator):
         }
 
 
-def _check_policy(name: str, k: int) -> None:
+    def _reuse_calibration(self, policy, k: int) -> list:
+        """Hand the policy batch timings recorded earlier on this machine; returns
+        the sizes the engine will time instead (to be recorded after the run)."""
+        sizes = list(policy.calibration_sizes(k + 1))
+        if not sizes:
+            return []
+        seconds = calibration.load(self.target._core, sizes)
+        if seconds is None:
+            return sizes
+        policy.calibrated(sizes, seconds)
+        return []
+
+    def _after_run(self, draft: dict, completion) -> None:
+        sizes, policy = draft.get("calibrate"), draft.get("policy")
+        if sizes and policy is not None and completion.stats.calibrate_s > 0:
+            timings = {n: policy.verify_cost(n) for n in sizes}
+            calibration.save(self.target._core, {n: s for n, s in timings.items() if s > 0})
+
+
+def _check_policy(name: str, k: Optional[int]) -> None:
     if name not in POLICIES:
         raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICIES)}")
-    if k < 0:
+    if k is not None and k < 0:
         raise ValueError(f"draft_max must be >= 0, got {k}")

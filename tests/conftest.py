@@ -14,6 +14,21 @@ def _ensure(attr: str) -> str:
     return str(models.ensure(getattr(models, attr)))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def private_calibration_cache(tmp_path_factory):
+    """Batch timings recorded by the auto policy go to a per-run folder, not the
+    user's cache (subprocesses of the CLI tests inherit it)."""
+    import os
+
+    old = os.environ.get("PYSPEC_CACHE")
+    os.environ["PYSPEC_CACHE"] = str(tmp_path_factory.mktemp("pyspec-cache"))
+    yield
+    if old is None:
+        os.environ.pop("PYSPEC_CACHE", None)
+    else:
+        os.environ["PYSPEC_CACHE"] = old
+
+
 @pytest.fixture(scope="session")
 def gemma_path() -> str:
     """The small Gemma-3-270M model: for tests where any model will do."""

@@ -4,7 +4,9 @@ losslessness end to end (the chi-square machinery of test_speculative_lossless).
 Significance: each chi-square test at alpha = 0.001; sample sizes N = 2,000,
 checked beforehand to give power > 0.99 against the broken-residual control's
 deviation for the same configuration; the control itself is run for the
-n-gram drafter (q one-hot) and must be rejected.
+n-gram drafter (q one-hot) under the fixed and the auto policy and must be
+rejected. Tests of adaptive policies also require that drafting happened in at
+least half the samples, so that a policy decoding plainly cannot pass vacuously.
 """
 
 from __future__ import annotations
@@ -118,12 +120,30 @@ def test_ngram_drafter_greedy_matches_plain_and_accepts_copies(gemma_path):
 @pytest.mark.parametrize("policy", ["heuristic", "confidence", "svip", "auto"])
 def test_policies_keep_greedy_output(gemma_path, policy):
     target = pyspec.Model(gemma_path, n_ctx=512)
-    spec = pyspec.SpeculativeDecoder(target, pyspec.Model(gemma_path, n_ctx=512), policy=policy, draft_max=2)
+    spec = pyspec.SpeculativeDecoder(target, pyspec.Model(gemma_path, n_ctx=512), drafter="model", policy=policy,
+                                     draft_max=2)
     plain = target.generate(COPY_PROMPT, chat=False, max_tokens=20, temperature=0)
     fast = spec.generate(COPY_PROMPT, chat=False, max_tokens=20, temperature=0)
     assert fast.tokens == plain.tokens
     s = fast.stats
     assert sum(s.length_hist) == s.rounds
+
+
+@pytest.mark.parametrize("policy", ["confidence", "svip", "fixed"])
+def test_stop_rules_judge_a_greedy_draft_by_its_belief(gemma_path, policy):
+    """A greedy draft's q is one-hot (probability 1, entropy 0), so confidence and
+    SVIP would never stop; they judge the draft's T = 1 distribution instead and
+    end some drafts early. fixed is the control: only the last rounds, cut by
+    max_tokens, may be short."""
+    target = pyspec.Model(gemma_path, n_ctx=512)
+    spec = pyspec.SpeculativeDecoder(target, pyspec.Model(gemma_path, n_ctx=512), drafter="model", policy=policy,
+                                     draft_max=8)
+    out = spec.generate("Once upon a time, in a small village,", chat=False, max_tokens=120, temperature=0)
+    short = sum(out.stats.length_hist[:8])
+    if policy == "fixed":
+        assert short <= 2
+    else:
+        assert short >= 3, f"{policy} never stopped a greedy draft early: {out.stats.length_hist}"
 
 
 def test_auto_leaves_plain_mode_when_text_turns_repetitive(gemma_path):
@@ -133,6 +153,26 @@ def test_auto_leaves_plain_mode_when_text_turns_repetitive(gemma_path):
                         max_tokens=60, temperature=0)
     s = out.stats
     assert s.drafted > 0 and s.accepted > 0, "auto never drafted on repetitive text"
+
+
+def test_auto_times_batches_once_per_machine(gemma_path, tmp_path, monkeypatch):
+    from pyspec import calibration
+
+    monkeypatch.setenv("PYSPEC_CACHE", str(tmp_path))
+    target = pyspec.Model(gemma_path, n_ctx=512)
+    first = pyspec.SpeculativeDecoder(target, drafter="ngram").generate("one two one two", chat=False, max_tokens=4)
+    assert first.stats.calibrate_s > 0
+    recorded = calibration.load(target._core, [1, 2, 4, 8, 16])
+    assert recorded is not None and all(s > 0 for s in recorded)
+    # A new decoder (a new process, in effect) reuses the timings instead of measuring.
+    spec = pyspec.SpeculativeDecoder(target, drafter="ngram")
+    again = spec.generate("one two one two", chat=False, max_tokens=4)
+    assert again.stats.calibrate_s == 0
+    assert spec.policy_object().verify_cost(16) > 0
+    # A corrupt record costs a recalibration, nothing else.
+    calibration.cache_file().write_text("{not json", encoding="utf-8")
+    third = pyspec.SpeculativeDecoder(target, drafter="ngram").generate("one two one two", chat=False, max_tokens=4)
+    assert third.stats.calibrate_s > 0 and third.n_generated_tokens == 4
 
 
 def test_hybrid_uses_both_sources(target_path, draft_path):
@@ -153,11 +193,15 @@ N = 2_000
 
 
 def _sample(spec, tokens, n, variant="correct", **kw):
+    """n two-token samples: (counts per outcome, total drafted tokens)."""
     counts: dict = {}
+    drafted = 0
     for i in range(n):
+        _pin_free_verification(spec)
         out = spec.generate(tokens, max_tokens=2, seed=50_000 + i, _variant=variant, **TARGET, **kw)
         counts[tuple(out.tokens)] = counts.get(tuple(out.tokens), 0) + 1
-    return counts
+        drafted += out.stats.drafted
+    return counts, drafted
 
 
 @pytest.fixture(scope="module")
@@ -165,11 +209,22 @@ def gemma_target(gemma_path):
     return pyspec.Model(gemma_path, n_ctx=256, seed=0)
 
 
-def _ngram_case(target):
+def _pin_free_verification(spec):
+    """Make auto believe, before each sample, that a 2-token verification costs
+    no more than a 1-token step (a GPU-like world), so that it drafts. On this
+    CPU a 2-token batch of the 270M Gemma costs about two single steps and auto
+    rightly decodes plainly; these chi-square tests are about its drafting path.
+    (Each sample's last round is a plain step that refreshes the estimate, hence
+    the pin before every sample.)"""
+    if spec.policy == "auto":
+        spec.policy_object(draft_max=1).calibrated([1, 2], [1.0, 1.0])
+
+
+def _ngram_case(target, policy="fixed"):
     tokens = target.tokenize(NGRAM_PROMPT)
     p0, p1 = target_rows(target, tokens)
     exact = exact_distribution(target, p0, p1)
-    spec = pyspec.SpeculativeDecoder(target, drafter="ngram", policy="fixed", draft_max=1)
+    spec = pyspec.SpeculativeDecoder(target, drafter="ngram", policy=policy, draft_max=1)
     proposal = spec._core_drafter.propose(tokens, 1)
     assert proposal, "the prompt must give the n-gram drafter a proposal"
     q0 = np.zeros_like(p0)
@@ -177,21 +232,25 @@ def _ngram_case(target):
     return spec, tokens, exact, wrong_residual_distribution(target, p0, q0, p1)
 
 
-def test_lossless_ngram(gemma_target):
-    spec, tokens, exact, wrong = _ngram_case(gemma_target)
+@pytest.mark.parametrize("policy", ["fixed", "auto"])
+def test_lossless_ngram(gemma_target, policy):
+    spec, tokens, exact, wrong = _ngram_case(gemma_target, policy)
     assert power(exact, wrong, N, max(len(exact) - 1, 1)) > 0.99
-    counts = _sample(spec, tokens, N)
+    counts, drafted = _sample(spec, tokens, N)
     stat, df, pv = pooled_chisquare(counts, exact, N)
-    print(f"ngram: N={N} chi2={stat:.2f} df={df} p={pv:.3g}")
+    print(f"ngram {policy}: N={N} drafted={drafted} chi2={stat:.2f} df={df} p={pv:.3g}")
+    assert drafted >= N // 2, "the drafter hardly drafted: the test would not exercise verification"
     assert pv > ALPHA
 
 
-def test_negative_control_ngram_broken_residual(gemma_target):
-    spec, tokens, exact, _ = _ngram_case(gemma_target)
-    counts = _sample(spec, tokens, N, variant="residual_is_p")
+@pytest.mark.parametrize("policy", ["fixed", "auto"])
+def test_negative_control_ngram_broken_residual(gemma_target, policy):
+    spec, tokens, exact, _ = _ngram_case(gemma_target, policy)
+    counts, drafted = _sample(spec, tokens, N, variant="residual_is_p")
     stat, df, pv = pooled_chisquare(counts, exact, N)
-    print(f"NEGATIVE CONTROL ngram residual=p: N={N} chi2={stat:.2f} df={df} p={pv:.3g}")
+    print(f"NEGATIVE CONTROL ngram {policy} residual=p: N={N} drafted={drafted} chi2={stat:.2f} df={df} p={pv:.3g}")
     assert pv < ALPHA
+
 
 
 @pytest.mark.parametrize("policy", ["svip", "auto"])
@@ -201,9 +260,10 @@ def test_lossless_policies(gemma_target, gemma_path, policy):
     p0, p1 = target_rows(target, tokens)
     exact = exact_distribution(target, p0, p1)
     draft = pyspec.Model(gemma_path, n_ctx=256, seed=0)
-    spec = pyspec.SpeculativeDecoder(target, draft, policy=policy, draft_max=1)
+    spec = pyspec.SpeculativeDecoder(target, draft, drafter="model", policy=policy, draft_max=1)
     kw = dict(draft_temperature=2.0, draft_top_k=8, draft_top_p=1.0, draft_min_p=0.0)
-    counts = _sample(spec, tokens, N, **kw)
+    counts, drafted = _sample(spec, tokens, N, **kw)
     stat, df, pv = pooled_chisquare(counts, exact, N)
-    print(f"{policy}: N={N} chi2={stat:.2f} df={df} p={pv:.3g}")
+    print(f"{policy}: N={N} drafted={drafted} chi2={stat:.2f} df={df} p={pv:.3g}")
+    assert drafted >= N // 2, "the policy hardly drafted: the test would not exercise verification"
     assert pv > ALPHA

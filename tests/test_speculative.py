@@ -30,7 +30,13 @@ GREEDY_PROMPTS = [
 def pair(target_path, draft_path):
     target = pyspec.Model(target_path, n_ctx=1024, seed=0)
     draft = pyspec.Model(draft_path, n_ctx=1024, seed=0)
-    return target, pyspec.SpeculativeDecoder(target, draft, draft_max=4)
+    return target, pyspec.SpeculativeDecoder(target, draft, drafter="model", policy="fixed", draft_max=4)
+
+
+def _self_draft(target, gemma_path, k):
+    """Gemma drafting for itself: the draft-model engine at a fixed length k."""
+    draft = pyspec.Model(gemma_path, n_ctx=target.n_ctx)
+    return pyspec.SpeculativeDecoder(target, draft, drafter="model", policy="fixed", draft_max=k)
 
 
 def _plain_logits(model, tokens):
@@ -70,7 +76,7 @@ def test_greedy_equals_plain_exactly_with_small_batches(gemma_path):
     """With k <= 2 the verification batch (<= 3 tokens) uses the single-token
     kernels, so greedy output must match plain decoding token for token."""
     target = pyspec.Model(gemma_path, n_ctx=512)
-    spec = pyspec.SpeculativeDecoder(target, pyspec.Model(gemma_path, n_ctx=512), draft_max=2)
+    spec = _self_draft(target, gemma_path, 2)
     for prompt in ("The capital of France is", "def fibonacci(n):", "Roses are red,"):
         plain = target.generate(prompt, chat=False, max_tokens=40, temperature=0)
         fast = spec.generate(prompt, chat=False, max_tokens=40, temperature=0, draft_temperature=1.0)
@@ -137,7 +143,7 @@ def test_compatible_pair_is_accepted(gemma_path):
 
 def test_context_limit_is_respected(gemma_path):
     target = pyspec.Model(gemma_path, n_ctx=64)
-    spec = pyspec.SpeculativeDecoder(target, pyspec.Model(gemma_path, n_ctx=64), draft_max=8)
+    spec = _self_draft(target, gemma_path, 8)
     prompt = "Count: " + ", ".join(str(i) for i in range(target.n_ctx // 10))
     out = spec.generate(prompt, chat=False, max_tokens=10 * target.n_ctx, temperature=0)
     assert out.stop_reason in ("context", "eog")
@@ -150,7 +156,7 @@ def test_context_limit_is_respected(gemma_path):
 def test_stop_strings_and_max_tokens(gemma_path):
     # draft_max=2: batches of <= 3 tokens, so greedy text equals plain text exactly.
     target = pyspec.Model(gemma_path, n_ctx=512)
-    spec = pyspec.SpeculativeDecoder(target, pyspec.Model(gemma_path, n_ctx=512), draft_max=2)
+    spec = _self_draft(target, gemma_path, 2)
     full = target.generate("The three primary colours are", chat=False, max_tokens=30, temperature=0).text
     stop = full.strip().split()[2]
     out = spec.generate("The three primary colours are", chat=False, max_tokens=30, temperature=0, stop=[stop])
@@ -161,7 +167,7 @@ def test_stop_strings_and_max_tokens(gemma_path):
 
 def test_keyboard_interrupt_mid_generation(gemma_path):
     target = pyspec.Model(gemma_path, n_ctx=512)
-    spec = pyspec.SpeculativeDecoder(target, pyspec.Model(gemma_path, n_ctx=512), draft_max=2)
+    spec = _self_draft(target, gemma_path, 2)
     seen = []
 
     def on_text(t):

@@ -124,7 +124,7 @@ def power(exact: dict, wrong: dict, n: int, df_hint: int) -> float:
 def gemma_pair(gemma_path):
     target = pyspec.Model(gemma_path, n_ctx=256, seed=0)
     draft = pyspec.Model(gemma_path, n_ctx=256, seed=0)
-    return target, pyspec.SpeculativeDecoder(target, draft, draft_max=1)
+    return target, pyspec.SpeculativeDecoder(target, draft, drafter="model", policy="fixed", draft_max=1)
 
 
 # The draft samples hotter and wider than the target: q != p, wider support.
@@ -186,7 +186,7 @@ def test_negative_control_broken_residual_is_caught(gemma_pair):
 def test_lossless_default_pair(target_path, draft_path):
     target = pyspec.Model(target_path, n_ctx=256, seed=0)
     draft = pyspec.Model(draft_path, n_ctx=256, seed=0)
-    spec = pyspec.SpeculativeDecoder(target, draft, draft_max=1)
+    spec = pyspec.SpeculativeDecoder(target, draft, drafter="model", policy="fixed", draft_max=1)
     tokens = target.tokenize(PROMPT)
     p0, p1 = target_rows(target, tokens)
     exact = exact_distribution(target, p0, p1)

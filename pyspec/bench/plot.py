@@ -25,6 +25,16 @@ def acceptance_by_position(samples: List[dict]) -> Dict[str, List[float]]:
     return {r: [a / d if d else float("nan") for a, d in zip(accepted[r], drafted[r]) if d] for r in drafted}
 
 
+def _palette(n: int) -> list:
+    """n distinct colours: tab10, then tab20's light shades, then a continuous map."""
+    from matplotlib import colormaps
+
+    base = list(colormaps["tab10"].colors) + list(colormaps["tab20"].colors[1::2])
+    if n <= len(base):
+        return base[:n]
+    return [colormaps["turbo"](i / max(n - 1, 1)) for i in range(n)]
+
+
 def plot(result: dict, path: str) -> None:
     try:
         import matplotlib
@@ -38,9 +48,10 @@ def plot(result: dict, path: str) -> None:
     cats = [c for c in table if c != "all"] + ["all"]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(16, 6), gridspec_kw={"width_ratios": [2.2, 1]})
     width = 0.8 / len(runners)
+    colours = _palette(len(runners))
     for i, r in enumerate(runners):
         ys = [table[c].get(r, {}).get("ratio", float("nan")) for c in cats]
-        ax1.bar([x + i * width for x in range(len(cats))], ys, width, label=r)
+        ax1.bar([x + i * width for x in range(len(cats))], ys, width, label=r, color=colours[i])
     ax1.axhline(1.0, color="black", linewidth=0.8)
     ax1.set_xticks([x + 0.4 - width / 2 for x in range(len(cats))])
     ax1.set_xticklabels(cats, rotation=20)
@@ -48,7 +59,7 @@ def plot(result: dict, path: str) -> None:
     ax1.set_title(f"speed ratio (temperature {result['settings']['temperature']}, {result['threads']} threads)")
     ax1.legend(fontsize=7, ncol=2)
     for r, rates in acceptance_by_position(result["samples"]).items():
-        ax2.plot(range(1, len(rates) + 1), rates, marker="o", label=r)
+        ax2.plot(range(1, len(rates) + 1), rates, marker="o", label=r, color=colours[runners.index(r)])
     ax2.xaxis.get_major_locator().set_params(integer=True)
     ax2.set_xlabel("draft position")
     ax2.set_ylabel("acceptance rate (given the position was reached)")

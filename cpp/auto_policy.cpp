@@ -1,0 +1,253 @@
+#include "auto_policy.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace pyspec {
+
+namespace {
+
+constexpr double kAlphaRate = 0.15;   // weight of the newest observation in alpha and the belief table
+constexpr double kCostRate = 0.1;     // ... in the cost estimates
+constexpr double kOptimistic = 0.9;   // acceptance per position a probe must be able to pay at
+constexpr double kBetter = 1.0001;    // prefer the shorter draft on (near) ties
+constexpr int32_t kFirstInterval = 8;
+constexpr int32_t kMaxInterval = 256;
+constexpr int32_t kCalibration[] = {1, 2, 4, 8, 16, 32, 64};
+
+double ema(double old, double x, double rate) { return old < 0 ? x : (1 - rate) * old + rate * x; }
+
+}  // namespace
+
+AutoPolicy::AutoPolicy(int32_t cap) : cap_(std::min(std::max(cap, 1), kMaxDraft)) {
+    // Starting acceptance per bucket (model; n-gram match 1, 2, 3, 4-7, 8-11, >= 12),
+    // replaced by measurements within a few rounds.
+    const double prior[kBuckets] = {0.7, 0.25, 0.45, 0.55, 0.7, 0.8, 0.9};
+    for (int b = 0; b < kBuckets; ++b) {
+        buckets_[static_cast<size_t>(b)].alpha.assign(kMaxDraft, prior[b]);
+        buckets_[static_cast<size_t>(b)].cost = b == 0 ? -1.0 : 0.0;  // a lookup is free until measured
+    }
+    ratio_.assign(kMaxDraft + 2, -1.0);
+    ratio_[1] = 1.0;
+    conf_acc_ = {0.05, 0.2, 0.4, 0.6, 0.8, 0.95};  // bin midpoints: belief taken at face value
+}
+
+int AutoPolicy::bucket_of(const DraftPlan& plan) {
+    if (plan.source == DraftSource::kModel) return 0;
+    const int32_t m = plan.match_len;
+    if (m <= 3) return std::max(m, 1);
+    return m < 8 ? 4 : m < 12 ? 5 : 6;
+}
+
+int AutoPolicy::conf_bin(double c) {
+    return c < 0.1 ? 0 : c < 0.3 ? 1 : c < 0.5 ? 2 : c < 0.7 ? 3 : c < 0.9 ? 4 : 5;
+}
+
+double AutoPolicy::verify_cost(int32_t n) const {
+    if (v1_ <= 0 || n < 1 || n >= static_cast<int32_t>(ratio_.size()) || ratio_[static_cast<size_t>(n)] <= 0) {
+        return -1.0;
+    }
+    return v1_ * ratio_[static_cast<size_t>(n)];
+}
+
+double AutoPolicy::v_any(int32_t n) const {
+    const double known = verify_cost(n);
+    if (known > 0) return known;
+    // Linear between the nearest measured sizes; past the last one, along the
+    // line from size 1 through it; with nothing measured, +35 % per token.
+    int32_t lo = 1, hi = -1;
+    for (int32_t m = n - 1; m > 1; --m) {
+        if (ratio_[static_cast<size_t>(m)] > 0) {
+            lo = m;
+            break;
+        }
+    }
+    for (int32_t m = n + 1; m < static_cast<int32_t>(ratio_.size()); ++m) {
+        if (ratio_[static_cast<size_t>(m)] > 0) {
+            hi = m;
+            break;
+        }
+    }
+    const double r_lo = ratio_[static_cast<size_t>(lo)];
+    double r;
+    if (hi > 0) {
+        r = r_lo + (ratio_[static_cast<size_t>(hi)] - r_lo) * (n - lo) / static_cast<double>(hi - lo);
+    } else {
+        const double slope = lo > 1 ? (r_lo - 1.0) / (lo - 1) : 0.35;
+        r = r_lo + slope * (n - lo);
+    }
+    return std::max(v1_, 0.0) * r;
+}
+
+double AutoPolicy::rate(const Bucket& b, const std::vector<double>& alpha, int32_t k) const {
+    if (k == 0) return 1.0 / v1_;
+    return expected_tokens(alpha, k) / (k * std::max(b.cost, 0.0) + v_any(k + 1));
+}
+
+bool AutoPolicy::could_pay(const Bucket& b) const {
+    if (b.cost < 0 || v1_ <= 0) return true;  // not measured yet: find out
+    std::vector<double> opt(b.alpha);
+    for (double& a : opt) a = std::max(a, kOptimistic);
+    const double plain = rate(b, opt, 0);
+    for (int32_t k = 1; k <= cap_; ++k) {
+        if ((k == 1 || verify_cost(k + 1) > 0) && rate(b, opt, k) > plain * kBetter) return true;
+    }
+    return false;
+}
+
+bool AutoPolicy::may_draft(DraftSource source) const {
+    DraftPlan plan;
+    plan.source = source;
+    plan.match_len = source == DraftSource::kNgram ? 12 : 0;
+    return could_pay(buckets_[static_cast<size_t>(bucket_of(plan))]);
+}
+
+int32_t AutoPolicy::next_length(int32_t k_cap, const DraftPlan& plan) {
+    planned_bucket_ = bucket_of(plan);
+    planned_k_ = 0;
+    conf_.clear();
+    reach_.clear();
+    const int32_t cap = std::min({cap_, k_cap, kMaxDraft});
+    if (cap <= 0 || v1_ <= 0) return 0;  // a plain step measures v1 first
+    Bucket& b = buckets_[static_cast<size_t>(planned_bucket_)];
+    if (b.cost < 0) {  // the drafter's cost is unknown: one short draft measures it
+        b.probing = true;
+        return planned_k_ = 1;
+    }
+    int32_t best_k = 0;
+    double best = rate(b, b.alpha, 0);
+    for (int32_t k = 1; k <= cap; ++k) {
+        if (k > 1 && verify_cost(k + 1) <= 0) continue;  // only measured batch sizes
+        const double r = rate(b, b.alpha, k);
+        if (r > best * kBetter) {
+            best = r;
+            best_k = k;
+        }
+    }
+    if (best_k > 0) {
+        b.plain_streak = 0;
+        b.interval = kFirstInterval;
+        b.probing = false;
+        return planned_k_ = best_k;
+    }
+    if (b.probing) {
+        // A probe that was accepted hints that the text changed: probe again at
+        // once until drafting wins or a probe fails; a failed one waits longer.
+        if (b.probe_hit) b.plain_streak = b.interval;
+        else b.interval = std::min(2 * b.interval, kMaxInterval);
+        b.probing = b.probe_hit = false;
+    }
+    if (++b.plain_streak >= b.interval && could_pay(b)) {
+        b.plain_streak = 0;
+        b.probing = true;
+        return planned_k_ = 1;
+    }
+    return 0;
+}
+
+DraftStop AutoPolicy::after_token(int32_t i, const Distribution& belief, int32_t token) {
+    // Only a draft model's belief says anything (an n-gram's q is one-hot).
+    if (planned_bucket_ != 0 || static_cast<int32_t>(reach_.size()) != i) return DraftStop::kContinue;
+    const Bucket& b = buckets_[0];
+    const double c = std::max(b.cost, 0.0);
+    const double conf = belief.prob(token);
+    const double r_i = (i == 0 ? 1.0 : reach_.back()) * conf_acc_[static_cast<size_t>(conf_bin(conf))];
+    double e_drop = 1.0;
+    for (double r : reach_) e_drop += r;
+    const double e_keep = e_drop + r_i;
+    // Draft time already spent is sunk; it is in every option's denominator.
+    const double rate_drop = e_drop / ((i + 1) * c + v_any(i + 1));
+    const double rate_keep = e_keep / ((i + 1) * c + v_any(i + 2));
+    double rate_cont = -std::numeric_limits<double>::infinity();
+    if (i + 1 < planned_k_) {
+        double e = e_keep, reach = r_i;
+        for (int32_t j = i + 1; j < planned_k_; ++j) {
+            reach *= b.alpha[static_cast<size_t>(j)];
+            e += reach;
+        }
+        rate_cont = e / (planned_k_ * c + v_any(planned_k_ + 1));
+    }
+    if (rate_cont >= rate_keep && rate_cont >= rate_drop) {
+        conf_.push_back(conf);
+        reach_.push_back(r_i);
+        return DraftStop::kContinue;
+    }
+    if (rate_keep >= rate_drop) {
+        conf_.push_back(conf);
+        reach_.push_back(r_i);
+        return DraftStop::kKeep;
+    }
+    return DraftStop::kDrop;
+}
+
+void AutoPolicy::observe(const RoundReport& r) {
+    const int32_t n = r.drafted + 1;
+    if (n == 1) {
+        v1_ = ema(v1_, r.verify_s, kCostRate);
+    } else if (v1_ > 0 && n < static_cast<int32_t>(ratio_.size())) {
+        ratio_[static_cast<size_t>(n)] = ema(ratio_[static_cast<size_t>(n)], r.verify_s / v1_, kCostRate);
+    }
+    if (r.drafted == 0) return;
+    const int bi = bucket_of(r.plan);
+    Bucket& b = buckets_[static_cast<size_t>(bi)];
+    // A catch-up on many tokens (after plain rounds) is not a per-token drafting cost.
+    if (r.plan.source == DraftSource::kNgram || r.plan.lag <= 2) b.cost = ema(b.cost, r.draft_s / r.drafted, kCostRate);
+    b.probe_hit = b.probing && r.accepted == r.drafted;
+    // Positions reached: 0..min(accepted, drafted - 1); all but a rejected last one accepted.
+    const bool beliefs = bi == 0 && static_cast<int32_t>(conf_.size()) == r.drafted;
+    for (int32_t i = 0; i <= std::min(r.accepted, r.drafted - 1) && i < kMaxDraft; ++i) {
+        const double hit = i < r.accepted ? 1.0 : 0.0;
+        double& a = b.alpha[static_cast<size_t>(i)];
+        a = (1 - kAlphaRate) * a + kAlphaRate * hit;
+        // Positions never reached are at least as likely as the deepest measured
+        // one, so a pessimistic prior cannot pin drafts below a length that pays.
+        if (i + 1 >= b.depth) {
+            b.depth = i + 1;
+            for (size_t j = static_cast<size_t>(i) + 1; j < b.alpha.size(); ++j) b.alpha[j] = std::max(b.alpha[j], a);
+        }
+        if (beliefs) {
+            double& t = conf_acc_[static_cast<size_t>(conf_bin(conf_[static_cast<size_t>(i)]))];
+            t = (1 - kAlphaRate) * t + kAlphaRate * hit;
+        }
+    }
+    conf_.clear();
+    reach_.clear();
+}
+
+std::vector<int32_t> AutoPolicy::calibration_sizes(int32_t max_batch) {
+    std::vector<int32_t> out;
+    if (calibrated_) return out;
+    for (int32_t n : kCalibration) {
+        if (n <= std::min(max_batch, cap_ + 1)) out.push_back(n);
+    }
+    return out;
+}
+
+void AutoPolicy::calibrated(const std::vector<int32_t>& sizes, const std::vector<double>& seconds) {
+    for (size_t i = 0; i < sizes.size() && i < seconds.size(); ++i) {
+        if (sizes[i] == 1 && seconds[i] > 0) v1_ = seconds[i];
+    }
+    if (v1_ <= 0) return;
+    for (size_t i = 0; i < sizes.size() && i < seconds.size(); ++i) {
+        const int32_t n = sizes[i];
+        if (n > 1 && n < static_cast<int32_t>(ratio_.size()) && seconds[i] > 0) {
+            ratio_[static_cast<size_t>(n)] = seconds[i] / v1_;
+        }
+    }
+    calibrated_ = true;
+}
+
+double AutoPolicy::draft_cost(DraftSource source) const {
+    return buckets_[source == DraftSource::kModel ? 0 : 1].cost;
+}
+
+std::vector<double> AutoPolicy::acceptance(const DraftPlan& plan) const {
+    return buckets_[static_cast<size_t>(bucket_of(plan))].alpha;
+}
+
+int32_t AutoPolicy::probe_interval(const DraftPlan& plan) const {
+    return buckets_[static_cast<size_t>(bucket_of(plan))].interval;
+}
+
+}  // namespace pyspec

@@ -1,0 +1,102 @@
+// The cost-aware length policy ("auto"). Each round it picks the draft length k,
+// 0 (a plain decoding step) included, that maximises expected tokens per second:
+//
+//   rate(0) = 1 / V(1)
+//   rate(k) = E_b(k) / T_b(k),  E_b(k) = 1 + sum_{i<k} prod_{j<=i} alpha_b[j]
+//                               T_b(k) = k * c_b + V(k + 1)
+//
+//   b        where the draft comes from: the draft model, or an n-gram match of
+//            1, 2, 3, 4-7, 8-11 or >= 12 tokens (long matches are copied text);
+//   alpha_b  acceptance at draft position j given the earlier ones were accepted:
+//            running averages of what verification reports, from priors;
+//   c_b      drafter seconds per drafted token (n-gram lookup: ~0), measured on
+//            rounds where the drafter was in step (a catch-up after plain rounds
+//            is a one-off, not a per-token cost);
+//   V(n)     target seconds to evaluate n tokens in one batch, V(n) = v1 * r(n):
+//            v1 the current single-token step, r(n) a running ratio. Sizes 1, 2,
+//            4, 8, 16, 32, 64 (up to the cap) are timed before the first round and
+//            every round refines its own size, so a slower machine or a longer
+//            context moves all sizes together. Only measured sizes are candidates:
+//            CPU batch costs are jagged (16 tokens can cost less than 15).
+//
+// During a draft-model proposal it re-plans after each token: the draft's belief
+// in its own token, mapped to an acceptance probability by a learned table,
+// replaces alpha for the tokens already drafted, and the draft stops (keeping or
+// dropping the last token) when that gives a better expected rate than going on.
+//
+// Probes: while plain decoding wins for a source, a 1-token draft after every
+// `interval` plain rounds refreshes alpha, so the policy leaves plain mode when
+// the text changes character. The interval doubles (8 .. 256) after each failed
+// probe; an accepted probe is followed by another at once, until drafting wins
+// (the interval then resets) or a probe fails. Sources that
+// could not pay even at 90 % acceptance per position with the measured costs are
+// not probed: a draft model that cannot break even on this hardware is not kept
+// in step (and its prompt is not processed) at the target's expense.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <vector>
+
+#include "policy.h"
+
+namespace pyspec {
+
+class AutoPolicy : public LengthPolicy {
+public:
+    explicit AutoPolicy(int32_t cap);
+
+    std::string name() const override { return "auto"; }
+    int32_t next_length(int32_t k_cap, const DraftPlan& plan) override;
+    bool stops_early() const override { return true; }
+    DraftStop after_token(int32_t i, const Distribution& belief, int32_t token) override;
+    void observe(const RoundReport& round) override;
+    std::vector<int32_t> calibration_sizes(int32_t max_batch) override;
+    void calibrated(const std::vector<int32_t>& sizes, const std::vector<double>& seconds) override;
+
+    // Whether drafting from `source` could pay at all (the probe condition above;
+    // true while its cost is unmeasured).
+    bool may_draft(DraftSource source) const override;
+
+    // Introspection for tests and tools.
+    double verify_cost(int32_t batch) const;    // V(n) in seconds, -1 if not measured
+    double draft_cost(DraftSource source) const;  // c_b of the model / of n-gram lookups, -1 unknown
+    std::vector<double> acceptance(const DraftPlan& plan) const;  // alpha_b by position
+    int32_t probe_interval(const DraftPlan& plan) const;
+
+    static constexpr int32_t kMaxDraft = 63;   // longest draft the tables cover
+    static constexpr int32_t kBuckets = 7;     // model + 6 n-gram match-length buckets
+    static constexpr int32_t kConfBins = 6;
+
+private:
+    struct Bucket {
+        std::vector<double> alpha;   // by position
+        int32_t depth = 0;           // positions ever reached
+        double cost = -1;            // seconds per drafted token; -1 = not measured
+        int32_t plain_streak = 0;    // plain rounds since the last draft from this bucket
+        int32_t interval = 8;        // plain rounds between probes
+        bool probing = false;        // the last draft from this bucket was a probe
+        bool probe_hit = false;      // ... and all of it was accepted
+    };
+
+    static int bucket_of(const DraftPlan& plan);
+    static int conf_bin(double c);
+    double v_any(int32_t batch) const;   // V(n), interpolated for unmeasured sizes
+    double rate(const Bucket& b, const std::vector<double>& alpha, int32_t k) const;
+    bool could_pay(const Bucket& b) const;
+
+    int32_t cap_;
+    std::array<Bucket, kBuckets> buckets_;
+    double v1_ = -1;                  // single-token step, seconds
+    std::vector<double> ratio_;       // r(n) = V(n) / v1, index n; -1 = not measured
+    bool calibrated_ = false;
+    std::array<double, kConfBins> conf_acc_;  // P(accept | belief bin), learned
+
+    // The round being drafted.
+    int planned_bucket_ = -1;
+    int32_t planned_k_ = 0;
+    std::vector<double> conf_;        // belief in each kept draft token
+    std::vector<double> reach_;       // P(tokens 0..i all accepted), belief-adjusted
+};
+
+}  // namespace pyspec

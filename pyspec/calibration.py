@@ -1,0 +1,70 @@
+"""Timings of the target's verification batches, kept on disk so that the
+``auto`` policy times them once per model and machine, not once per process.
+
+The file is ``$PYSPEC_CACHE/calibration.json`` (default ``~/.cache/pyspec``).
+An entry is keyed by everything the timings depend on: the model file (path,
+size, mtime), threads, GPU layers and llama.cpp's build features. A missing,
+unreadable or foreign file only means calibrating again; the policy refines the
+numbers online either way.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+from . import _core
+
+
+def cache_file() -> Path:
+    root = os.environ.get("PYSPEC_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "pyspec")
+    return Path(root) / "calibration.json"
+
+
+def machine_key(core_model) -> str:
+    """What batch timings depend on, as one string."""
+    path = os.path.realpath(core_model.path)
+    st = os.stat(path)
+    return "|".join([
+        path, str(st.st_size), str(int(st.st_mtime)), f"threads={core_model.n_threads}",
+        f"gpu_layers={core_model.n_gpu_layers}", _core.llama_system_info().strip(),
+    ])
+
+
+def _read() -> Dict[str, Dict[str, float]]:
+    try:
+        data = json.loads(cache_file().read_text(encoding="utf-8"))
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def load(core_model, sizes: Sequence[int]) -> Optional[List[float]]:
+    """Seconds for each batch size, or None unless all of them are on record."""
+    entry = _read().get(machine_key(core_model), {})
+    try:
+        seconds = [float(entry[str(n)]) for n in sizes]
+    except (KeyError, TypeError, ValueError):
+        return None
+    return seconds if all(s > 0 for s in seconds) else None
+
+
+def save(core_model, timings: Dict[int, float]) -> None:
+    """Record timings (best effort: a read-only cache only costs a recalibration)."""
+    data = _read()
+    data[machine_key(core_model)] = {str(n): float(s) for n, s in timings.items() if s > 0}
+    target = cache_file()
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".calibration-", suffix=".json")
+    except OSError:
+        return
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=1)
+        os.replace(tmp, target)  # atomic: concurrent writers never leave half a file
+    except OSError:
+        Path(tmp).unlink(missing_ok=True)

@@ -1,0 +1,149 @@
+"""The auto policy's decisions, driven directly with synthetic measurements.
+
+The engine talks to a policy through next_length / after_token / observe /
+calibrated; these tests play the engine's part with cost curves shaped like a
+2-core CPU (verification compute-bound, the 0.5B draft ~half a target step) and
+like a GPU (verification nearly free, cheap drafts), so every decision below
+follows from the documented cost model (cpp/auto_policy.h), not from timing.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pyspec import _core
+
+STEP = 0.030  # seconds of one single-token target step
+# Batch cost in target steps, as measured on this machine class (jagged: 16 < 15).
+CPU_STEPS = {1: 1.0, 2: 1.5, 4: 2.3, 8: 4.2, 16: 4.9, 32: 8.2}
+GPU_STEPS = {n: 1.0 + 0.01 * (n - 1) for n in (1, 2, 4, 8, 16, 32)}
+
+
+def calibrated_policy(steps, cap=16, name="auto"):
+    p = _core.LengthPolicy(name, k=cap)
+    sizes = p.calibration_sizes(cap + 1)
+    p.calibrated(sizes, [steps[n] * STEP for n in sizes])
+    return p
+
+
+def play(policy, rounds, *, accept, source="model", match_len=0, draft_step=0.0, steps=CPU_STEPS, k_cap=16):
+    """Run `rounds` rounds; accept(i) says whether draft position i (0-based) is
+    accepted. Returns the lengths the policy chose."""
+    chosen = []
+    for _ in range(rounds):
+        k = policy.next_length(k_cap, source, match_len, 1)
+        chosen.append(k)
+        acc = 0
+        while acc < k and accept(acc):
+            acc += 1
+        n = k + 1
+        verify = STEP * np.interp(n, sorted(steps), [steps[s] for s in sorted(steps)])
+        policy.observe(k, acc, k * draft_step * STEP, verify, source, match_len, 1)
+    return chosen
+
+
+def test_calibration_asks_for_the_menu_of_sizes_once():
+    p = _core.LengthPolicy("auto", k=16)
+    assert p.calibration_sizes(17) == [1, 2, 4, 8, 16]
+    assert p.calibration_sizes(5) == [1, 2, 4]  # limited by the room in the context
+    p.calibrated([1, 2, 4], [0.03, 0.045, 0.07])
+    assert p.calibration_sizes(17) == []
+    assert p.verify_cost(4) == pytest.approx(0.07)
+    assert p.verify_cost(3) == -1  # not measured: not a candidate
+    assert _core.LengthPolicy("fixed", k=4).calibration_sizes(17) == []
+
+
+def test_cpu_costs_make_a_draft_model_decode_plainly_and_stop_probing():
+    p = calibrated_policy(CPU_STEPS)
+    chosen = play(p, 400, accept=lambda i: True if i < 3 else False, draft_step=0.5)
+    # One short draft measures the draft model's cost; then drafting cannot pay
+    # even at 90 % acceptance (k * 0.5 + V(k+1) > k + 1 steps), so no probes follow.
+    assert chosen[0] == 1
+    assert all(k == 0 for k in chosen[1:])
+    assert p.draft_cost("model") == pytest.approx(0.5 * STEP)
+    assert not p.may_draft("model")
+    assert p.may_draft("ngram")  # lookups are free: they stay worth probing
+
+
+def test_negative_control_a_cheap_draft_model_is_used():
+    """Same play with a draft 10x cheaper: now drafting pays and is chosen."""
+    p = calibrated_policy(CPU_STEPS)
+    chosen = play(p, 100, accept=lambda i: True, draft_step=0.05)
+    assert sum(k > 0 for k in chosen) > 90
+    assert p.may_draft("model")
+
+
+def test_gpu_costs_draft_long_with_a_good_draft_model():
+    p = calibrated_policy(GPU_STEPS)
+    rng = np.random.default_rng(0)
+    chosen = play(p, 100, accept=lambda i: rng.random() < 0.9, draft_step=0.1, steps=GPU_STEPS)
+    assert np.median(chosen[10:]) >= 7
+
+
+def test_jagged_costs_pick_the_cheap_batch_size():
+    """On the CPU a 16-token batch costs less than a 15-token one; with copied text
+    (every n-gram draft accepted) auto drafts 15 tokens, never an unmeasured size."""
+    p = calibrated_policy(CPU_STEPS)
+    chosen = play(p, 30, accept=lambda i: True, source="ngram", match_len=12)
+    assert set(chosen[1:]) == {15}
+    assert p.acceptance("ngram", 12)[0] > 0.95
+
+
+def test_ngram_buckets_by_match_length():
+    p = calibrated_policy(CPU_STEPS)
+    # Long matches are copied text; a 1-token match rarely continues.
+    assert p.next_length(16, "ngram", 12, 0) == 15
+    assert p.next_length(16, "ngram", 1, 0) == 0
+
+
+def test_probes_back_off_and_plain_mode_is_left_when_text_turns_repetitive():
+    p = calibrated_policy(CPU_STEPS)
+    plain_phase = play(p, 200, accept=lambda i: False, source="ngram", match_len=5)
+    probes = [i for i, k in enumerate(plain_phase) if k > 0]
+    gaps = np.diff(probes)
+    assert len(probes) >= 3 and all(k == 1 for k in np.array(plain_phase)[probes])
+    assert all(b >= a for a, b in zip(gaps, gaps[1:])) and gaps[-1] > gaps[0], f"no back-off: {gaps}"
+    assert p.probe_interval("ngram", 5) >= 16
+    # The text changes character: every proposal is now accepted.
+    after = play(p, 200, accept=lambda i: True, source="ngram", match_len=5)
+    first = next(i for i, k in enumerate(after) if k > 0)
+    assert first <= p.probe_interval("ngram", 5) + 256
+    assert sum(k > 1 for k in after[first:]) > 0.9 * (len(after) - first) - 5
+    assert p.probe_interval("ngram", 5) == 8  # reset once drafting resumed
+
+
+def test_belief_stops_a_model_draft_early():
+    """GPU-like costs and a planned long draft: a token the draft itself doubts
+    ends the draft; a confident one does not."""
+    p = calibrated_policy(GPU_STEPS)
+    play(p, 30, accept=lambda i: True, draft_step=0.1, steps=GPU_STEPS)
+    k = p.next_length(16, "model", 0, 1)
+    assert k >= 7
+    confident = _core.sampling.Distribution.from_probs(np.array([0.97, 0.01, 0.01, 0.01]))
+    doubtful = _core.sampling.Distribution.from_probs(np.array([0.04, 0.32, 0.32, 0.32]))
+    assert p.after_token(0, confident, 0) == "continue"
+    assert p.after_token(1, confident, 0) == "continue"
+    assert p.after_token(2, doubtful, 0) in ("keep", "drop")
+
+
+def test_ngram_drafts_are_never_stopped_by_belief():
+    p = calibrated_policy(CPU_STEPS)
+    assert p.next_length(16, "ngram", 12, 0) == 15
+    one_hot = _core.sampling.Distribution.one_hot(3, 10)
+    assert all(p.after_token(i, one_hot, 3) == "continue" for i in range(14))
+
+
+def test_only_auto_exposes_estimates():
+    with pytest.raises(ValueError):
+        _core.LengthPolicy("fixed", k=4).verify_cost(1)
+
+
+@pytest.mark.parametrize("name", ["heuristic", "fixed"])
+def test_heuristic_grows_to_its_cap(name):
+    p = _core.LengthPolicy(name, k=16)
+    chosen = play(p, 12, accept=lambda i: True, source="ngram", match_len=4)
+    if name == "heuristic":
+        assert chosen[:3] == [4, 6, 8] and max(chosen) == 16
+    else:
+        assert set(chosen) == {16}
