@@ -25,7 +25,7 @@ AutoPolicy::AutoPolicy(int32_t cap) : cap_(std::min(std::max(cap, 1), kMaxDraft)
     // replaced by measurements within a few rounds.
     const double prior[kBuckets] = {0.7, 0.25, 0.45, 0.55, 0.7, 0.8, 0.9};
     for (int b = 0; b < kBuckets; ++b) {
-        buckets_[static_cast<size_t>(b)].alpha.assign(kMaxDraft, prior[b]);
+        buckets_[static_cast<size_t>(b)].across = prior[b];
         buckets_[static_cast<size_t>(b)].cost = b == 0 ? -1.0 : 0.0;  // a lookup is free until measured
     }
     ratio_.assign(kMaxDraft + 2, -1.0);
@@ -80,15 +80,20 @@ double AutoPolicy::v_any(int32_t n) const {
     return std::max(v1_, 0.0) * r;
 }
 
-double AutoPolicy::rate(const Bucket& b, const std::vector<double>& alpha, int32_t k) const {
+double AutoPolicy::rate(const Bucket& b, double alpha, int32_t k) const {
     if (k == 0) return 1.0 / v1_;
-    return expected_tokens(alpha, k) / (k * std::max(b.cost, 0.0) + v_any(k + 1));
+    double e = 1.0, reach = 1.0;
+    for (int32_t i = 0; i < k; ++i) e += (reach *= alpha);
+    return e / (k * std::max(b.cost, 0.0) + v_any(k + 1));
+}
+
+void AutoPolicy::begin_generation() {
+    for (Bucket& b : buckets_) b.accepted = b.tried = 0;
 }
 
 bool AutoPolicy::could_pay(const Bucket& b) const {
     if (b.cost < 0 || v1_ <= 0) return true;  // not measured yet: find out
-    std::vector<double> opt(b.alpha);
-    for (double& a : opt) a = std::max(a, kOptimistic);
+    const double opt = std::max(b.alpha(), kOptimistic);
     const double plain = rate(b, opt, 0);
     for (int32_t k = 1; k <= cap_; ++k) {
         if ((k == 1 || verify_cost(k + 1) > 0) && rate(b, opt, k) > plain * kBetter) return true;
@@ -116,10 +121,11 @@ int32_t AutoPolicy::next_length(int32_t k_cap, const DraftPlan& plan) {
         return planned_k_ = 1;
     }
     int32_t best_k = 0;
-    double best = rate(b, b.alpha, 0);
+    double best = rate(b, 0, 0);
+    const double alpha = b.alpha();
     for (int32_t k = 1; k <= cap; ++k) {
         if (k > 1 && verify_cost(k + 1) <= 0) continue;  // only measured batch sizes
-        const double r = rate(b, b.alpha, k);
+        const double r = rate(b, alpha, k);
         if (r > best * kBetter) {
             best = r;
             best_k = k;
@@ -161,11 +167,9 @@ DraftStop AutoPolicy::after_token(int32_t i, const Distribution& belief, int32_t
     const double rate_keep = e_keep / ((i + 1) * c + v_any(i + 2));
     double rate_cont = -std::numeric_limits<double>::infinity();
     if (i + 1 < planned_k_) {
+        const double alpha = b.alpha();
         double e = e_keep, reach = r_i;
-        for (int32_t j = i + 1; j < planned_k_; ++j) {
-            reach *= b.alpha[static_cast<size_t>(j)];
-            e += reach;
-        }
+        for (int32_t j = i + 1; j < planned_k_; ++j) e += (reach *= alpha);
         rate_cont = e / (planned_k_ * c + v_any(planned_k_ + 1));
     }
     if (rate_cont >= rate_keep && rate_cont >= rate_drop) {
@@ -196,16 +200,11 @@ void AutoPolicy::observe(const RoundReport& r) {
     b.probe_hit = b.probing && r.accepted == r.drafted;
     // Positions reached: 0..min(accepted, drafted - 1); all but a rejected last one accepted.
     const bool beliefs = bi == 0 && static_cast<int32_t>(conf_.size()) == r.drafted;
-    for (int32_t i = 0; i <= std::min(r.accepted, r.drafted - 1) && i < kMaxDraft; ++i) {
+    for (int32_t i = 0; i <= std::min(r.accepted, r.drafted - 1); ++i) {
         const double hit = i < r.accepted ? 1.0 : 0.0;
-        double& a = b.alpha[static_cast<size_t>(i)];
-        a = (1 - kAlphaRate) * a + kAlphaRate * hit;
-        // Positions never reached are at least as likely as the deepest measured
-        // one, so a pessimistic prior cannot pin drafts below a length that pays.
-        if (i + 1 >= b.depth) {
-            b.depth = i + 1;
-            for (size_t j = static_cast<size_t>(i) + 1; j < b.alpha.size(); ++j) b.alpha[j] = std::max(b.alpha[j], a);
-        }
+        b.across = (1 - kAlphaRate) * b.across + kAlphaRate * hit;
+        b.accepted += hit;
+        b.tried += 1;
         if (beliefs) {
             double& t = conf_acc_[static_cast<size_t>(conf_bin(conf_[static_cast<size_t>(i)]))];
             t = (1 - kAlphaRate) * t + kAlphaRate * hit;
@@ -242,8 +241,8 @@ double AutoPolicy::draft_cost(DraftSource source) const {
     return buckets_[source == DraftSource::kModel ? 0 : 1].cost;
 }
 
-std::vector<double> AutoPolicy::acceptance(const DraftPlan& plan) const {
-    return buckets_[static_cast<size_t>(bucket_of(plan))].alpha;
+double AutoPolicy::acceptance(const DraftPlan& plan) const {
+    return buckets_[static_cast<size_t>(bucket_of(plan))].alpha();
 }
 
 int32_t AutoPolicy::probe_interval(const DraftPlan& plan) const {

@@ -2,13 +2,17 @@
 // 0 (a plain decoding step) included, that maximises expected tokens per second:
 //
 //   rate(0) = 1 / V(1)
-//   rate(k) = E_b(k) / T_b(k),  E_b(k) = 1 + sum_{i<k} prod_{j<=i} alpha_b[j]
+//   rate(k) = E_b(k) / T_b(k),  E_b(k) = 1 + a + a^2 + ... + a^k   (a = alpha_b)
 //                               T_b(k) = k * c_b + V(k + 1)
 //
 //   b        where the draft comes from: the draft model, or an n-gram match of
 //            1, 2, 3, 4-7, 8-11 or >= 12 tokens (long matches are copied text);
-//   alpha_b  acceptance at draft position j given the earlier ones were accepted:
-//            running averages of what verification reports, from priors;
+//   alpha_b  acceptance of a draft token given the earlier ones were accepted
+//            (measured: about the same at every position of a bucket's drafts).
+//            Text decides it, so this generation's own counts weigh most:
+//            alpha_b = (accepted_g + w * A_b) / (tried_g + w), w = 4, with A_b a
+//            running average over all generations (from a prior) and accepted_g /
+//            tried_g the draft positions verified in this generation;
 //   c_b      drafter seconds per drafted token (n-gram lookup: ~0), measured on
 //            rounds where the drafter was in step (a catch-up after plain rounds
 //            is a one-off, not a per-token cost);
@@ -23,6 +27,7 @@
 // in its own token, mapped to an acceptance probability by a learned table,
 // replaces alpha for the tokens already drafted, and the draft stops (keeping or
 // dropping the last token) when that gives a better expected rate than going on.
+// (E_b above is expected_tokens() with alpha_b at every position.)
 //
 // Probes: while plain decoding wins for a source, a 1-token draft after every
 // `interval` plain rounds refreshes alpha, so the policy leaves plain mode when
@@ -47,6 +52,7 @@ public:
     explicit AutoPolicy(int32_t cap);
 
     std::string name() const override { return "auto"; }
+    void begin_generation() override;
     int32_t next_length(int32_t k_cap, const DraftPlan& plan) override;
     bool stops_early() const override { return true; }
     DraftStop after_token(int32_t i, const Distribution& belief, int32_t token) override;
@@ -61,17 +67,20 @@ public:
     // Introspection for tests and tools.
     double verify_cost(int32_t batch) const;    // V(n) in seconds, -1 if not measured
     double draft_cost(DraftSource source) const;  // c_b of the model / of n-gram lookups, -1 unknown
-    std::vector<double> acceptance(const DraftPlan& plan) const;  // alpha_b by position
+    double acceptance(const DraftPlan& plan) const;  // alpha_b, this generation's blend
     int32_t probe_interval(const DraftPlan& plan) const;
 
     static constexpr int32_t kMaxDraft = 63;   // longest draft the tables cover
     static constexpr int32_t kBuckets = 7;     // model + 6 n-gram match-length buckets
     static constexpr int32_t kConfBins = 6;
+    static constexpr double kWeight = 4;     // pseudo-observations behind A_b in a new generation
 
 private:
     struct Bucket {
-        std::vector<double> alpha;   // by position
-        int32_t depth = 0;           // positions ever reached
+        double across = 0;           // A_b: acceptance over all generations (running average)
+        double accepted = 0;         // draft positions accepted in this generation
+        double tried = 0;            // ... and verified
+        double alpha() const { return (accepted + kWeight * across) / (tried + kWeight); }
         double cost = -1;            // seconds per drafted token; -1 = not measured
         int32_t plain_streak = 0;    // plain rounds since the last draft from this bucket
         int32_t interval = 8;        // plain rounds between probes
@@ -82,7 +91,7 @@ private:
     static int bucket_of(const DraftPlan& plan);
     static int conf_bin(double c);
     double v_any(int32_t batch) const;   // V(n), interpolated for unmeasured sizes
-    double rate(const Bucket& b, const std::vector<double>& alpha, int32_t k) const;
+    double rate(const Bucket& b, double alpha, int32_t k) const;
     bool could_pay(const Bucket& b) const;
 
     int32_t cap_;

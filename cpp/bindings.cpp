@@ -280,7 +280,9 @@ PYBIND11_MODULE(_core, m) {
              [](const LengthPolicy& p, const std::string& s, int32_t match_len) {
                  return as_auto(p).acceptance(make_plan(s, match_len, 0));
              },
-             py::arg("source") = "model", py::arg("match_len") = 0, "auto: acceptance estimate by draft position")
+             py::arg("source") = "model", py::arg("match_len") = 0,
+             "auto: estimated acceptance of a draft token (this generation's evidence blended with the past)")
+        .def("begin_generation", &LengthPolicy::begin_generation)
         .def("probe_interval",
              [](const LengthPolicy& p, const std::string& s, int32_t match_len) {
                  return as_auto(p).probe_interval(make_plan(s, match_len, 0));

@@ -134,6 +134,7 @@ GenerateResult Engine::generate(const std::vector<int32_t>& prompt, const Genera
     } else if (use_drafter) {
         drafter_->begin(prompt, params.draft_sampling, eager);
     }
+    if (policy) policy->begin_generation();
     if (use_drafter && policy) {
         const auto t0 = Clock::now();
         if (calibrate(*policy, std::min(k_max + 1, n_ctx - static_cast<int32_t>(prompt.size()) + 1), prompt.back())) {

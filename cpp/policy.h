@@ -25,6 +25,8 @@ class LengthPolicy {
 public:
     virtual ~LengthPolicy() = default;
     virtual std::string name() const = 0;
+    // A new generation starts (adaptive policies may weigh its evidence apart).
+    virtual void begin_generation() {}
     // Draft length for the next round, in [0, k_cap], given where the draft comes from.
     virtual int32_t next_length(int32_t k_cap, const DraftPlan& plan) = 0;
     // Whether after_token can stop a draft (drafters then compute a belief for it).

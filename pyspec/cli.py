@@ -67,7 +67,7 @@ def main() -> None:
                    f"[default: {DEFAULT_MODEL}].")
 @click.option("--draft", "-d", default=None,
               help="Draft model for speculative decoding (path or name). With neither --model nor --draft, "
-                   f"the default pair is used (draft: {DEFAULT_DRAFT}).")
+                   f"the default pair is used (draft: {DEFAULT_DRAFT}); with --model alone, n-gram lookup drafts.")
 @click.option("--no-draft", is_flag=True, help="Plain decoding with the target alone.")
 @click.option("--draft-max", "-k", default=None, type=click.IntRange(min=0),
               help="Tokens drafted per target pass (fixed policy) or their cap (other policies); 0 = plain "
@@ -102,14 +102,16 @@ def generate(prompt, model, draft, no_draft, draft_max, drafter, policy, p_min, 
     By default the default target/draft pair runs speculative decoding, which
     keeps the target's output distribution exactly: the hybrid drafter (n-gram
     lookup where the text repeats, the draft model elsewhere) under the auto
-    policy, which drafts only where its measurements say it pays. --no-draft
-    decodes plainly.
+    policy, which drafts only where its measurements say it pays. With
+    --model and no --draft, n-gram lookup drafts. --no-draft decodes plainly.
     """
     from .model import Model
     from .speculative import SpeculativeDecoder
 
     if draft is None and model is None and not no_draft and drafter != "ngram":
         draft = DEFAULT_DRAFT
+    if draft is None and drafter is None:
+        drafter = "ngram"  # no draft model: prompt lookup, which auto uses only where it pays
     model = model or DEFAULT_MODEL
     colour = show_drafts and sys.stdout.isatty() and not as_json
     try:
@@ -117,7 +119,7 @@ def generate(prompt, model, draft, no_draft, draft_max, drafter, policy, p_min, 
         target = Model(model, **load)
         gen = target
         kwargs = {}
-        if not no_draft and (draft or drafter == "ngram"):
+        if not no_draft:
             draft_model = Model(draft, **load) if draft and drafter != "ngram" else None
             gen = SpeculativeDecoder(target, draft_model, drafter=drafter, policy=policy, draft_max=draft_max)
             kwargs.update(p_min=p_min, svip_h=svip_h, svip_gamma=svip_gamma)
