@@ -18,8 +18,9 @@
 //            is a one-off, not a per-token cost);
 //   V(n)     target seconds to evaluate n tokens in one batch, V(n) = v1 * r(n):
 //            v1 the current single-token step, r(n) a running ratio. Sizes 1, 2,
-//            4, 8, 16, 32, 64 (up to the cap) are timed before the first round and
-//            every round refines its own size, so a slower machine or a longer
+//            4, 8, 16, 32, 64 (up to the cap) are timed before the first round (the
+//            Python layer keeps them on disk per model and machine) and every
+//            round refines its own size, so a slower machine or a longer
 //            context moves all sizes together. Only measured sizes are candidates:
 //            CPU batch costs are jagged (16 tokens can cost less than 15).
 //

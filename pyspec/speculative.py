@@ -17,9 +17,9 @@ Length policies (``policy=``), all lossless (they only choose how much to draft)
   * ``"svip"``       - stop after a token when sqrt(gamma * H) > h, H the draft entropy (SVIP);
   * ``"auto"``       - the default. Cost-aware: each round picks the length, 0 (plain
     decoding) included, that maximises expected tokens per second from running
-    estimates of acceptance per position, draft cost per token and verify cost per
-    batch size (timed on first use). The model it optimises is documented in
-    ``cpp/auto_policy.h``.
+    estimates of acceptance per draft token (by source), draft cost per token and
+    verify cost per batch size (timed on first use). The model it optimises is
+    documented in ``cpp/auto_policy.h``.
 A greedy draft model's q is one-hot, so the stop rules (confidence, svip, auto)
 judge its T = 1 distribution instead.
 """
@@ -46,9 +46,10 @@ class SpeculativeDecoder(Generator):
     Build it once and reuse it: both models keep their contexts between calls,
     and the ``auto`` policy keeps what it learned about costs. ``draft_max`` is
     the draft length (``fixed``) or its cap (other policies), by default
-    ``DEFAULT_DRAFT_MAX[policy]``; it and the policy can be changed per call. The draft model samples with its own settings
-    (``draft_temperature`` and friends, defaulting to the target's): any choice
-    stays lossless, it only changes how often drafts are accepted.
+    ``DEFAULT_DRAFT_MAX[policy]``; it and the policy can be changed per call.
+    The draft model samples with its own settings (``draft_temperature`` and
+    friends, defaulting to the target's): any choice stays lossless, it only
+    changes how often drafts are accepted.
 
     Raises :class:`~pyspec.IncompatibleModelsError` when the vocabularies differ.
     """
@@ -156,7 +157,6 @@ class SpeculativeDecoder(Generator):
             # Prefill both models at once only when they do not share the CPU cores.
             "parallel_prefill": len(on_gpu) == 2 and on_gpu[0] != on_gpu[1],
         }
-
 
     def _reuse_calibration(self, policy, k: int) -> list:
         """Hand the policy batch timings recorded earlier on this machine; returns
