@@ -56,3 +56,68 @@ def test_plot_writes_a_png(tmp_path):
     out = tmp_path / "bench.png"
     plot(result, str(out))
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+class _FakeCore:
+    def __init__(self, log):
+        self.log = log
+
+    def truncate(self, pos):
+        self.log.append(("truncate", pos))
+
+
+class _FakeModel:
+    def __init__(self, log):
+        self._core = _FakeCore(log)
+
+
+class _FakeGenerator:
+    """Records what the runner does, in order."""
+
+    def __init__(self):
+        self.log = []
+        self.draft = _FakeModel(self.log)
+        self._target = _FakeModel(self.log)
+
+    def _text_model(self):
+        return self._target
+
+    def generate(self, tokens, **kw):
+        from pyspec.results import Completion, GenerationStats
+
+        self.log.append(("generate", len(tokens)))
+        return Completion("x", [1, 2], len(tokens), "max_tokens", GenerationStats(n_generated=2, decode_s=0.1))
+
+
+def test_pyspec_runner_starts_every_run_from_empty_caches():
+    """Runners share models: without a reset, later runners would reuse the
+    prompt the previous one processed and report a shorter time to first token."""
+    from pyspec.bench.runners import PyspecRunner, Settings
+
+    gen = _FakeGenerator()
+    PyspecRunner(gen, "r").run([5, 6, 7], Settings(max_tokens=2))
+    assert gen.log == [("truncate", 0), ("truncate", 0), ("generate", 3)]
+
+
+def test_bench_command_end_to_end(target_path, tmp_path):
+    """The real command on one short prompt: every runner reports, the JSON and the plot are written."""
+    import json
+    import shutil
+    import subprocess
+    import sys
+
+    exe = shutil.which("pyspec")
+    cmd = [exe] if exe else [sys.executable, "-m", "pyspec.cli"]
+    out_json, out_png = tmp_path / "b.json", tmp_path / "b.png"
+    run = subprocess.run([*cmd, "bench", "-m", target_path, "--category", "translation", "--per-category", "1",
+                          "--max-tokens", "8", "--policy", "", "--hybrid", "", "--ngram", "auto", "--lookup", "4",
+                          "--n-ctx", "512", "--json", str(out_json), "--plot", str(out_png)],
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    result = json.loads(out_json.read_text())
+    assert result["runners"] == ["pyspec plain", "pyspec ngram auto", "llama-cpp-python", "llama-cpp-python lookup"]
+    rows = result["summary"]["translation"]
+    assert all(rows[r]["decode_tok_s"] > 0 for r in result["runners"])
+    assert rows["llama-cpp-python"]["ratio"] == pytest.approx(1.0)
+    assert "[translation]" in run.stdout and "vs plain" in run.stdout
+    assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

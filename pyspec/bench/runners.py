@@ -48,6 +48,11 @@ class PyspecRunner:
         self.draft_kwargs = draft_kwargs
 
     def run(self, tokens: List[int], s: Settings) -> Sample:
+        # Runners share models; start from empty caches so that every runner
+        # processes the prompt (time to first token stays comparable).
+        for model in (self.generator._text_model(), getattr(self.generator, "draft", None)):
+            if model is not None:
+                model._core.truncate(0)
         out = self.generator.generate(tokens, max_tokens=s.max_tokens, temperature=s.temperature, top_k=s.top_k,
                                       top_p=s.top_p, min_p=s.min_p, seed=s.seed, **self.draft_kwargs)
         st = out.stats
