@@ -47,7 +47,7 @@ public:
 
 struct PolicyParams {
     std::string name = "auto";   // fixed | heuristic | confidence | svip | auto
-    int32_t k = 4;               // fixed length; heuristic's start; cap of heuristic/confidence/auto
+    int32_t k = 4;               // fixed length; cap of heuristic (which starts at min(4, k)), confidence, auto
     double p_min = 0.75;         // confidence: stop when the belief in the own token < p_min (token dropped)
     double gamma = 0.15;         // svip: stop when sqrt(gamma * H) > h (token kept)
     double h = 0.3;
