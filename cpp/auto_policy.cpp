@@ -152,37 +152,60 @@ int32_t AutoPolicy::next_length(int32_t k_cap, const DraftPlan& plan) {
     return 0;
 }
 
-DraftStop AutoPolicy::after_token(int32_t i, const Distribution& belief, int32_t token) {
-    // Only a draft model's belief says anything (an n-gram's q is one-hot).
-    if (planned_bucket_ != 0 || static_cast<int32_t>(reach_.size()) != i) return DraftStop::kContinue;
+double AutoPolicy::believed_acceptance(const Distribution& belief, int32_t token) const {
+    if (token >= 0) return conf_acc_[static_cast<size_t>(conf_bin(belief.prob(token)))];
+    // The token is yet to be drawn from `belief`: average the table over that draw.
+    double e = 0.0;
+    if (belief.dense()) {
+        for (double v : belief.dense_probs()) {
+            if (v > 0) e += v * conf_acc_[static_cast<size_t>(conf_bin(v))];
+        }
+    } else {
+        for (double v : belief.probs()) e += v * conf_acc_[static_cast<size_t>(conf_bin(v))];
+    }
+    return e;
+}
+
+AutoPolicy::Options AutoPolicy::options(int32_t i, double r_i) const {
     const Bucket& b = buckets_[0];
     const double c = std::max(b.cost, 0.0);
-    const double conf = belief.prob(token);
-    const double r_i = (i == 0 ? 1.0 : reach_.back()) * conf_acc_[static_cast<size_t>(conf_bin(conf))];
-    double e_drop = 1.0;
-    for (double r : reach_) e_drop += r;
-    const double e_keep = e_drop + r_i;
+    double e_without = 1.0;
+    for (double r : reach_) e_without += r;
+    const double e_with = e_without + r_i;
     // Draft time already spent is sunk; it is in every option's denominator.
-    const double rate_drop = e_drop / ((i + 1) * c + v_any(i + 1));
-    const double rate_keep = e_keep / ((i + 1) * c + v_any(i + 2));
-    double rate_cont = -std::numeric_limits<double>::infinity();
+    Options o;
+    o.without = e_without / ((i + 1) * c + v_any(i + 1));
+    o.with = e_with / ((i + 1) * c + v_any(i + 2));
+    o.more = -std::numeric_limits<double>::infinity();
     if (i + 1 < planned_k_) {
         const double alpha = b.alpha();
-        double e = e_keep, reach = r_i;
+        double e = e_with, reach = r_i;
         for (int32_t j = i + 1; j < planned_k_; ++j) e += (reach *= alpha);
-        rate_cont = e / (planned_k_ * c + v_any(planned_k_ + 1));
+        o.more = e / (planned_k_ * c + v_any(planned_k_ + 1));
     }
-    if (rate_cont >= rate_keep && rate_cont >= rate_drop) {
-        conf_.push_back(conf);
-        reach_.push_back(r_i);
-        return DraftStop::kContinue;
-    }
-    if (rate_keep >= rate_drop) {
-        conf_.push_back(conf);
-        reach_.push_back(r_i);
-        return DraftStop::kKeep;
-    }
-    return DraftStop::kDrop;
+    return o;
+}
+
+bool AutoPolicy::judging(int32_t i) const {
+    // Only a draft model's belief says anything (an n-gram's q is one-hot).
+    return planned_bucket_ == 0 && static_cast<int32_t>(reach_.size()) == i;
+}
+
+bool AutoPolicy::stop_before(int32_t i, const Distribution& belief, int32_t known) {
+    if (!judging(i)) return false;
+    const double r_i = (i == 0 ? 1.0 : reach_.back()) * believed_acceptance(belief, known);
+    const Options o = options(i, r_i);
+    return o.without > o.with && o.without > o.more;
+}
+
+bool AutoPolicy::stop_after(int32_t i, const Distribution& belief, int32_t token) {
+    if (!judging(i)) return false;
+    const double conf = belief.prob(token);
+    const double r_i = (i == 0 ? 1.0 : reach_.back()) * conf_acc_[static_cast<size_t>(conf_bin(conf))];
+    conf_.push_back(conf);
+    reach_.push_back(r_i);
+    const Options o = options(i, r_i);
+    return o.more < o.with;  // the token stays either way; only going on is in question
 }
 
 void AutoPolicy::observe(const RoundReport& r) {

@@ -24,10 +24,13 @@
 //            context moves all sizes together. Only measured sizes are candidates:
 //            CPU batch costs are jagged (16 tokens can cost less than 15).
 //
-// During a draft-model proposal it re-plans after each token: the draft's belief
+// During a draft-model proposal it re-plans at each position: the draft's belief
 // in its own token, mapped to an acceptance probability by a learned table,
-// replaces alpha for the tokens already drafted, and the draft stops (keeping or
-// dropping the last token) when that gives a better expected rate than going on.
+// replaces alpha for the tokens already drafted. Before token i is drawn it stops
+// when drafting i tokens rates better than i + 1 or more (judged on the table
+// averaged over q_i, or on the greedy token's belief, which q_i decides); after
+// the draw it may end the draft with token i kept. It never discards a drawn
+// token (drafter.h: that would bias the output at T > 0).
 // (E_b above is expected_tokens() with alpha_b at every position.)
 //
 // Probes: while plain decoding wins for a source, a 1-token draft after every
@@ -56,7 +59,8 @@ public:
     void begin_generation() override;
     int32_t next_length(int32_t k_cap, const DraftPlan& plan) override;
     bool stops_early() const override { return true; }
-    DraftStop after_token(int32_t i, const Distribution& belief, int32_t token) override;
+    bool stop_before(int32_t i, const Distribution& belief, int32_t known) override;
+    bool stop_after(int32_t i, const Distribution& belief, int32_t token) override;
     void observe(const RoundReport& round) override;
     std::vector<int32_t> calibration_sizes(int32_t max_batch) override;
     void calibrated(const std::vector<int32_t>& sizes, const std::vector<double>& seconds) override;
@@ -88,6 +92,17 @@ private:
         bool probing = false;        // the last draft from this bucket was a probe
         bool probe_hit = false;      // ... and all of it was accepted
     };
+
+    // Expected rates of the round being drafted, at position i with reach r_i:
+    // without token i, with it as the last one, and with the rest of the plan.
+    struct Options {
+        double without, with, more;
+    };
+    Options options(int32_t i, double r_i) const;
+    bool judging(int32_t i) const;
+    // P(accept) of token i from the belief table: for `token` (>= 0), or averaged
+    // over a draw from `belief` (token = -1).
+    double believed_acceptance(const Distribution& belief, int32_t token) const;
 
     static int bucket_of(const DraftPlan& plan);
     static int conf_bin(double c);

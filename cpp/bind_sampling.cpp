@@ -118,9 +118,8 @@ py::tuple verify_many(const F64Array& p, const F64Array& q, const py::object& dr
                                     std::to_string(n_draft) + ")");
     }
     const int32_t n_vocab = checked_vocab(p.shape(1));
-    if (q.shape(1) != p.shape(1)) {
-        throw std::invalid_argument("p and q must have the same number of columns");
-    }
+    // q may have fewer or more columns (vocabularies differing by padding ids).
+    const int32_t n_vocab_q = checked_vocab(q.shape(1));
     if (n_draft > INT32_MAX) throw std::invalid_argument("too many drafts");
     const int32_t n = static_cast<int32_t>(n_draft);
 
@@ -152,7 +151,7 @@ py::tuple verify_many(const F64Array& p, const F64Array& q, const py::object& dr
         std::vector<Distribution> pd;
         std::vector<Distribution> qd;
         load_rows(p_data, n + 1, n_vocab, storage, "p", pd);
-        load_rows(q_data, n, n_vocab, storage, "q", qd);
+        load_rows(q_data, n, n_vocab_q, storage, "q", qd);
         std::vector<int32_t> draft(static_cast<size_t>(n));
         if (!sample_drafts) draft.assign(fixed, fixed + n);
         Rng rng(seed);

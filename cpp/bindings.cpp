@@ -8,6 +8,8 @@
 
 #include <llama.h>
 
+#include <atomic>
+#include <map>
 #include <memory>
 
 #include "errors.h"
@@ -69,8 +71,17 @@ py::dict stats_to_dict(const GenerationStats& s) {
     d["length_hist"] = s.length_hist;
     d["policy_plain"] = s.policy_plain;
     d["ngram_rounds"] = s.ngram_rounds;
+    d["ngram_drafted"] = s.ngram_drafted;
+    d["ngram_accepted"] = s.ngram_accepted;
+    d["stops_before"] = s.stops_before;
+    d["stops_after"] = s.stops_after;
     return d;
 }
+
+// A flag another thread sets to stop a generation (the Python layer sets it on Ctrl-C).
+struct CancelToken {
+    std::atomic<bool> flag{false};
+};
 
 // Streams to an optional Python callable and checks for Ctrl-C between tokens.
 // A Python exception (KeyboardInterrupt included) stops generation; it is
@@ -84,7 +95,12 @@ struct PyTokenSink {
         try {
             if (!callback.is_none()) {
                 py::object r = callback(token, py::bytes(text), drafted);
-                if (!r.is_none() && !r.cast<bool>()) return false;
+                // None or anything truthy goes on; a falsy value stops (Python's own rule).
+                if (!r.is_none()) {
+                    const int truth = PyObject_IsTrue(r.ptr());
+                    if (truth < 0) throw py::error_already_set();
+                    if (truth == 0) return false;
+                }
             }
             if (PyErr_CheckSignals() != 0) throw py::error_already_set();
         } catch (py::error_already_set& e) {
@@ -198,12 +214,32 @@ PYBIND11_MODULE(_core, m) {
              "Decode tokens at positions pos0.. keeping logits for the last n_logits (tests, tools).")
         .def("logits",
              [](const Model& m, int32_t row) {
-                 const float* p = m.logits(row);
-                 return py::array_t<float>(m.n_vocab(), p);  // a copy: for tests, not the hot loop
+                 std::vector<float> copy;  // for tests and tools, not the hot loop
+                 {
+                     py::gil_scoped_release release;  // the lock's holder may need the GIL
+                     const auto held = m.lock();
+                     const float* p = m.logits(row);
+                     copy.assign(p, p + m.n_vocab());
+                 }
+                 return py::array_t<float>(static_cast<py::ssize_t>(copy.size()), copy.data());
              },
              py::arg("row") = 0)
-        .def("truncate", &Model::truncate, py::arg("pos"))
-        .def("pos_max", &Model::pos_max);
+        .def("truncate", &Model::truncate, py::arg("pos"), py::call_guard<py::gil_scoped_release>())
+        .def("pos_max", &Model::pos_max, py::call_guard<py::gil_scoped_release>())
+        .def("cached", [](const Model& m) {
+            std::vector<int32_t> out;
+            {
+                py::gil_scoped_release release;
+                const auto held = m.lock();
+                out = m.cached();
+            }
+            return out;
+        }, "The token ids the KV cache holds, by position.");
+
+    py::class_<CancelToken>(m, "CancelToken")
+        .def(py::init<>())
+        .def("set", [](CancelToken& c) { c.flag.store(true); }, "Ask the generation using this token to stop.")
+        .def_property_readonly("is_set", [](const CancelToken& c) { return c.flag.load(); });
 
     py::class_<Drafter>(m, "Drafter");
     py::class_<ModelDrafter, Drafter>(m, "ModelDrafter")
@@ -251,15 +287,11 @@ PYBIND11_MODULE(_core, m) {
                  return p.next_length(k_cap, make_plan(source, match_len, lag));
              },
              py::arg("k_cap"), py::arg("source") = "model", py::arg("match_len") = 0, py::arg("lag") = 1)
-        .def("after_token",
-             [](LengthPolicy& p, int32_t i, const Distribution& belief, int32_t token) {
-                 switch (p.after_token(i, belief, token)) {
-                     case DraftStop::kKeep: return std::string("keep");
-                     case DraftStop::kDrop: return std::string("drop");
-                     default: return std::string("continue");
-                 }
-             },
-             py::arg("i"), py::arg("belief"), py::arg("token"))
+        .def("stop_before", &LengthPolicy::stop_before, py::arg("i"), py::arg("belief"), py::arg("known") = -1,
+             "Whether the draft ends before token i is drawn (known: the token a greedy draft will propose, "
+             "else -1).")
+        .def("stop_after", &LengthPolicy::stop_after, py::arg("i"), py::arg("belief"), py::arg("token"),
+             "Whether the draft ends right after token i, which it keeps.")
         .def("observe",
              [](LengthPolicy& p, int32_t drafted, int32_t accepted, double draft_s, double verify_s,
                 const std::string& source, int32_t match_len, int32_t lag) {
@@ -300,7 +332,8 @@ PYBIND11_MODULE(_core, m) {
              [](Engine& e, const std::vector<int32_t>& prompt, int32_t max_tokens, const SamplingParams& sampling,
                 const SamplingParams& draft_sampling, uint64_t seed, const std::vector<std::string>& stop,
                 int32_t draft_max, const std::string& variant, bool parallel_prefill, LengthPolicy* policy,
-                py::object on_token) {
+                py::object on_token, CancelToken* cancel, const std::map<int32_t, double>& known_batch_costs,
+                double test_discard_below) {
                  GenerateParams p;
                  p.max_tokens = max_tokens;
                  p.sampling = sampling;
@@ -310,6 +343,9 @@ PYBIND11_MODULE(_core, m) {
                  p.draft_max = draft_max;
                  p.variant = parse_variant(variant);
                  p.parallel_prefill = parallel_prefill;
+                 p.cancel = cancel ? &cancel->flag : nullptr;
+                 p.known_batch_costs.assign(known_batch_costs.begin(), known_batch_costs.end());
+                 p.test_discard_below = test_discard_below;
                  PyTokenSink sink;
                  sink.callback = std::move(on_token);
                  GenerateResult r;
@@ -323,11 +359,17 @@ PYBIND11_MODULE(_core, m) {
                  out["text"] = py::bytes(r.text);
                  out["stop_reason"] = r.stop_reason;
                  out["stats"] = stats_to_dict(r.stats);
+                 out["calibrated"] = std::map<int32_t, double>(r.stats.calibrated.begin(), r.stats.calibrated.end());
                  return out;
              },
              py::arg("prompt"), py::arg("max_tokens"), py::arg("sampling"), py::arg("draft_sampling"),
              py::arg("seed"), py::arg("stop"), py::arg("draft_max"), py::arg("variant") = "correct",
-             py::arg("parallel_prefill") = false, py::arg("policy") = nullptr, py::arg("on_token") = py::none());
+             py::arg("parallel_prefill") = false, py::arg("policy") = nullptr, py::arg("on_token") = py::none(),
+             py::arg("cancel") = nullptr, py::arg("known_batch_costs") = std::map<int32_t, double>{},
+             py::arg("test_discard_below") = 0.0,
+             "One generation (the C++ loop, without the GIL). known_batch_costs: target batch timings from "
+             "earlier runs; the result's 'calibrated' holds those timed now. test_discard_below is a TEST-ONLY "
+             "negative control (a biased stop rule).");
 
     bind_sampling(m);
 }

@@ -3,7 +3,6 @@
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <vector>
 
 #include "rng.h"
@@ -11,13 +10,38 @@
 
 namespace pyspec {
 
-// Asked after each drafted token by length policies that stop early (svip keeps
-// the token, confidence drops it). `belief` is the drafter's distribution at that
-// position: the one the token was sampled from, or, when the drafter decodes
-// greedily (q is then one-hot and says nothing about confidence), its T = 1
-// distribution under the same filters. Deterministic drafters pass their one-hot q.
-enum class DraftStop { kContinue, kKeep, kDrop };
-using DraftStopRule = std::function<DraftStop(int32_t i, const Distribution& belief, int32_t token)>;
+class Model;
+
+// How a draft may end early: the one place this rule is written down (SPEC,
+// "Draft length may adapt"). Drafters ask, length policies answer.
+//
+//   stop_before(i, belief, known)  before token i is drawn. May use anything known
+//       then: the distribution it would be drawn from, its maximum or entropy,
+//       the position, earlier results. Ending here never draws token i.
+//   stop_after(i, belief, token)   after token i was drawn. May use anything at
+//       all, token included, but only to end the draft WITH that token kept.
+//
+// There is no third option: a drawn token is never discarded because of its
+// value. The proposal would then follow q conditioned on "not discarded" while
+// acceptance still divides by q, and the output would leave the target's law
+// (p = (.5, .5), q = (.9, .1), drop when q(x) < .75: token 0 comes out 55 %).
+//
+// `belief` is the distribution the token is drawn from (q). A greedy drafter's q
+// is one-hot and says nothing about confidence, so it passes its T = 1
+// distribution under the same filters instead, and `known` = the token it will
+// draw (the argmax, a function of q): llama.cpp's "drop a token whose
+// probability is below p_min" is then exactly "stop before it", and lossless.
+// When the token will be sampled, `known` is -1. Deterministic drafters (n-gram
+// lookup) do not ask: their one-hot q carries no belief.
+class DraftStopRule {
+public:
+    virtual ~DraftStopRule() = default;
+    virtual bool stop_before(int32_t /*i*/, const Distribution& /*belief*/, int32_t /*known*/) { return false; }
+    virtual bool stop_after(int32_t /*i*/, const Distribution& /*belief*/, int32_t /*token*/) { return false; }
+    // TEST-ONLY negative control (never true in the product): a stop_after that
+    // discards the drawn token, the biased rule described above.
+    virtual bool discards_test_only() const { return false; }
+};
 
 // What the next draft would be made of. The hybrid drafter switches source per
 // round; match_len is the n-gram match behind an n-gram draft (0: no match); lag
@@ -49,10 +73,13 @@ public:
     // Propose up to max_n tokens that continue `history` (the committed sequence).
     // Writes the tokens into `tokens` and, for each, the distribution it was
     // sampled from into q[i] (q has room for max_n). Returns the number proposed.
-    // `stop` may be empty (no early stop).
+    // `stop` may be null (no early stop).
     virtual int32_t draft(const std::vector<int32_t>& history, int32_t max_n, Rng& rng,
                           std::vector<int32_t>& tokens, std::vector<Distribution>& q,
-                          const DraftStopRule& stop) = 0;
+                          DraftStopRule* stop) = 0;
+    // The model this drafter decodes with (its context must be locked while it
+    // drafts), or null for drafters that use none.
+    virtual Model* model() const { return nullptr; }
 };
 
 // Length of the common prefix of a and b.

@@ -6,9 +6,11 @@
 // Runs without the GIL; Python sees it through a per-token callback.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "drafter.h"
@@ -27,6 +29,15 @@ struct GenerateParams {
     std::vector<std::string> stop;
     int32_t draft_max = 0;             // cap on drafts per round (the policy picks <= this); 0 = plain
     VerifyVariant variant = VerifyVariant::kCorrect;  // others are test-only negative controls
+    // TEST-ONLY negative control (0 = off): end a model draft by DISCARDING a drawn
+    // token whose belief is below this, the biased rule drafter.h forbids.
+    double test_discard_below = 0;
+    // Target batch timings known from earlier runs (size, seconds), handed to a
+    // policy that wants them instead of timing them again.
+    std::vector<std::pair<int32_t, double>> known_batch_costs;
+    // Checked between tokens and inside every llama_decode; set from another
+    // thread to stop (stop_reason "cancelled", caches left consistent).
+    const std::atomic<bool>* cancel = nullptr;
     // Let the drafter process the prompt on its own thread while the target does.
     // Worth it when the models run on different devices (GPU target, CPU draft);
     // on a CPU alone both would fight over the same cores.
@@ -52,6 +63,12 @@ struct GenerationStats {
     std::vector<int32_t> length_hist;  // rounds by number of drafted tokens (index 0: plain steps)
     int32_t policy_plain = 0;          // rounds where the policy chose plain decoding (k = 0)
     int32_t ngram_rounds = 0;          // rounds drafted by n-gram lookup (hybrid/ngram drafters)
+    int32_t ngram_drafted = 0;         // ... their drafted tokens
+    int32_t ngram_accepted = 0;        // ... and accepted ones
+    int32_t stops_before = 0;          // drafts the stop rule ended before drawing a token
+    int32_t stops_after = 0;           // ... and right after a token it kept, short of the length asked
+    // Target batch sizes timed for the policy in this call (size, seconds): new calibration.
+    std::vector<std::pair<int32_t, double>> calibrated;
 };
 
 struct GenerateResult {
@@ -68,10 +85,13 @@ using TokenCallback = std::function<bool(int32_t token, const std::string& text,
 
 class Engine {
 public:
-    // drafter may be null (plain decoding only).
+    // drafter may be null (plain decoding only). Throws std::invalid_argument if
+    // the drafter decodes with the target's own context.
     Engine(Model& target, Drafter* drafter);
 
     // policy may be null: then every round drafts params.draft_max tokens.
+    // Holds the locks of the target's and the draft model's contexts for the
+    // whole call, so engines sharing a model take turns.
     GenerateResult generate(const std::vector<int32_t>& prompt, const GenerateParams& params,
                             const TokenCallback& on_token, LengthPolicy* policy = nullptr);
 
@@ -81,8 +101,10 @@ private:
     void decode_verification_batch(const std::vector<int32_t>& history, const std::vector<int32_t>& drafts);
     // p[i] = the target's sampling distribution at logits row i.
     void target_distributions(int32_t n_rows, const SamplingParams& sampling);
-    // Time the target batch sizes the policy asks for (once per policy); false if none.
-    bool calibrate(LengthPolicy& policy, int32_t max_batch, int32_t filler);
+    // Give the policy the target batch timings it asks for: known ones, or timed
+    // now (reported in stats.calibrated). Returns the seconds spent timing.
+    double calibrate(LengthPolicy& policy, int32_t max_batch, int32_t filler, const GenerateParams& params,
+                     GenerationStats& st);
 
     Model& target_;
     Drafter* drafter_;

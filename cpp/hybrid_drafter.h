@@ -29,10 +29,12 @@ public:
         ngram_.begin(prompt, sampling, eager);
     }
     int32_t draft(const std::vector<int32_t>& history, int32_t max_n, Rng& rng, std::vector<int32_t>& tokens,
-                  std::vector<Distribution>& q, const DraftStopRule& stop) override {
+                  std::vector<Distribution>& q, DraftStopRule* stop) override {
         Drafter& d = planned_ == DraftSource::kNgram ? static_cast<Drafter&>(ngram_) : static_cast<Drafter&>(model_);
         return d.draft(history, max_n, rng, tokens, q, stop);
     }
+
+    Model* model() const override { return model_.model(); }
 
 private:
     ModelDrafter& model_;

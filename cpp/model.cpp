@@ -23,12 +23,17 @@ std::string g_last_error;            // accumulated text of the latest error mes
 std::atomic<int> g_verbose_models{0};
 ggml_log_level g_prev_level = GGML_LOG_LEVEL_NONE;
 
-void log_callback(ggml_log_level level, const char* text, void*) {
-    if (level == GGML_LOG_LEVEL_CONT) level = g_prev_level;
-    else g_prev_level = level;
-    if (level == GGML_LOG_LEVEL_ERROR) {
-        std::lock_guard<std::mutex> lock(g_log_mutex);
-        if (g_last_error.size() < 4096) g_last_error += text;
+// Called from C frames inside llama.cpp: nothing may escape it.
+void log_callback(ggml_log_level level, const char* text, void*) noexcept {
+    if (text == nullptr) return;
+    try {
+        if (level == GGML_LOG_LEVEL_CONT) level = g_prev_level;
+        else g_prev_level = level;
+        if (level == GGML_LOG_LEVEL_ERROR) {
+            std::lock_guard<std::mutex> lock(g_log_mutex);
+            if (g_last_error.size() < 4096) g_last_error += text;
+        }
+    } catch (...) {  // out of memory for the message: drop it
     }
     // Errors reach the user through our exception messages; the rest is noise
     // unless someone asked for verbose output.
@@ -57,6 +62,17 @@ struct Model::BatchStorage {
     ~BatchStorage() { llama_batch_free(batch); }
 };
 
+void Model::ModelFree::operator()(llama_model* m) const { llama_model_free(m); }
+void Model::ContextFree::operator()(llama_context* c) const { llama_free(c); }
+void Model::BatchFree::operator()(BatchStorage* b) const { delete b; }
+
+Model::VerboseMark::VerboseMark(bool on_) : on(on_) {
+    if (on) ++g_verbose_models;
+}
+Model::VerboseMark::~VerboseMark() {
+    if (on) --g_verbose_models;
+}
+
 namespace {
 
 // Check the file before handing it to llama.cpp, so the common mistakes get a
@@ -81,19 +97,24 @@ std::string with_llama_reason(std::string message) {
 
 }  // namespace
 
-Model::Model(const ModelParams& params) : params_(params) {
+Model::Model(const ModelParams& params) : params_(params), verbose_(params.verbose) {
     check_gguf_file(params.path);
     install_log_filter();
     take_last_llama_error();
-    if (params.verbose) ++g_verbose_models;
 
     llama_model_params mp = llama_model_default_params();
     mp.n_gpu_layers = params.n_gpu_layers;
-    model_ = llama_model_load_from_file(params.path.c_str(), mp);
+    model_.reset(llama_model_load_from_file(params.path.c_str(), mp));
     if (!model_) {
-        if (params.verbose) --g_verbose_models;
         throw InvalidModelError(with_llama_reason(
             "failed to load GGUF model " + params.path + ": the file is truncated or corrupt"));
+    }
+    // Rejected drafts are removed from the cache by position; recurrent state
+    // cannot be rolled back that way, and would silently give wrong logits.
+    if (llama_model_is_recurrent(model_.get()) || llama_model_is_hybrid(model_.get())) {
+        throw InvalidModelError("unsupported model " + params.path +
+                                ": its recurrent (or hybrid) memory cannot drop a rejected draft tail; "
+                                "pyspec needs a transformer with a KV cache");
     }
 
     const int32_t n_threads = params.n_threads > 0
@@ -107,30 +128,36 @@ Model::Model(const ModelParams& params) : params_(params) {
     cp.n_threads = n_threads;
     cp.n_threads_batch = n_threads;
     cp.no_perf = true;
-    ctx_ = llama_init_from_model(model_, cp);
+    cp.abort_callback = &Model::abort_requested;
+    cp.abort_callback_data = this;
+    ctx_.reset(llama_init_from_model(model_.get(), cp));
     if (!ctx_) {
-        llama_model_free(model_);
-        model_ = nullptr;
-        if (params.verbose) --g_verbose_models;
         throw InvalidModelError(with_llama_reason("failed to create a llama.cpp context for " + params.path));
     }
-    vocab_ = llama_model_get_vocab(model_);
+    vocab_ = llama_model_get_vocab(model_.get());
     n_vocab_ = llama_vocab_n_tokens(vocab_);
-    n_ctx_ = static_cast<int32_t>(llama_n_ctx(ctx_));
-    n_batch_ = static_cast<int32_t>(llama_n_batch(ctx_));
-    batch_ = new BatchStorage(n_batch_);
+    n_ctx_ = static_cast<int32_t>(llama_n_ctx(ctx_.get()));
+    n_batch_ = static_cast<int32_t>(llama_n_batch(ctx_.get()));
+    batch_.reset(new BatchStorage(n_batch_));
 }
 
-Model::~Model() {
-    delete batch_;
-    if (ctx_) llama_free(ctx_);
-    if (model_) llama_model_free(model_);
-    if (params_.verbose) --g_verbose_models;
+Model::~Model() = default;
+
+bool Model::abort_requested(void* self) {
+    const std::atomic<bool>* flag = static_cast<Model*>(self)->abort_flag_.load();
+    return flag != nullptr && flag->load(std::memory_order_relaxed);
+}
+
+void Model::check_token(int32_t token) const {
+    if (token < 0 || token >= n_vocab_) {
+        throw std::invalid_argument("token id " + std::to_string(token) + " is outside the vocabulary [0, " +
+                                    std::to_string(n_vocab_) + ")");
+    }
 }
 
 std::string Model::description() const {
     char buf[256];
-    const int32_t n = llama_model_desc(model_, buf, sizeof(buf));
+    const int32_t n = llama_model_desc(model_.get(), buf, sizeof(buf));
     return n > 0 ? std::string(buf, std::min<size_t>(n, sizeof(buf) - 1)) : std::string();
 }
 
@@ -151,6 +178,7 @@ std::vector<int32_t> Model::tokenize(const std::string& text, bool add_special, 
 }
 
 std::string Model::token_to_piece(int32_t token, bool special) const {
+    check_token(token);
     char buf[256];
     int32_t n = llama_token_to_piece(vocab_, token, buf, sizeof(buf), 0, special);
     if (n >= 0) return std::string(buf, static_cast<size_t>(n));
@@ -161,6 +189,7 @@ std::string Model::token_to_piece(int32_t token, bool special) const {
 }
 
 std::string Model::detokenize(const std::vector<int32_t>& tokens, bool special) const {
+    for (int32_t t : tokens) check_token(t);
     std::string out(tokens.size() * 8 + 16, '\0');
     int32_t n = llama_detokenize(vocab_, tokens.data(), static_cast<int32_t>(tokens.size()), out.data(),
                                  static_cast<int32_t>(out.size()), false, special);
@@ -175,7 +204,7 @@ std::string Model::detokenize(const std::vector<int32_t>& tokens, bool special) 
 
 std::string Model::apply_chat_template(const std::vector<std::pair<std::string, std::string>>& messages,
                                        bool add_assistant) const {
-    const char* tmpl = llama_model_chat_template(model_, nullptr);
+    const char* tmpl = llama_model_chat_template(model_.get(), nullptr);
     if (!tmpl) {
         throw InvalidModelError("model has no chat template (pass chat=False / --raw): " + params_.path);
     }
@@ -208,11 +237,14 @@ int32_t Model::bos() const { return llama_vocab_bos(vocab_); }
 int32_t Model::eos() const { return llama_vocab_eos(vocab_); }
 int32_t Model::eot() const { return llama_vocab_eot(vocab_); }
 bool Model::add_bos() const { return llama_vocab_get_add_bos(vocab_); }
-bool Model::is_eog(int32_t token) const { return llama_vocab_is_eog(vocab_, token); }
-int32_t Model::token_attr(int32_t token) const { return static_cast<int32_t>(llama_vocab_get_attr(vocab_, token)); }
+bool Model::is_eog(int32_t token) const { return token >= 0 && token < n_vocab_ && llama_vocab_is_eog(vocab_, token); }
+int32_t Model::token_attr(int32_t token) const {
+    check_token(token);
+    return static_cast<int32_t>(llama_vocab_get_attr(vocab_, token));
+}
 
 std::string Model::token_text(int32_t token) const {
-    if (token < 0 || token >= n_vocab_) throw std::out_of_range("token id out of range");
+    check_token(token);
     const char* t = llama_vocab_get_text(vocab_, token);
     return t ? std::string(t) : std::string();
 }
@@ -228,6 +260,7 @@ void Model::decode(const int32_t* tokens, int32_t n, int32_t pos0, int32_t n_log
         throw ContextOverflowError("context overflow: " + std::to_string(pos0 + n) + " tokens do not fit in n_ctx=" +
                                    std::to_string(n_ctx_));
     }
+    const auto held = lock();
     if (pos0 > static_cast<int32_t>(cached_.size())) {
         throw std::invalid_argument("decode would leave a gap in the KV cache (pos0 past the cached tokens)");
     }
@@ -249,10 +282,11 @@ void Model::decode(const int32_t* tokens, int32_t n, int32_t pos0, int32_t n_log
             b.seq_id[i][0] = 0;
             b.logits[i] = g >= first_logit ? 1 : 0;
         }
-        const int32_t rc = llama_decode(ctx_, b);
+        const int32_t rc = abort_requested(this) ? 2 : llama_decode(ctx_.get(), b);
         if (rc != 0) {
             // Leave the cache exactly as it was before this call.
             truncate(pos0);
+            if (rc == 2 && abort_requested(this)) throw Cancelled("cancelled");
             if (rc == 1) {
                 throw ContextOverflowError(with_llama_reason("no KV-cache slot for the batch (context full)"));
             }
@@ -269,17 +303,24 @@ void Model::decode(const int32_t* tokens, int32_t n, int32_t pos0, int32_t n_log
 
 const float* Model::logits(int32_t row) const {
     if (row < 0 || row >= logits_count_) throw std::out_of_range("no logits kept for that row");
-    const float* p = llama_get_logits_ith(ctx_, logits_first_row_ + row);
+    const float* p = llama_get_logits_ith(ctx_.get(), logits_first_row_ + row);
     if (!p) throw DecodeError("llama.cpp returned no logits for row " + std::to_string(row));
     return p;
 }
 
 void Model::truncate(int32_t pos) {
+    const auto held = lock();
     pos = std::max(pos, 0);
     if (pos < static_cast<int32_t>(cached_.size())) cached_.resize(static_cast<size_t>(pos));
-    llama_memory_seq_rm(llama_get_memory(ctx_), 0, pos, -1);
+    if (!llama_memory_seq_rm(llama_get_memory(ctx_.get()), 0, pos, -1)) {
+        throw DecodeError("llama.cpp could not remove positions >= " + std::to_string(pos) +
+                          " from the cache of " + params_.path);
+    }
 }
 
-int32_t Model::pos_max() const { return llama_memory_seq_pos_max(llama_get_memory(ctx_), 0); }
+int32_t Model::pos_max() const {
+    const auto held = lock();
+    return llama_memory_seq_pos_max(llama_get_memory(ctx_.get()), 0);
+}
 
 }  // namespace pyspec

@@ -1,9 +1,13 @@
 // RAII wrapper over one llama_model + llama_context (sequence 0 only), through
 // the public llama.h API. Owns: loading, tokenizer, chat template, batched
-// decode with chosen logit rows, KV-cache truncation, and vocabulary facts.
+// decode with chosen logit rows, KV-cache truncation, vocabulary facts, and the
+// context's lock.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -26,6 +30,8 @@ struct ModelParams {
 
 class Model {
 public:
+    // Throws InvalidModelError for files llama.cpp cannot load and for models
+    // whose memory cannot drop a rejected tail (recurrent or hybrid).
     explicit Model(const ModelParams& params);
     ~Model();
     Model(const Model&) = delete;
@@ -56,6 +62,18 @@ public:
     std::string token_text(int32_t token) const;
     int32_t token_attr(int32_t token) const;
 
+    // The context's lock. llama_decode and the KV record are not thread-safe, so
+    // everything that uses this context holds it: decode/truncate/pos_max take it
+    // themselves, and an engine holds it for a whole generation (recursive, so
+    // that its own decode calls pass). Callers that may wait for it must not hold
+    // Python's GIL (the holder may need the GIL for a callback).
+    std::unique_lock<std::recursive_mutex> lock() const { return std::unique_lock<std::recursive_mutex>(mutex_); }
+    std::recursive_mutex& mutex() const { return mutex_; }
+    // While a flag is set, llama_decode on this context stops as soon as *flag
+    // becomes true (llama.cpp's abort callback, polled between graph nodes), and
+    // decode() throws Cancelled. Set and cleared by the lock holder.
+    void set_abort_flag(const std::atomic<bool>* flag) { abort_flag_.store(flag); }
+
     // Decode tokens at positions pos0.. in sequence 0, splitting into n_batch
     // chunks. Logits are kept for the last n_logits tokens (n_logits <= n_batch),
     // read back with logits(0..n_logits-1). Throws ContextOverflowError when the
@@ -63,7 +81,8 @@ public:
     void decode(const int32_t* tokens, int32_t n, int32_t pos0, int32_t n_logits);
     const float* logits(int32_t row) const;
 
-    // Drop the KV cache from position pos on (pos = 0 clears it).
+    // Drop the KV cache from position pos on (pos = 0 clears it). Throws
+    // DecodeError if llama.cpp cannot remove that part of its memory.
     void truncate(int32_t pos);
     int32_t pos_max() const;   // -1 when empty
     // The tokens the KV cache holds, by position. Everything that decodes with
@@ -71,19 +90,34 @@ public:
     // whichever engine (plain or speculative) used the context last.
     const std::vector<int32_t>& cached() const { return cached_; }
 
-    llama_context* ctx() const { return ctx_; }
-
 private:
+    void check_token(int32_t token) const;  // std::invalid_argument unless 0 <= token < n_vocab
+    static bool abort_requested(void* self);
+
+    struct ModelFree { void operator()(llama_model* m) const; };
+    struct ContextFree { void operator()(llama_context* c) const; };
+    struct BatchStorage;
+    struct BatchFree { void operator()(BatchStorage* b) const; };
+    // Counts this model among the verbose ones for its lifetime (log filter).
+    struct VerboseMark {
+        explicit VerboseMark(bool on);
+        ~VerboseMark();
+        bool on;
+    };
+
     ModelParams params_;
-    llama_model* model_ = nullptr;
-    llama_context* ctx_ = nullptr;
+    VerboseMark verbose_;
+    // Declared in the order they are created, so they are freed in reverse
+    // (batch, context, model), also when the constructor throws halfway.
+    std::unique_ptr<llama_model, ModelFree> model_;
+    std::unique_ptr<llama_context, ContextFree> ctx_;
+    std::unique_ptr<BatchStorage, BatchFree> batch_;  // one batch for the context's lifetime
     const llama_vocab* vocab_ = nullptr;
     int32_t n_vocab_ = 0;
     int32_t n_ctx_ = 0;
     int32_t n_batch_ = 0;
-    // One batch allocated for the context's lifetime: no per-decode allocation.
-    struct BatchStorage;
-    BatchStorage* batch_ = nullptr;
+    mutable std::recursive_mutex mutex_;
+    std::atomic<const std::atomic<bool>*> abort_flag_{nullptr};
     std::vector<int32_t> cached_;
     int32_t logits_first_row_ = 0;   // batch row of logits(0) in the last decode
     int32_t logits_count_ = 0;

@@ -38,7 +38,7 @@ void ModelDrafter::begin(const std::vector<int32_t>& prompt, const SamplingParam
 }
 
 int32_t ModelDrafter::draft(const std::vector<int32_t>& history, int32_t max_n, Rng& rng,
-                            std::vector<int32_t>& tokens, std::vector<Distribution>& q, const DraftStopRule& stop) {
+                            std::vector<int32_t>& tokens, std::vector<Distribution>& q, DraftStopRule* stop) {
     tokens.clear();
     // Never write past the draft's context: position of the last fed token < n_ctx.
     max_n = std::min<int32_t>(max_n, model_.n_ctx() - static_cast<int32_t>(history.size()));
@@ -51,6 +51,7 @@ int32_t ModelDrafter::draft(const std::vector<int32_t>& history, int32_t max_n, 
     model_.decode(history.data() + keep, static_cast<int32_t>(history.size() - keep), static_cast<int32_t>(keep), 1);
 
     const int32_t n_vocab = model_.n_vocab();
+    const bool greedy = sampling_.greedy();
     for (int32_t i = 0; i < max_n; ++i) {
         Distribution& qi = q[static_cast<size_t>(i)];
         try {
@@ -58,14 +59,19 @@ int32_t ModelDrafter::draft(const std::vector<int32_t>& history, int32_t max_n, 
         } catch (const std::invalid_argument& e) {
             throw DecodeError(std::string("the draft model produced invalid logits: ") + e.what());
         }
-        const int32_t tok = sampling_.greedy() ? qi.argmax() : qi.sample(rng.uniform());
+        // The stop rules' view (drafter.h): q itself, or for a greedy draft (q one-hot)
+        // its T = 1 distribution, with the token it will propose known in advance.
+        const Distribution* belief = &qi;
+        if (stop && greedy) {
+            compute_distribution(model_.logits(0), n_vocab, belief_sampling_, belief_, ws_);
+            belief = &belief_;
+        }
+        if (stop && stop->stop_before(i, *belief, greedy ? qi.argmax() : -1)) break;
+        const int32_t tok = greedy ? qi.argmax() : qi.sample(rng.uniform());
         tokens.push_back(tok);
-        if (stop) {
-            // A greedy q is one-hot: judge confidence by the T = 1 distribution instead.
-            if (sampling_.greedy()) compute_distribution(model_.logits(0), n_vocab, belief_sampling_, belief_, ws_);
-            const DraftStop verdict = stop(i, sampling_.greedy() ? belief_ : qi, tok);
-            if (verdict == DraftStop::kDrop) tokens.pop_back();
-            if (verdict != DraftStop::kContinue) break;
+        if (stop && stop->stop_after(i, *belief, tok)) {
+            if (stop->discards_test_only()) tokens.pop_back();
+            break;
         }
         if (i + 1 == max_n) break;
         model_.decode(&tok, 1, static_cast<int32_t>(model_.cached().size()), 1);

@@ -16,7 +16,8 @@ public:
     DraftPlan plan(const std::vector<int32_t>& history) override;
     void begin(const std::vector<int32_t>& prompt, const SamplingParams& sampling, bool eager) override;
     int32_t draft(const std::vector<int32_t>& history, int32_t max_n, Rng& rng, std::vector<int32_t>& tokens,
-                  std::vector<Distribution>& q, const DraftStopRule& stop) override;
+                  std::vector<Distribution>& q, DraftStopRule* stop) override;
+    Model* model() const override { return &model_; }
 
 private:
     Model& model_;

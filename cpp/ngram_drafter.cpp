@@ -68,7 +68,8 @@ DraftPlan NgramDrafter::plan(const std::vector<int32_t>& history) {
 }
 
 int32_t NgramDrafter::draft(const std::vector<int32_t>& history, int32_t max_n, Rng&, std::vector<int32_t>& tokens,
-                            std::vector<Distribution>& q, const DraftStopRule& stop) {
+                            std::vector<Distribution>& q, DraftStopRule*) {
+    // No stop rule is asked: a lookup's one-hot q carries no belief (drafter.h).
     tokens.clear();
     const int32_t at = planned_size_ == history.size() ? planned_at_ : find(history, &last_match_);
     planned_size_ = 0;
@@ -81,11 +82,6 @@ int32_t NgramDrafter::draft(const std::vector<int32_t>& history, int32_t max_n, 
         const int32_t tok = src < size ? history[static_cast<size_t>(src)] : tokens[static_cast<size_t>(src - size)];
         q[static_cast<size_t>(i)].set_one_hot(tok, n_vocab_);
         tokens.push_back(tok);
-        if (stop) {
-            const DraftStop verdict = stop(i, q[static_cast<size_t>(i)], tok);
-            if (verdict == DraftStop::kDrop) tokens.pop_back();
-            if (verdict != DraftStop::kContinue) break;
-        }
     }
     return static_cast<int32_t>(tokens.size());
 }

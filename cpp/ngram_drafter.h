@@ -18,7 +18,7 @@ public:
     DraftPlan plan(const std::vector<int32_t>& history) override;
     void begin(const std::vector<int32_t>& prompt, const SamplingParams& sampling, bool eager) override;
     int32_t draft(const std::vector<int32_t>& history, int32_t max_n, Rng& rng, std::vector<int32_t>& tokens,
-                  std::vector<Distribution>& q, const DraftStopRule& stop) override;
+                  std::vector<Distribution>& q, DraftStopRule* stop) override;
 
     // Length of the n-gram the last lookup matched (0 = no match).
     int32_t last_match() const { return last_match_; }

@@ -45,16 +45,18 @@ private:
     int32_t cap_, k_;
 };
 
-// llama.cpp's rule: stop drafting when the draft's probability of its own
-// token falls below p_min; that token is not proposed.
+// llama.cpp's p_min, made lossless: stop before position i when the draft's
+// most likely token there has probability < p_min. For a greedy draft that token
+// is the one it would propose, so this is llama.cpp's rule exactly; a sampling
+// draft is judged on q_i alone, before its token is drawn (drafter.h).
 class ConfidencePolicy : public LengthPolicy {
 public:
     ConfidencePolicy(int32_t cap, double p_min) : cap_(cap), p_min_(p_min) {}
     std::string name() const override { return "confidence"; }
     int32_t next_length(int32_t k_cap, const DraftPlan&) override { return std::min(cap_, k_cap); }
     bool stops_early() const override { return true; }
-    DraftStop after_token(int32_t, const Distribution& belief, int32_t token) override {
-        return belief.prob(token) < p_min_ ? DraftStop::kDrop : DraftStop::kContinue;
+    bool stop_before(int32_t, const Distribution& belief, int32_t) override {
+        return belief.prob(belief.argmax()) < p_min_;
     }
 
 private:
@@ -63,15 +65,16 @@ private:
 };
 
 // SVIP: after sampling a draft token, stop when sqrt(gamma * H) > h, H the
-// draft's entropy (nats) at that position; the token stays as the last one.
+// draft's entropy (nats) at that position; the token stays as the last one
+// (H is known before the draw, so keeping or not would both be lossless).
 class SvipPolicy : public LengthPolicy {
 public:
     SvipPolicy(int32_t cap, double gamma, double h) : cap_(cap), gamma_(gamma), h_(h) {}
     std::string name() const override { return "svip"; }
     int32_t next_length(int32_t k_cap, const DraftPlan&) override { return std::min(cap_, k_cap); }
     bool stops_early() const override { return true; }
-    DraftStop after_token(int32_t, const Distribution& belief, int32_t) override {
-        return std::sqrt(gamma_ * belief.entropy()) > h_ ? DraftStop::kKeep : DraftStop::kContinue;
+    bool stop_after(int32_t, const Distribution& belief, int32_t) override {
+        return std::sqrt(gamma_ * belief.entropy()) > h_;
     }
 
 private:

@@ -21,7 +21,9 @@ struct RoundReport {
     double verify_s = 0;   // target time of this round's batch (drafted + 1 tokens)
 };
 
-class LengthPolicy {
+// A length policy is also the draft's stop rule (drafter.h says what a stop
+// rule may and may not do).
+class LengthPolicy : public DraftStopRule {
 public:
     virtual ~LengthPolicy() = default;
     virtual std::string name() const = 0;
@@ -29,12 +31,8 @@ public:
     virtual void begin_generation() {}
     // Draft length for the next round, in [0, k_cap], given where the draft comes from.
     virtual int32_t next_length(int32_t k_cap, const DraftPlan& plan) = 0;
-    // Whether after_token can stop a draft (drafters then compute a belief for it).
+    // Whether stop_before/stop_after can end a draft (drafters then compute a belief).
     virtual bool stops_early() const { return false; }
-    // Asked after each drafted token; the default never stops early.
-    virtual DraftStop after_token(int32_t /*i*/, const Distribution& /*belief*/, int32_t /*token*/) {
-        return DraftStop::kContinue;
-    }
     virtual void observe(const RoundReport& /*round*/) {}
     // Whether this policy may draft from `source` soon; when it says no for the
     // model, the drafter defers processing the prompt until it is asked to draft.
@@ -48,7 +46,7 @@ public:
 struct PolicyParams {
     std::string name = "auto";   // fixed | heuristic | confidence | svip | auto
     int32_t k = 4;               // fixed length; cap of heuristic (which starts at min(4, k)), confidence, auto
-    double p_min = 0.75;         // confidence: stop when the belief in the own token < p_min (token dropped)
+    double p_min = 0.75;         // confidence: stop before a token the draft believes in < p_min
     double gamma = 0.15;         // svip: stop when sqrt(gamma * H) > h (token kept)
     double h = 0.3;
     int32_t cap = 40;            // svip's longest draft

@@ -664,13 +664,11 @@ namespace {
 
 // Calls f(id, r) with r = p(id) - q(id) > 0 for every token of p's support where the
 // residual is positive, in increasing id order; stops early when f returns true.
+// q may cover fewer ids than p (a draft vocabulary without the target's padding
+// ids): q is 0 past its end. Entries of q past p's end carry no residual.
 template <class F>
 void for_each_residual(const Distribution& p, const Distribution& q, F&& f) {
-    if (p.n_vocab() != q.n_vocab()) {
-        throw std::invalid_argument("residual: p and q have different vocabulary sizes (" +
-                                    std::to_string(p.n_vocab()) + " vs " +
-                                    std::to_string(q.n_vocab()) + ")");
-    }
+    const int32_t q_end = q.n_vocab();
     const std::vector<int32_t>& qi = q.ids();
     const std::vector<double>& qp = q.probs();
     const size_t nq = qi.size();
@@ -680,7 +678,7 @@ void for_each_residual(const Distribution& p, const Distribution& q, F&& f) {
         if (q.dense()) {
             const double* qd = q.dense_probs().data();
             for (size_t j = 0; j < pi.size(); ++j) {
-                const double r = pp[j] - qd[pi[j]];
+                const double r = pp[j] - (pi[j] < q_end ? qd[pi[j]] : 0.0);
                 if (r > 0.0 && f(pi[j], r)) return;
             }
         } else {
@@ -699,7 +697,7 @@ void for_each_residual(const Distribution& p, const Distribution& q, F&& f) {
     if (q.dense()) {
         const double* qd = q.dense_probs().data();
         for (int32_t i = 0; i < n; ++i) {
-            const double r = pd[i] - qd[i];
+            const double r = pd[i] - (i < q_end ? qd[i] : 0.0);
             if (r > 0.0 && f(i, r)) return;
         }
     } else {
@@ -761,14 +759,11 @@ VerifyResult verify(const Distribution* p, const Distribution* q, const int32_t*
         }
     }
     for (int32_t i = 0; i < n; ++i) {
-        if (q[i].n_vocab() != n_vocab) {
-            throw std::invalid_argument("verify: q[" + std::to_string(i) +
-                                        "] has a different vocabulary size than p");
-        }
+        if (q[i].n_vocab() <= 0) throw std::invalid_argument("verify: q[" + std::to_string(i) + "] is empty");
         const int32_t x = draft[i];
-        if (x < 0 || x >= n_vocab) {
+        if (x < 0 || x >= q[i].n_vocab()) {
             throw std::invalid_argument("verify: draft[" + std::to_string(i) + "] = " +
-                                        std::to_string(x) + " is outside [0, n_vocab)");
+                                        std::to_string(x) + " is outside q's vocabulary [0, n_vocab)");
         }
         if (!(q[i].prob(x) > 0.0)) {
             throw std::invalid_argument(

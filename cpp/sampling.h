@@ -145,8 +145,10 @@ struct VerifyResult {
 };
 
 // One verification round. p: n+1 target distributions, q: n draft distributions,
-// draft: the n proposed tokens, draft[i] drawn from q[i]. All distributions must share
-// n_vocab. q[i].prob(draft[i]) must be > 0. Violations throw std::invalid_argument
+// draft: the n proposed tokens, draft[i] drawn from q[i]. The p[i] share one n_vocab;
+// a q may cover fewer or more ids (a draft model without the target's padding ids, or
+// with extra ones): q is 0 where it has no entry, p is 0 past its end, so a draft
+// token the target cannot produce is always rejected. q[i].prob(draft[i]) must be > 0. Violations throw std::invalid_argument
 // before any random number is drawn. Random numbers used, in order, per position:
 // one uniform for the acceptance test, and on rejection one for the replacement; one
 // for the bonus token if all drafts are accepted.
@@ -161,7 +163,7 @@ double residual_mass(const Distribution& p, const Distribution& q);
 constexpr double kResidualMinMass = 1e-12;
 // Sample from the normalised residual max(0, p - q) / residual_mass(p, q) by inverse CDF
 // in token-id order with one uniform u in [0, 1). Falls back to p.sample(u) when the
-// residual mass is below kResidualMinMass. Throws if n_vocab differs.
+// residual mass is below kResidualMinMass. q is 0 past its own n_vocab.
 int32_t sample_residual(const Distribution& p, const Distribution& q, double u);
 
 }  // namespace pyspec

@@ -6,7 +6,21 @@
 """
 
 from . import _loader  # noqa: F401  (maps llama_cpp's libllama before _core loads)
-from . import _core  # noqa: F401
+
+try:
+    from . import _core  # noqa: F401
+except ImportError as _e:  # pragma: no cover - depends on how Python was started
+    import pathlib as _pathlib
+
+    _here = _pathlib.Path(__file__).resolve().parent
+    if not any(_here.glob("_core*")):
+        raise ImportError(
+            f"pyspec's compiled core (pyspec._core) is not in {_here}: Python imported the source "
+            "folder of a pyspec checkout (the current directory comes first on sys.path) instead of "
+            "the installed package. Run from another directory, or install the checkout for "
+            "development with `pip install -e .` (which builds the core in place)."
+        ) from None
+    raise
 from .errors import (
     ContextOverflowError,
     DecodeError,
@@ -20,6 +34,9 @@ from .model import Model
 from .speculative import SpeculativeDecoder
 from .results import Completion, GenerationStats
 
+#: Set from another thread to stop a generation (``generate(..., cancel=token)``).
+CancelToken = _core.CancelToken
+
 try:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -32,6 +49,7 @@ __all__ = [
     "SpeculativeDecoder",
     "Completion",
     "GenerationStats",
+    "CancelToken",
     "PyspecError",
     "ModelLoadError",
     "ModelNotFoundError",

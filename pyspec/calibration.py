@@ -14,7 +14,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict
 
 from . import _core
 
@@ -42,20 +42,28 @@ def _read() -> Dict[str, Dict[str, float]]:
         return {}
 
 
-def load(core_model, sizes: Sequence[int]) -> Optional[List[float]]:
-    """Seconds for each batch size, or None unless all of them are on record."""
+def load(core_model) -> Dict[int, float]:
+    """Seconds per target batch size on record for this model and machine ({} if none)."""
     entry = _read().get(machine_key(core_model), {})
-    try:
-        seconds = [float(entry[str(n)]) for n in sizes]
-    except (KeyError, TypeError, ValueError):
-        return None
-    return seconds if all(s > 0 for s in seconds) else None
+    out: Dict[int, float] = {}
+    if isinstance(entry, dict):
+        for n, s in entry.items():
+            try:
+                n, s = int(n), float(s)
+            except (TypeError, ValueError):
+                continue
+            if n > 0 and s > 0:
+                out[n] = s
+    return out
 
 
 def save(core_model, timings: Dict[int, float]) -> None:
     """Record timings (best effort: a read-only cache only costs a recalibration)."""
     data = _read()
-    data[machine_key(core_model)] = {str(n): float(s) for n, s in timings.items() if s > 0}
+    key = machine_key(core_model)
+    entry = data.get(key) if isinstance(data.get(key), dict) else {}
+    entry.update({str(n): float(s) for n, s in timings.items() if s > 0})
+    data[key] = entry
     target = cache_file()
     try:
         target.parent.mkdir(parents=True, exist_ok=True)

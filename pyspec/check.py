@@ -11,9 +11,15 @@ from q inside C++) and tests two exact properties of speculative sampling:
   ``beta_j = sum_x min(p_j(x), q_j(x))``; two-sided z-test with the empirical variance
   (exact comparison when the variance is 0).
 
+* the draft-length rule (drafter.h): a stop rule may end a draft before a token using
+  q alone, never discard a drawn token because of its value. The real ``confidence``
+  policy decides, per context, whether to stop before drawing; drafts that go ahead
+  are verified by the C++ rule; the first token must follow ``p`` in every context.
+
 Negative controls run deliberately wrong rules (``residual_is_p``, ``accept_all``,
-``sample_and_match``) where their defect is visible; such a row *passes* when the test
-rejects the rule, which shows the suite can fail.
+``sample_and_match``, and the discard-by-value stop rule) where their defect is
+visible; such a row *passes* when the test rejects the rule, which shows the suite
+can fail.
 
 Significance: family-wise alpha = 0.001 with a Bonferroni correction over all rows of a
 run (each row is judged at ``0.001 / number_of_rows``); a correct implementation fails a
@@ -271,6 +277,41 @@ def _run_case(name: str, p: np.ndarray, q: np.ndarray, rounds: int, seed: int, v
         raw.append((label, stat, pv, expected))
 
 
+def _stop_rule_cases(rounds: int, next_seed, raw: list) -> None:
+    """Drafts of one token under the confidence policy (p_min = 0.75), in two
+    contexts: q = (0.9, 0.1) drafts (the issue's worked example: discarding the
+    token 1 it draws 10 % of the time would give token 0 with probability 0.55,
+    not 0.5), q = (0.6, 0.4) is stopped before drawing. Correct: the first token
+    follows p in both. Control: a drawn token with q(x) < 0.75 is discarded (the
+    round then samples p plainly)."""
+    p_min = 0.75
+    policy = _core.LengthPolicy("confidence", k=1, p_min=p_min)
+    contexts = [
+        ("p = (.5, .5), q = (.9, .1)", np.array([[0.5, 0.5], [0.5, 0.5]]), np.array([[0.9, 0.1]])),
+        ("p = (.3, .7), q = (.6, .4)", np.array([[0.3, 0.7], [0.5, 0.5]]), np.array([[0.6, 0.4]])),
+    ]
+    for discard in (False, True):
+        for name, p, q in contexts:
+            stop = policy.stop_before(0, _core.sampling.Distribution.from_probs(q[0]), -1)
+            label = (f"{'NEGATIVE CONTROL discard-by-value' if discard else 'stop rule'} confidence "
+                     f"p_min={p_min}, {name} [{'stops before' if stop else 'drafts'}, {rounds} rounds]")
+            if stop:
+                first = verify_many(p[:1], q[:0], None, rounds, next_seed())[1]
+            else:
+                n_acc, nxt, drafts = verify_many(p, q, None, rounds, next_seed(), return_drafts=True)
+                first = np.where(n_acc > 0, drafts[:, 0], nxt)
+                if discard:
+                    dropped = q[0][drafts[:, 0]] < p_min
+                    plain = verify_many(p[:1], q[:0], None, int(dropped.sum()), next_seed())[1]
+                    first = first.copy()
+                    first[dropped] = plain
+            if discard and stop:
+                continue  # nothing drawn, nothing to discard: not a control
+            stat, df, pv = chi2_gof(np.bincount(first, minlength=p.shape[1]), p[0])
+            raw.append((label, f"chi2 first token ~ p[0] (df={df}) = {stat:.2f}", pv,
+                        REJECTED if discard else NOT_REJECTED))
+
+
 def run_checks(fast: bool = True, seed: int = 20240601) -> List[CheckRow]:
     """Run the statistical suite; returns one :class:`CheckRow` per test.
 
@@ -317,6 +358,8 @@ def run_checks(fast: bool = True, seed: int = 20240601) -> List[CheckRow]:
     up = _norm(np.ones((4, 10)))
     _run_case("NEGATIVE CONTROL p = q uniform, V=10, n=3", up, up[:3].copy(), rounds,
               next_seed(), "sample_and_match", False, ("mean",), REJECTED, raw)
+
+    _stop_rule_cases(rounds, next_seed, raw)
 
     level = FAMILY_ALPHA / len(raw)
     rows = []

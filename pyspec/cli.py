@@ -29,7 +29,9 @@ def _sampling_options(f):
                      help="Keep the smallest set of tokens whose mass reaches p; 1 = off."),
         click.option("--min-p", default=0.05, show_default=True, type=float,
                      help="Drop tokens less likely than min-p times the most likely one; 0 = off."),
-        click.option("--seed", "-s", default=0, show_default=True, type=int, help="Random seed (same seed, same output)."),
+        click.option("--seed", "-s", default=None, type=click.IntRange(0, 2**64 - 1),
+                     help="Random seed: the same seed gives the same output on the same build "
+                          "[default: a fresh one each run, printed by --stats and --json]."),
     ]
     for opt in reversed(opts):
         f = opt(f)
@@ -115,7 +117,7 @@ def generate(prompt, model, draft, no_draft, draft_max, drafter, policy, p_min, 
     model = model or DEFAULT_MODEL
     colour = show_drafts and sys.stdout.isatty() and not as_json
     try:
-        load = dict(n_ctx=n_ctx, n_threads=threads, n_gpu_layers=n_gpu_layers, seed=seed)
+        load = dict(n_ctx=n_ctx, n_threads=threads, n_gpu_layers=n_gpu_layers)
         target = Model(model, **load)
         gen = target
         kwargs = {}
@@ -159,7 +161,7 @@ def _stats_summary(out) -> str:
     s = out.stats
     lines = [
         f"{out.n_prompt_tokens} prompt tokens, {out.n_generated_tokens} generated ({out.stop_reason})",
-        f"time to first token {s.ttft_s:.2f} s, then {s.decode_tok_s:.1f} tok/s",
+        f"time to first token {s.ttft_s:.2f} s, then {s.decode_tok_s:.1f} tok/s (seed {s.seed})",
     ]
     if s.rounds and (s.drafted or s.policy_plain):
         per_pos = " ".join(f"{a:.2f}" for a, d in zip(s.accepted_per_position, s.drafted_at) if d)

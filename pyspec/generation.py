@@ -1,14 +1,19 @@
 """generate() and stream(), shared by plain and speculative generation.
 
 Both run the same C++ loop (``_core.Engine``); a plain model's engine has no
-drafter. This module owns prompt handling, sampling-argument checking,
-streaming through a worker thread, and turning the core's dict into a
+drafter. This module owns prompt handling, sampling-argument checking, seeds,
+Ctrl-C, streaming through a worker thread, and turning the core's dict into a
 :class:`~pyspec.results.Completion`.
+
+Threads: the C++ core owns one lock per llama context and every generation
+holds the locks of the contexts it uses, so any number of threads may share
+models and decoders; they take turns.
 """
 
 from __future__ import annotations
 
 import queue
+import secrets
 import threading
 from typing import Callable, Iterator, Mapping, Optional, Sequence, Union
 
@@ -29,11 +34,41 @@ def sampling_params(temperature: float, top_k: int, top_p: float, min_p: float) 
     return _core.SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
 
 
+#: Seeds are drawn from [0, 2**63) so that they survive JSON and every language's integers.
+SEED_BITS = 63
+
+
+def _interruptible(call: Callable[[], dict], cancel: "_core.CancelToken") -> dict:
+    """Run ``call`` (a C++ generation) on a worker thread so that the main thread
+    stays free to receive Ctrl-C; on KeyboardInterrupt, cancel the generation
+    (llama.cpp's abort callback stops even a long prompt within a graph node),
+    wait for it to unwind, and re-raise."""
+    box: dict = {}
+
+    def work() -> None:
+        try:
+            box["out"] = call()
+        except BaseException as e:  # handed to the calling thread
+            box["err"] = e
+
+    worker = threading.Thread(target=work, name="pyspec-generate", daemon=True)
+    worker.start()
+    try:
+        while worker.is_alive():
+            worker.join(0.1)
+    except KeyboardInterrupt:
+        cancel.set()
+        worker.join()
+        raise
+    if "err" in box:
+        raise box["err"]
+    return box["out"]
+
+
 class Generator:
     """Base of :class:`~pyspec.Model` and :class:`~pyspec.SpeculativeDecoder`."""
 
     _engine: "_core.Engine"
-    _lock: threading.Lock
 
     # Subclasses provide the tokenizer model and per-call drafting arguments.
     def _text_model(self):  # pragma: no cover - abstract
@@ -61,6 +96,7 @@ class Generator:
         chat: bool = True,
         on_text: Optional[TextCallback] = None,
         on_token: Optional[TokenTextCallback] = None,
+        cancel: Optional["_core.CancelToken"] = None,
         **draft_kwargs,
     ) -> Completion:
         """Generate a continuation of ``prompt``.
@@ -68,12 +104,16 @@ class Generator:
         ``prompt`` is a string (wrapped as one user message in the model's chat
         template unless ``chat=False``), a list of ``{"role", "content"}``
         messages, or token ids. Sampling: ``temperature`` 0 is greedy; top-k,
-        top-p and min-p truncate (0, 1.0 and 0.0 switch them off); the same
-        ``seed`` gives the same output on the same build. ``stop`` strings end
+        top-p and min-p truncate (0, 1.0 and 0.0 switch them off). Without a
+        ``seed`` every call draws a fresh sample (or the next seed of the model's
+        own ``seed`` sequence); the seed used is in ``stats.seed``, and passing it
+        back gives the same output on the same build. ``stop`` strings end
         generation and are not included. ``on_text`` receives text as it is
         produced (return False to stop); ``on_token(text, drafted)`` also learns
-        whether the piece came from an accepted draft. Ctrl-C stops between
-        tokens and raises KeyboardInterrupt; the model stays usable.
+        whether the piece came from an accepted draft. ``cancel`` (a
+        :class:`pyspec.CancelToken`) stops the generation from another thread.
+        Ctrl-C stops it within about a graph node, even in a long prompt, and
+        raises KeyboardInterrupt; the model stays usable.
         """
         tokens = self.prompt_tokens(prompt, chat=chat)
         callback = None
@@ -85,22 +125,23 @@ class Generator:
                 text = piece.decode("utf-8", errors="replace")
                 return on_token(text, drafted) if on_token is not None else on_text(text)
 
-        return self._run(tokens, max_tokens, temperature, top_k, top_p, min_p, seed, stop, callback, draft_kwargs)
+        return self._run(tokens, max_tokens, temperature, top_k, top_p, min_p, seed, stop, callback, cancel,
+                         draft_kwargs)
 
     def stream(self, prompt: Prompt, **kwargs) -> Iterator[str]:
         """Like :meth:`generate`, but yields text pieces as they are produced.
         Closing the iterator early (``break``) stops generation."""
         pieces: "queue.Queue" = queue.Queue()
-        cancel = threading.Event()
+        cancel = _core.CancelToken()
         done = object()
 
         def on_text(text: str) -> bool:
             pieces.put(text)
-            return not cancel.is_set()
+            return not cancel.is_set
 
         def work() -> None:
             try:
-                self.generate(prompt, on_text=on_text, **kwargs)
+                self.generate(prompt, on_text=on_text, cancel=cancel, **kwargs)
                 pieces.put(done)
             except BaseException as e:  # handed to the consuming thread
                 pieces.put(e)
@@ -121,37 +162,52 @@ class Generator:
             worker.join()
 
     # ------------------------------------------------------------ internals
-    def _run(self, tokens, max_tokens, temperature, top_k, top_p, min_p, seed, stop, callback, draft_kwargs):
+    def _run(self, tokens, max_tokens, temperature, top_k, top_p, min_p, seed, stop, callback, cancel,
+             draft_kwargs):
         if max_tokens < 0:
             raise ValueError(f"max_tokens must be >= 0, got {max_tokens}")
+        if seed is None:
+            seed = self._next_seed()
+        elif not 0 <= seed < 2**64:
+            raise ValueError(f"seed must be in [0, 2**64), got {seed}")
         sampling = sampling_params(temperature, top_k, top_p, min_p)
         draft = self._draft_args(sampling=sampling, **draft_kwargs)
-        with self._lock:  # one llama_context serves one generation at a time
-            out = self._engine.generate(
+        cancel = cancel if cancel is not None else _core.CancelToken()
+
+        def call() -> dict:
+            return self._engine.generate(
                 tokens,
                 max_tokens=max_tokens,
                 sampling=sampling,
                 draft_sampling=draft["draft_sampling"] or sampling,
-                seed=self._default_seed() if seed is None else seed,
+                seed=seed,
                 stop=list(stop or []),
                 draft_max=draft["draft_max"],
                 variant=draft.get("variant", "correct"),
                 parallel_prefill=draft.get("parallel_prefill", False),
                 policy=draft.get("policy"),
                 on_token=callback,
+                cancel=cancel,
+                known_batch_costs=draft.get("known_batch_costs", {}),
+                test_discard_below=draft.get("test_discard_below", 0.0),
             )
+
+        on_main = threading.current_thread() is threading.main_thread()
+        out = _interruptible(call, cancel) if on_main else call()
         completion = Completion(
             text=out["text"].decode("utf-8", errors="replace"),
             tokens=list(out["tokens"]),
             n_prompt_tokens=len(tokens),
             stop_reason=out["stop_reason"],
-            stats=GenerationStats.from_core(out["stats"]),
+            stats=GenerationStats.from_core(out["stats"], seed=seed),
         )
-        self._after_run(draft, completion)
+        self._after_run(out.get("calibrated") or {})
         return completion
 
-    def _after_run(self, draft: dict, completion: Completion) -> None:
-        """Hook for subclasses (the speculative decoder keeps calibrations)."""
+    def _after_run(self, calibrated: dict) -> None:
+        """Hook for subclasses (the speculative decoder keeps batch timings)."""
 
-    def _default_seed(self) -> int:
-        return self._text_model()._core.seed
+    def _next_seed(self) -> int:
+        """A fresh seed per call, or the next one of the model's seeded sequence."""
+        rng = self._text_model()._seeds
+        return rng.getrandbits(SEED_BITS) if rng is not None else secrets.randbits(SEED_BITS)

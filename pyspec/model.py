@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-import threading
+import random
 from pathlib import Path
 from typing import List, Optional, Sequence, Union
 
@@ -34,7 +34,10 @@ class Model(Generator):
     ``model`` is a path to a ``.gguf`` file or the name (or alias: ``target``,
     ``draft``, ``test``) of a default model (``pyspec models list``), which is
     pulled on first use. ``generate``/``stream`` decode plainly; wrap two models
-    in :class:`~pyspec.SpeculativeDecoder` for speculative decoding.
+    in :class:`~pyspec.SpeculativeDecoder` for speculative decoding. ``seed``
+    makes the sequence of generations that pass no seed reproducible (each call
+    still draws a new sample); by default every such call is freshly random.
+    A Model may be shared by threads and decoders: they take turns on its context.
     """
 
     def __init__(
@@ -45,7 +48,7 @@ class Model(Generator):
         n_threads: Optional[int] = None,
         n_gpu_layers: int = 0,
         n_batch: int = 512,
-        seed: int = 0,
+        seed: Optional[int] = None,
         verbose: bool = False,
     ) -> None:
         if n_ctx < 16:
@@ -61,12 +64,12 @@ class Model(Generator):
             n_threads=n_threads or physical_cores(),
             n_gpu_layers=n_gpu_layers,
             n_batch=n_batch,
-            seed=seed,
             verbose=verbose,
         )
         self._engine = _core.Engine(self._core)
-        # One llama_context serves one generation at a time.
-        self._lock = threading.Lock()
+        # Seeds of generations that pass none: fresh entropy, or with `seed` a
+        # reproducible sequence (a new sample each call, the same run each time).
+        self._seeds = random.Random(seed) if seed is not None else None
 
     def _text_model(self) -> "Model":
         return self

@@ -33,10 +33,15 @@ class GenerationStats:
     length_hist: Tuple[int, ...] = ()  # rounds by drafted length (index 0: plain steps)
     policy_plain: int = 0              # rounds where the length policy chose plain decoding
     ngram_rounds: int = 0              # rounds drafted by n-gram lookup
+    ngram_drafted: int = 0             # ... their drafted tokens
+    ngram_accepted: int = 0            # ... and accepted ones
+    stops_before: int = 0              # drafts the policy ended before drawing a token
+    stops_after: int = 0               # ... and right after a token it kept
+    seed: int = 0                      # the seed this generation used (pass it back to reproduce it)
 
     @classmethod
-    def from_core(cls, d: Dict[str, Any]) -> "GenerationStats":
-        d = dict(d)
+    def from_core(cls, d: Dict[str, Any], seed: int = 0) -> "GenerationStats":
+        d = dict(d, seed=seed)
         d["drafted_at"] = tuple(d.get("drafted_at", ()))
         d["accepted_at"] = tuple(d.get("accepted_at", ()))
         d["length_hist"] = tuple(d.get("length_hist", ()))

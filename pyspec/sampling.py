@@ -139,9 +139,8 @@ def _check_verify_inputs(p, q, draft, storage: str):
             f"p has {p.shape[0]} rows, q has {n}")
     if p.shape[1] == 0:
         raise ValueError("the vocabulary must not be empty")
-    if q.shape[1] != p.shape[1]:
-        raise ValueError(
-            f"p and q must share the vocabulary: p has {p.shape[1]} columns, q has {q.shape[1]}")
+    if q.shape[1] == 0:
+        raise ValueError("q's vocabulary must not be empty")
     if draft is not None:
         d = np.asarray(draft)
         if not (np.issubdtype(d.dtype, np.integer)):
@@ -149,8 +148,8 @@ def _check_verify_inputs(p, q, draft, storage: str):
         if d.shape != (n,):
             raise ValueError(f"draft must have shape ({n},) (one token per row of q), "
                              f"got shape {d.shape}")
-        if n and (d.min() < 0 or d.max() >= p.shape[1]):
-            raise ValueError(f"draft tokens must be in [0, {p.shape[1]}), got {d.tolist()}")
+        if n and (d.min() < 0 or d.max() >= q.shape[1]):
+            raise ValueError(f"draft tokens must be in [0, {q.shape[1]}), got {d.tolist()}")
         draft = np.ascontiguousarray(d, dtype=np.int32)
     if storage not in _STORAGES:
         raise ValueError(f"storage must be one of {_STORAGES}, got {storage!r}")
@@ -165,7 +164,9 @@ def verify(p, q, draft, seed: int, *, storage: str = "auto") -> Tuple[int, int]:
     Args:
         p: float64 array ``(n+1, V)``: the target's distributions at the n draft positions
             and the bonus position, each row summing to 1 (tolerance 1e-6).
-        q: float64 array ``(n, V)``: the distributions the drafts were actually drawn from.
+        q: float64 array ``(n, Vq)``: the distributions the drafts were actually drawn from.
+            ``Vq`` may differ from ``V`` (vocabularies that differ by padding ids): q is 0
+            past its last column, p past its own, so such drafts are always rejected.
         draft: int array ``(n,)``: the proposed tokens; ``q[i, draft[i]]`` must be > 0.
         seed: integer in ``[0, 2**64)``; the same seed gives the same result, and equals
             round 0 of :func:`verify_many` with that seed.

@@ -13,7 +13,8 @@ Drafters (``drafter=``):
 Length policies (``policy=``), all lossless (they only choose how much to draft):
   * ``"fixed"``      - always ``draft_max`` tokens (default 4);
   * ``"heuristic"``  - +2 after a fully accepted round, -1 otherwise (Hugging Face);
-  * ``"confidence"`` - stop when the draft's belief in its own token < ``p_min`` (llama.cpp);
+  * ``"confidence"`` - stop before a position where the draft's top token has probability
+    < ``p_min`` (llama.cpp's rule, decided before the draw so it stays lossless);
   * ``"svip"``       - stop after a token when sqrt(gamma * H) > h, H the draft entropy (SVIP);
   * ``"auto"``       - the default. Cost-aware: each round picks the length, 0 (plain
     decoding) included, that maximises expected tokens per second from running
@@ -26,7 +27,6 @@ judge its T = 1 distribution instead.
 
 from __future__ import annotations
 
-import threading
 from typing import Dict, Optional, Tuple
 
 from . import _core, calibration
@@ -87,7 +87,6 @@ class SpeculativeDecoder(Generator):
         self._core_drafter = core_drafter
         self._engine = _core.Engine(target._core, core_drafter)
         self._policies: Dict[Tuple, "_core.LengthPolicy"] = {}
-        self._lock = threading.Lock()
 
     def __repr__(self) -> str:
         draft = f", draft={self.draft.path!r}" if self.draft is not None else ""
@@ -135,6 +134,7 @@ class SpeculativeDecoder(Generator):
         draft_top_p: Optional[float] = None,
         draft_min_p: Optional[float] = None,
         _variant: str = "correct",
+        _discard_below: float = 0.0,
     ) -> dict:
         """Per-call drafting arguments (see the class and module docstrings)."""
         name, k = self._resolve(policy, draft_max)
@@ -146,35 +146,23 @@ class SpeculativeDecoder(Generator):
         )
         on_gpu = [m._core.n_gpu_layers != 0 for m in (self.target, self.draft) if m is not None]
         policy_obj = self._policy(name, k, p_min, svip_gamma, svip_h) if k > 0 else None
-        calibrate = self._reuse_calibration(policy_obj, k) if policy_obj is not None else []
         return {
             "draft_max": k,
             "draft_sampling": draft_sampling,
             "policy": policy_obj,
-            "calibrate": calibrate,
-            # _variant selects a deliberately wrong acceptance rule: test-only negative controls.
+            # Batch timings recorded on this machine before: the policy need not time them again.
+            "known_batch_costs": calibration.load(self.target._core) if policy_obj is not None else {},
+            # TEST-ONLY negative controls: a wrong acceptance rule (_variant), or a stop
+            # rule that discards drawn draft tokens below a belief (_discard_below).
             "variant": _variant,
+            "test_discard_below": _discard_below,
             # Prefill both models at once only when they do not share the CPU cores.
             "parallel_prefill": len(on_gpu) == 2 and on_gpu[0] != on_gpu[1],
         }
 
-    def _reuse_calibration(self, policy, k: int) -> list:
-        """Hand the policy batch timings recorded earlier on this machine; returns
-        the sizes the engine will time instead (to be recorded after the run)."""
-        sizes = list(policy.calibration_sizes(k + 1))
-        if not sizes:
-            return []
-        seconds = calibration.load(self.target._core, sizes)
-        if seconds is None:
-            return sizes
-        policy.calibrated(sizes, seconds)
-        return []
-
-    def _after_run(self, draft: dict, completion) -> None:
-        sizes, policy = draft.get("calibrate"), draft.get("policy")
-        if sizes and policy is not None and completion.stats.calibrate_s > 0:
-            timings = {n: policy.verify_cost(n) for n in sizes}
-            calibration.save(self.target._core, {n: s for n, s in timings.items() if s > 0})
+    def _after_run(self, calibrated: dict) -> None:
+        if calibrated:
+            calibration.save(self.target._core, calibrated)
 
 
 def _check_policy(name: str, k: Optional[int]) -> None:

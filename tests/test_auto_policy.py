@@ -1,6 +1,6 @@
 """The auto policy's decisions, driven directly with synthetic measurements.
 
-The engine talks to a policy through next_length / after_token / observe /
+The engine talks to a policy through next_length / stop_before / stop_after / observe /
 calibrated; these tests play the engine's part with cost curves shaped like a
 2-core CPU (verification compute-bound, the 0.5B draft ~half a target step) and
 like a GPU (verification nearly free, cheap drafts), so every decision below
@@ -122,16 +122,18 @@ def test_belief_stops_a_model_draft_early():
     assert k >= 7
     confident = _core.sampling.Distribution.from_probs(np.array([0.97, 0.01, 0.01, 0.01]))
     doubtful = _core.sampling.Distribution.from_probs(np.array([0.04, 0.32, 0.32, 0.32]))
-    assert p.after_token(0, confident, 0) == "continue"
-    assert p.after_token(1, confident, 0) == "continue"
-    assert p.after_token(2, doubtful, 0) in ("keep", "drop")
+    for i in (0, 1):
+        assert not p.stop_before(i, confident, 0) and not p.stop_after(i, confident, 0)
+    # A doubtful third token ends the draft: before it (a greedy draft's token is
+    # known before the draw) or right after it, kept.
+    assert p.stop_before(2, doubtful, 0) or p.stop_after(2, doubtful, 0)
 
 
 def test_ngram_drafts_are_never_stopped_by_belief():
     p = calibrated_policy(CPU_STEPS)
     assert p.next_length(16, "ngram", 12, 0) == 15
     one_hot = _core.sampling.Distribution.one_hot(3, 10)
-    assert all(p.after_token(i, one_hot, 3) == "continue" for i in range(14))
+    assert not any(p.stop_before(i, one_hot, 3) or p.stop_after(i, one_hot, 3) for i in range(14))
 
 
 def test_only_auto_exposes_estimates():

@@ -162,8 +162,8 @@ def test_auto_times_batches_once_per_machine(gemma_path, tmp_path, monkeypatch):
     target = pyspec.Model(gemma_path, n_ctx=512)
     first = pyspec.SpeculativeDecoder(target, drafter="ngram").generate("one two one two", chat=False, max_tokens=4)
     assert first.stats.calibrate_s > 0
-    recorded = calibration.load(target._core, [1, 2, 4, 8, 16])
-    assert recorded is not None and all(s > 0 for s in recorded)
+    recorded = calibration.load(target._core)
+    assert set(recorded) >= {1, 2, 4, 8, 16} and all(s > 0 for s in recorded.values())
     # A new decoder (a new process, in effect) reuses the timings instead of measuring.
     spec = pyspec.SpeculativeDecoder(target, drafter="ngram")
     again = spec.generate("one two one two", chat=False, max_tokens=4)

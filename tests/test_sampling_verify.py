@@ -362,7 +362,6 @@ Q1 = np.array([[0.5, 0.5]])
 @pytest.mark.parametrize("p, q, draft, match", [
     (P2, np.array([[1.0, 0.0]]), np.array([1]), r"q\[0\]\(draft\[0\] = 1\) = 0"),
     (P2[:1], Q1, np.array([0]), "one more row"),
-    (P2, np.array([[0.5, 0.5, 0.0]]), np.array([0]), "columns"),
     (P2, Q1, np.array([0, 1]), "shape"),
     (P2, Q1, np.array([2]), r"\[0, 2\)"),
     (P2, Q1, np.array([0.0]), "integer"),

@@ -1,0 +1,284 @@
+"""Every length policy and every drafter keeps the target's distribution at T > 0,
+with drafts of two tokens and the stop rules actually firing.
+
+What is sampled: the joint law of the first TWO output tokens, so that draft
+position 1 counts (a draft-position-1 token becomes the second output token when
+position 0 is accepted). The exact target law is enumerated by plain evaluation:
+P(a, b) = p0(a) * p1(b | a) (helpers from test_speculative_lossless; with
+draft_max = 2 the verification batch has <= 3 tokens, which this build evaluates
+with the same kernels as single tokens, so engine and reference see the same p).
+
+Each configuration must also show that the path under test fired: the policy's
+stop-before / stop-after decisions (stats.stops_before / stops_after), the
+heuristic's changing lengths, n-gram and model rounds of the hybrid drafter.
+
+The wrong law every test must be able to see: the rule this suite was written
+against, which discarded a drawn draft token whose belief was below a threshold
+(the pre-fix `confidence` and `auto`). Its first-token law is computed exactly:
+  P(y) = sum_x q0(x) [q0(x) >= t] (a(x) [x = y] + (1 - a(x)) r(y)) + P(q0(X) < t) p0(y),
+a = min(1, p0/q0), r the residual. The chi-square divergence of a joint law from
+the target's is at least that of its first-token marginal (data processing), so
+the power computed from the marginal, at the joint test's degrees of freedom, is
+a lower bound on the joint test's power. N is the smallest size with that power
+> 0.99 (times 1.25), at alpha = 0.001 per test; the rule itself runs as the
+negative control (`_discard_below`) and must be rejected. For the n-gram
+drafter (no beliefs) the stated wrong law is the broken residual (residual = p),
+run as its control.
+
+I saw these tests fail on the pre-fix code: confidence and auto at T > 0 were
+rejected (their drop path is exactly the control's rule).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import pyspec
+from pyspec import sampling
+
+from test_speculative_lossless import (
+    ALPHA,
+    PROMPT,
+    TARGET,
+    exact_distribution,
+    pooled_chisquare,
+    power,
+    target_rows,
+    wrong_residual_distribution,
+)
+
+# The draft samples cooler than the target (q sharper than p), so that q != p and
+# beliefs vary; top-k 3 keeps the outcome space small.
+DRAFT = dict(draft_temperature=0.5, draft_top_k=3, draft_top_p=1.0, draft_min_p=0.0)
+THRESHOLD = 0.5           # confidence's p_min, and the discard control's threshold
+NGRAM_PROMPT = "one two three one two three one two"
+MIN_N, MARGIN = 300, 1.25
+
+
+def required_n(exact: dict, wrong: dict, df: int) -> int:
+    """Smallest N (at least MIN_N, times MARGIN) whose power against `wrong` exceeds 0.99."""
+    n = 50
+    while power(exact, wrong, n, df) <= 0.99:
+        n = int(n * 1.1) + 1
+        assert n < 200_000, "the wrong law is too close to the target's for a feasible test"
+    return max(MIN_N, int(n * MARGIN))
+
+
+def marginal(joint: dict) -> dict:
+    out: dict = {}
+    for key, v in joint.items():
+        out[key[:1]] = out.get(key[:1], 0.0) + v
+    return out
+
+
+def draft_row(model: pyspec.Model, tokens, **settings) -> np.ndarray:
+    """q0: the draft's distribution at the prompt, under its sampling settings."""
+    core = model._core
+    core.truncate(0)
+    core.decode(tokens, 0, 1)
+    q0 = sampling.distribution(core.logits(0), temperature=settings["draft_temperature"],
+                               top_k=settings["draft_top_k"], top_p=settings["draft_top_p"],
+                               min_p=settings["draft_min_p"])
+    core.truncate(0)
+    return q0
+
+
+def discard_law(p0: np.ndarray, q0: np.ndarray, t: float) -> dict:
+    """Exact first-token law of the forbidden discard-by-value rule (module docstring)."""
+    accept = np.divide(p0, q0, out=np.ones_like(p0), where=q0 > 0).clip(max=1.0)
+    mass = np.maximum(p0 - q0, 0.0)
+    resid = mass / mass.sum() if mass.sum() > 0 else p0
+    law = np.zeros_like(p0)
+    for x in np.flatnonzero(q0):
+        if q0[x] < t:
+            law += q0[x] * p0
+        else:
+            law[x] += q0[x] * accept[x]
+            law += q0[x] * (1 - accept[x]) * resid
+    return {(int(a),): float(law[a]) for a in np.flatnonzero(law)}
+
+
+def run(spec, tokens, n, pin=None, **kw) -> tuple:
+    """n samples of the first two tokens: (counts per outcome, summed stats, samples that drafted)."""
+    counts: dict = {}
+    totals: dict = {}
+    drafting = 0
+    for i in range(n):
+        if pin:
+            pin(spec)
+        # Three tokens, so that the first round may draft two (k <= max_tokens - 1);
+        # the first two are the outcome.
+        out = spec.generate(tokens, max_tokens=3, seed=70_000 + i, **TARGET, **kw)
+        key = tuple(out.tokens[:2])
+        counts[key] = counts.get(key, 0) + 1
+        s = out.stats
+        drafting += s.drafted > 0
+        for name in ("drafted", "accepted", "stops_before", "stops_after", "ngram_rounds", "rounds"):
+            totals[name] = totals.get(name, 0) + getattr(s, name)
+        hist = totals.setdefault("length_hist", [0] * len(s.length_hist))
+        for j, c in enumerate(s.length_hist):
+            hist[j] += c
+    return counts, totals, drafting
+
+
+def pin_cpu_costs(spec) -> None:
+    """auto on CPU-shaped batch costs: V(2) = 1.5 V(1), V(3) = 1.8 V(1),
+    so it drafts, plans two tokens when it trusts the draft, and ending a draft
+    early is worth something (a doubtful second token costs more than it brings).
+    The draft model's own cost is measured (milliseconds: negligible next to the
+    pinned one-second steps). Re-pinned before each sample: every round refines
+    the estimates from real timings."""
+    spec.policy_object().calibrated([1, 2, 3], [1.0, 1.5, 1.8])
+
+
+@pytest.fixture(scope="module")
+def gemma_models(gemma_path):
+    target = pyspec.Model(gemma_path, n_ctx=256, seed=0)
+    draft = pyspec.Model(gemma_path, n_ctx=256, seed=0)
+    return target, draft
+
+
+@pytest.fixture(scope="module")
+def model_case(gemma_models):
+    """Exact joint law, the discard rule's law and the test size for the model drafter."""
+    target, draft = gemma_models
+    tokens = target.tokenize(PROMPT)
+    p0, p1 = target_rows(target, tokens)
+    exact = exact_distribution(target, p0, p1)
+    q0 = draft_row(draft, tokens, **DRAFT)
+    wrong = discard_law(p0, q0, THRESHOLD)
+    df = max(len(exact) - 1, 1)
+    n = required_n(marginal(exact), wrong, df)
+    return tokens, exact, wrong, n
+
+
+# Per policy: its settings, and what must have fired.
+POLICY_CASES = {
+    "fixed": dict(kw={}, fired=lambda t: t["length_hist"][2] > 0),
+    "heuristic": dict(kw={}, fired=lambda t: t["length_hist"][1] > 0 and t["length_hist"][2] > 0),
+    "confidence": dict(kw=dict(p_min=0.65), fired=lambda t: t["stops_before"] > 0 and t["length_hist"][2] > 0),
+    # SVIP's entropy rule ends round 1 right after its first token here (H(q0) = 0.77
+    # nats: sqrt(0.15 H) = 0.34 > 0.3), keeping it.
+    "svip": dict(kw={}, fired=lambda t: t["stops_after"] > 0 and t["length_hist"][1] > 0),
+    "auto": dict(kw={}, fired=lambda t: t["stops_before"] > 0 and t["drafted"] > 0),
+}
+
+
+@pytest.mark.parametrize("policy", list(POLICY_CASES))
+def test_model_drafter_policy_is_lossless(gemma_models, model_case, policy):
+    target, draft = gemma_models
+    tokens, exact, wrong, n = model_case
+    case = POLICY_CASES[policy]
+    spec = pyspec.SpeculativeDecoder(target, draft, drafter="model", policy=policy, draft_max=2)
+    assert power(marginal(exact), wrong, n, max(len(exact) - 1, 1)) > 0.99
+    pin = pin_cpu_costs if policy == "auto" else None
+    counts, totals, drafting = run(spec, tokens, n, pin=pin, **DRAFT, **case["kw"])
+    stat, df, pv = pooled_chisquare(counts, exact, n)
+    print(f"model/{policy}: N={n} chi2={stat:.2f} df={df} p={pv:.3g} {totals} drafting={drafting}")
+    assert case["fired"](totals), f"the {policy} path under test did not fire: {totals}"
+    assert drafting >= n // 4, "too few samples drafted for the test to exercise verification"
+    assert pv > ALPHA, f"{policy}: samples differ from the target distribution (p={pv:.3g})"
+
+
+@pytest.mark.parametrize("policy", ["confidence", "auto"])
+def test_negative_control_discarding_drawn_tokens_is_caught(gemma_models, model_case, policy):
+    """The pre-fix rule: discard a drawn token whose belief is below THRESHOLD."""
+    target, draft = gemma_models
+    tokens, exact, wrong, n = model_case
+    spec = pyspec.SpeculativeDecoder(target, draft, drafter="model", policy=policy, draft_max=2)
+    pin = pin_cpu_costs if policy == "auto" else None
+    counts, totals, _ = run(spec, tokens, n, pin=pin, _discard_below=THRESHOLD, **DRAFT)
+    stat, df, pv = pooled_chisquare(counts, exact, n)
+    print(f"NEGATIVE CONTROL discard-by-value ({policy}): N={n} chi2={stat:.2f} df={df} p={pv:.3g} {totals}")
+    assert totals["stops_after"] > 0 or totals["length_hist"][0] > 0, "nothing was discarded"
+    assert pv < ALPHA, f"the biased discard rule was not detected (p={pv:.3g})"
+
+
+# ------------------------------------------------------------------ n-gram and hybrid
+
+@pytest.fixture(scope="module")
+def ngram_case(gemma_models):
+    target, _ = gemma_models
+    tokens = target.tokenize(NGRAM_PROMPT)
+    p0, p1 = target_rows(target, tokens)
+    exact = exact_distribution(target, p0, p1)
+    lookup = pyspec.SpeculativeDecoder(target, drafter="ngram", policy="fixed", draft_max=2)
+    proposal = lookup._core_drafter.propose(tokens, 2)
+    assert len(proposal) == 2, "the prompt must give the n-gram drafter a two-token proposal"
+    q0 = np.zeros_like(p0)
+    q0[proposal[0]] = 1.0
+    wrong = wrong_residual_distribution(target, p0, q0, p1)
+    n = required_n(exact, wrong, max(len(exact) - 1, 1))
+    return tokens, exact, wrong, n
+
+
+def pin_for_ngram(spec) -> None:
+    """auto with verification as cheap as a step, so that it drafts by lookup."""
+    spec.policy_object().calibrated([1, 2, 3], [1.0, 1.0, 1.0])
+
+
+@pytest.mark.parametrize("drafter, policy", [("ngram", "fixed"), ("ngram", "auto"), ("hybrid", "auto"),
+                                             ("hybrid", "confidence")])
+def test_ngram_and_hybrid_are_lossless(gemma_models, ngram_case, drafter, policy):
+    target, draft = gemma_models
+    tokens, exact, wrong, n = ngram_case
+    spec = pyspec.SpeculativeDecoder(target, draft if drafter == "hybrid" else None, drafter=drafter,
+                                     policy=policy, draft_max=2)
+    assert power(exact, wrong, n, max(len(exact) - 1, 1)) > 0.99
+    pin = pin_for_ngram if policy == "auto" else None
+    kw = dict(DRAFT) if drafter == "hybrid" else {}
+    counts, totals, drafting = run(spec, tokens, n, pin=pin, **kw)
+    stat, df, pv = pooled_chisquare(counts, exact, n)
+    print(f"{drafter}/{policy}: N={n} chi2={stat:.2f} df={df} p={pv:.3g} {totals} drafting={drafting}")
+    assert totals["ngram_rounds"] > 0 and drafting >= n // 2
+    if drafter == "hybrid":
+        model_rounds = totals["rounds"] - totals["length_hist"][0] - totals["ngram_rounds"]
+        assert model_rounds > 0, "the hybrid drafter never fell back to the model"
+    assert pv > ALPHA, f"{drafter}/{policy}: samples differ from the target distribution (p={pv:.3g})"
+
+
+def test_negative_control_ngram_broken_residual_two_tokens(gemma_models, ngram_case):
+    target, _ = gemma_models
+    tokens, exact, _, n = ngram_case
+    spec = pyspec.SpeculativeDecoder(target, drafter="ngram", policy="fixed", draft_max=2)
+    counts, totals, _ = run(spec, tokens, n, _variant="residual_is_p")
+    stat, df, pv = pooled_chisquare(counts, exact, n)
+    print(f"NEGATIVE CONTROL ngram residual=p, draft_max=2: N={n} chi2={stat:.2f} df={df} p={pv:.3g}")
+    assert pv < ALPHA
+
+
+def test_hybrid_model_rounds_accept_everything_when_q_equals_p(gemma_models):
+    """Draft = target model with the target's own settings: q = p, so every
+    model-drafted token must be accepted (rejection probability = TV(p, q) = 0).
+    A draft cache left out of step after n-gram rejections would draft from the
+    wrong prefix and be rejected; this is what the test would catch."""
+    target, draft = gemma_models
+    spec = pyspec.SpeculativeDecoder(target, draft, drafter="hybrid", policy="fixed", draft_max=2)
+    prompt = "one two three one two three one two three four five one two three"
+    totals = dict(ngram_drafted=0, ngram_accepted=0, model_drafted=0, model_accepted=0)
+    for seed in range(12):
+        out = spec.generate(prompt, chat=False, max_tokens=40, seed=seed, **TARGET)
+        s = out.stats
+        totals["ngram_drafted"] += s.ngram_drafted
+        totals["ngram_accepted"] += s.ngram_accepted
+        totals["model_drafted"] += s.drafted - s.ngram_drafted
+        totals["model_accepted"] += s.accepted - s.ngram_accepted
+    print(totals)
+    assert totals["ngram_drafted"] > totals["ngram_accepted"], "no n-gram rejection: the sync path was not exercised"
+    assert totals["model_drafted"] > 50
+    assert totals["model_accepted"] == totals["model_drafted"]
+
+
+def test_pyspec_check_covers_the_stop_rule():
+    """`pyspec check` runs the real confidence policy's stop-before decision and
+    the discard-by-value control; the control must be rejected."""
+    from pyspec import check
+
+    raw: list = []
+    seeds = iter(range(1, 100))
+    check._stop_rule_cases(100_000, lambda: next(seeds), raw)
+    kinds = [(label.startswith("NEGATIVE"), "stops before" in label) for label, *_ in raw]
+    assert (False, True) in kinds and (False, False) in kinds and (True, False) in kinds
+    for label, _, pv, expected in raw:
+        assert (pv < 1e-4) == (expected == check.REJECTED), (label, pv)

@@ -1,0 +1,142 @@
+"""Sharing models between threads and decoders; Ctrl-C anywhere in a generation.
+
+Before the context lock moved into the C++ Model, two decoders sharing a target
+ran llama_decode on one context at once and the process aborted within seconds
+(GGML_ASSERT in ggml-cpu); these tests run that workload.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+import pyspec
+
+WORDS = ["apple", "river", "stone", "cloud", "tiger", "lemon", "piano", "forest", "candle", "rocket",
+         "garden", "silver", "window", "planet", "bridge", "winter", "copper", "island"]
+
+
+def _prompts(n: int):
+    # Distinct first words: consecutive prompts on the shared context share only
+    # BOS, so each prompt is prefilled in the same batches however threads interleave.
+    return [f"{WORDS[i % len(WORDS)].capitalize()} {i}: one two three one two three, the list of" for i in range(n)]
+
+
+def test_threads_share_one_target_through_plain_and_speculative_decoders(gemma_path):
+    target = pyspec.Model(gemma_path, n_ctx=512)
+    draft = pyspec.Model(gemma_path, n_ctx=512)
+    # Fixed two-token drafts keep verification batches <= 3 tokens: the same kernels
+    # as single steps on this build, so every decoder's greedy output is deterministic.
+    decoders = {
+        "plain": target,
+        "ngram": pyspec.SpeculativeDecoder(target, drafter="ngram", policy="fixed", draft_max=2),
+        "model": pyspec.SpeculativeDecoder(target, draft, drafter="model", policy="fixed", draft_max=2),
+    }
+    names = list(decoders) * 2  # six threads, two per decoder
+    per_thread = 4
+    prompts = _prompts(len(names) * per_thread)
+    jobs = [(names[t], prompts[t * per_thread + j]) for t in range(len(names)) for j in range(per_thread)]
+    kw = dict(max_tokens=24, temperature=0, chat=False)
+    target.generate("warm up", **kw)
+    expected = {(name, p): decoders[name].generate(p, **kw).tokens for name, p in jobs}
+
+    results: dict = {}
+    errors: list = []
+
+    def worker(t: int) -> None:
+        try:
+            for j in range(per_thread):
+                name, p = jobs[t * per_thread + j]
+                results[(name, p)] = decoders[name].generate(p, **kw).tokens
+        except BaseException as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(len(names))]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=300)
+    assert not any(th.is_alive() for th in threads), "a thread hung"
+    assert not errors, errors
+    assert len(results) == len(jobs)
+    mismatched = [k for k in jobs if results[k] != expected[k]]
+    assert not mismatched, f"{len(mismatched)} outputs changed under threads: {mismatched[:3]}"
+    # The KV record and llama.cpp's memory agree on the shared context.
+    assert len(target._core.cached()) == target._core.pos_max() + 1
+
+
+def test_same_model_as_target_and_draft_is_refused(gemma_path):
+    m = pyspec.Model(gemma_path, n_ctx=256)
+    with pytest.raises(ValueError, match="separate Model"):
+        pyspec.SpeculativeDecoder(m, m, drafter="model")
+
+
+def test_cancel_token_stops_a_generation_from_another_thread(gemma_path):
+    m = pyspec.Model(gemma_path, n_ctx=2048)
+    token = pyspec.CancelToken()
+    timer = threading.Timer(0.5, token.set)
+    timer.start()
+    out = m.generate("Count: one two three", chat=False, max_tokens=1500, temperature=0, cancel=token)
+    timer.cancel()
+    assert out.stop_reason == "cancelled" and 0 < out.n_generated_tokens < 1500
+    # The context holds exactly the committed tokens and the model goes on working.
+    again = m.generate("Count: one two three", chat=False, max_tokens=4, temperature=0)
+    assert again.n_generated_tokens == 4
+
+
+INTERRUPT_SCRIPT = textwrap.dedent("""
+    import sys, time
+    import pyspec
+    target = pyspec.Model(sys.argv[1], n_ctx=8192, n_batch=512)
+    prompt = " ".join(f"word{i}" for i in range(2500))
+    tokens = target.tokenize(prompt)
+    print("TOKENS", len(tokens), flush=True)
+    print("READY", flush=True)
+    t0 = time.monotonic()
+    try:
+        target.generate(tokens, max_tokens=8, temperature=0)
+        print("FINISHED", time.monotonic() - t0, flush=True)
+    except KeyboardInterrupt:
+        print("INTERRUPTED", time.monotonic() - t0, flush=True)
+    out = target.generate("Hello", chat=False, max_tokens=4, temperature=0)
+    print("USABLE", out.n_generated_tokens, flush=True)
+""")
+
+
+def test_ctrl_c_stops_a_long_prompt_and_leaves_the_model_usable(gemma_path, tmp_path):
+    """SIGINT during prefill of a long prompt: KeyboardInterrupt within about a
+    second (llama.cpp's abort callback), then the same model generates again."""
+    script = tmp_path / "interrupt.py"
+    script.write_text(INTERRUPT_SCRIPT)
+    proc = subprocess.Popen([sys.executable, str(script), gemma_path], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=str(tmp_path))
+    try:
+        lines = []
+        while True:
+            line = proc.stdout.readline()
+            assert line, f"child ended early: {proc.stderr.read()}"
+            lines.append(line.strip())
+            if line.startswith("READY"):
+                break
+        n_tokens = int(lines[0].split()[1])
+        assert n_tokens > 5000
+        time.sleep(1.0)  # well inside the prefill (thousands of tokens on 2 cores)
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        line = proc.stdout.readline().strip()
+        latency = time.monotonic() - sent
+        rest, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert line.startswith("INTERRUPTED"), f"not interrupted: {line!r} {err}"
+    # Generous bound for a noisy 2-core machine; the full prefill takes several times longer.
+    assert latency < 3.0, f"Ctrl-C took {latency:.2f} s to stop the prompt"
+    assert "USABLE 4" in rest, rest + err
+    assert proc.returncode == 0, err
