@@ -10,6 +10,7 @@ from . import _core  # noqa: F401
 from .errors import (
     ContextOverflowError,
     DecodeError,
+    GPUOffloadUnavailableError,
     IncompatibleModelsError,
     InvalidModelError,
     ModelLoadError,
@@ -38,6 +39,7 @@ __all__ = [
     "InvalidModelError",
     "ContextOverflowError",
     "DecodeError",
+    "GPUOffloadUnavailableError",
     "IncompatibleModelsError",
     "__version__",
 ]
