@@ -105,3 +105,16 @@ def test_cli_gpu_layers_warn_and_strict(gemma_path):
     lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("Error:") and "no GPU backend" in lines[0], out.stderr
     assert out.stdout == ""
+
+
+@pytest.mark.parametrize("first", ["llama_cpp", "pyspec"])
+def test_info_sees_one_libllama_whatever_is_imported_first(first):
+    """The extension calls the very libllama/libggml files llama_cpp loads, in either import order."""
+    code = (f"import json, {first}, llama_cpp, pyspec.info as i; d = i.build_info(); "
+            "print(json.dumps({k: d[k] for k in ('libllama_path', 'libllama_shared_with_llama_cpp', 'libggml_path')}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    d = json.loads(out.stdout.strip().splitlines()[-1])
+    assert d["libllama_shared_with_llama_cpp"] is True
+    assert os.path.dirname(d["libggml_path"]) == os.path.dirname(d["libllama_path"])
+    assert os.path.basename(os.path.dirname(d["libllama_path"])) == "lib"
