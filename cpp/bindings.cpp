@@ -25,6 +25,7 @@ namespace py = pybind11;
 using namespace pyspec;
 
 void bind_sampling(py::module_& m);
+void bind_info(py::module_& m);
 
 namespace {
 
@@ -163,7 +164,7 @@ PYBIND11_MODULE(_core, m) {
 
     py::class_<Model>(m, "Model")
         .def(py::init([](const std::string& path, int32_t n_ctx, int32_t n_threads, int32_t n_gpu_layers,
-                         int32_t n_batch, uint64_t seed, bool verbose) {
+                         int32_t n_batch, uint64_t seed, bool verbose, int32_t flash_attn) {
                  ModelParams p;
                  p.path = path;
                  p.n_ctx = n_ctx;
@@ -172,11 +173,13 @@ PYBIND11_MODULE(_core, m) {
                  p.n_batch = n_batch;
                  p.seed = seed;
                  p.verbose = verbose;
+                 p.flash_attn = flash_attn;
                  py::gil_scoped_release release;
                  return std::make_unique<Model>(p);
              }),
              py::arg("path"), py::arg("n_ctx") = 4096, py::arg("n_threads") = 0, py::arg("n_gpu_layers") = 0,
-             py::arg("n_batch") = 512, py::arg("seed") = 0, py::arg("verbose") = false)
+             py::arg("n_batch") = 512, py::arg("seed") = 0, py::arg("verbose") = false,
+             py::arg("flash_attn") = -1)
         .def_property_readonly("path", [](const Model& m) { return m.params().path; })
         .def_property_readonly("seed", [](const Model& m) { return m.params().seed; })
         .def_property_readonly("n_vocab", &Model::n_vocab)
@@ -184,6 +187,8 @@ PYBIND11_MODULE(_core, m) {
         .def_property_readonly("n_batch", &Model::n_batch)
         .def_property_readonly("n_threads", [](const Model& m) { return m.params().n_threads; })
         .def_property_readonly("n_gpu_layers", [](const Model& m) { return m.params().n_gpu_layers; })
+        .def_property_readonly("flash_attn", &Model::flash_attn, "as run: 1 on, 0 off, -1 auto and unreported")
+        .def_property_readonly("flash_attn_requested", [](const Model& m) { return m.params().flash_attn; })
         .def_property_readonly("description", &Model::description)
         .def_property_readonly("vocab_type", &Model::vocab_type)
         .def_property_readonly("bos", &Model::bos)
@@ -372,4 +377,5 @@ PYBIND11_MODULE(_core, m) {
              "negative control (a biased stop rule).");
 
     bind_sampling(m);
+    bind_info(m);
 }

@@ -22,6 +22,15 @@ std::mutex g_log_mutex;
 std::string g_last_error;            // accumulated text of the latest error message
 std::atomic<int> g_verbose_models{0};
 ggml_log_level g_prev_level = GGML_LOG_LEVEL_NONE;
+// What llama.cpp chose for flash attention "auto" while this thread created a
+// context (llama.h has no getter; the choice is only logged): 1 on, 0 off, -1 unsaid.
+thread_local int32_t t_flash_attn_chosen = -1;
+
+void note_flash_attn(const char* text) {
+    if (!std::strstr(text, "Flash Attention")) return;
+    if (std::strstr(text, "Flash Attention enabled")) t_flash_attn_chosen = 1;
+    else if (std::strstr(text, "not supported")) t_flash_attn_chosen = 0;
+}
 
 // Called from C frames inside llama.cpp: nothing may escape it.
 void log_callback(ggml_log_level level, const char* text, void*) noexcept {
@@ -29,6 +38,7 @@ void log_callback(ggml_log_level level, const char* text, void*) noexcept {
     try {
         if (level == GGML_LOG_LEVEL_CONT) level = g_prev_level;
         else g_prev_level = level;
+        note_flash_attn(text);
         if (level == GGML_LOG_LEVEL_ERROR) {
             std::lock_guard<std::mutex> lock(g_log_mutex);
             if (g_last_error.size() < 4096) g_last_error += text;
@@ -130,7 +140,10 @@ Model::Model(const ModelParams& params) : params_(params), verbose_(params.verbo
     cp.no_perf = true;
     cp.abort_callback = &Model::abort_requested;
     cp.abort_callback_data = this;
+    cp.flash_attn_type = static_cast<llama_flash_attn_type>(params.flash_attn);
+    t_flash_attn_chosen = -1;
     ctx_.reset(llama_init_from_model(model_.get(), cp));
+    flash_attn_ = params.flash_attn >= 0 ? params.flash_attn : t_flash_attn_chosen;
     if (!ctx_) {
         throw InvalidModelError(with_llama_reason("failed to create a llama.cpp context for " + params.path));
     }

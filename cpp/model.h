@@ -24,6 +24,7 @@ struct ModelParams {
     int32_t n_threads = 0;      // 0 = hardware threads (the Python layer passes physical cores)
     int32_t n_gpu_layers = 0;   // Metal/CUDA builds; -1 = all
     int32_t n_batch = 512;      // prompt chunk size and the largest verification batch
+    int32_t flash_attn = -1;    // llama_flash_attn_type: -1 auto (llama.cpp decides per device), 0 off, 1 on
     uint64_t seed = 0;          // default seed for generations that do not pass one
     bool verbose = false;       // forward llama.cpp's info logs to stderr
 };
@@ -41,6 +42,9 @@ public:
     int32_t n_vocab() const { return n_vocab_; }
     int32_t n_ctx() const { return n_ctx_; }
     int32_t n_batch() const { return n_batch_; }
+    // Flash attention as the context runs it: 1 on, 0 off; -1 when params.flash_attn
+    // was auto and llama.cpp did not say what it chose.
+    int32_t flash_attn() const { return flash_attn_; }
     std::string description() const;
 
     // Tokenizer. add_special adds BOS/EOS as the model's metadata asks;
@@ -118,6 +122,7 @@ private:
     int32_t n_batch_ = 0;
     mutable std::recursive_mutex mutex_;
     std::atomic<const std::atomic<bool>*> abort_flag_{nullptr};
+    int32_t flash_attn_ = -1;       // flash attention as run: 1 on, 0 off, -1 unknown
     std::vector<int32_t> cached_;
     int32_t logits_first_row_ = 0;   // batch row of logits(0) in the last decode
     int32_t logits_count_ = 0;

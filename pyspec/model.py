@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import os
 import random
+import warnings
 from pathlib import Path
 from typing import List, Optional, Sequence, Union
 
 from . import _core
 from ._platform import physical_cores
-from .errors import ModelNotFoundError
+from .errors import GPUOffloadUnavailableError, ModelNotFoundError
 from .generation import Generator, Message, Prompt
 
 
@@ -28,6 +29,28 @@ def _resolve_path(model: Union[str, os.PathLike]) -> str:
         raise ModelNotFoundError(str(e)) from None
 
 
+# Flash attention: "auto" lets llama.cpp enable it where the device supports it.
+FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}
+
+GPU_BUILD_HINT = (
+    "install a GPU build of llama-cpp-python and rebuild pyspec against it: "
+    "CMAKE_ARGS=\"-DGGML_CUDA=on\" pip install --no-cache-dir --force-reinstall --no-binary llama-cpp-python "
+    "'llama-cpp-python==0.3.36', then `pip install --no-build-isolation .` in pyspec's source tree "
+    "(README: \"GPU builds (CUDA, Metal)\"; `pyspec info` shows the backends)"
+)
+
+
+def _check_gpu_offload(n_gpu_layers: int, strict: bool) -> None:
+    """GPU layers on a build that cannot offload run on the CPU: say so (or refuse, when strict)."""
+    if n_gpu_layers == 0 or _core.supports_gpu_offload():
+        return
+    message = (f"n_gpu_layers={n_gpu_layers} asks for GPU offload, but this llama.cpp build has no GPU backend "
+               f"(llama_supports_gpu_offload() is false)")
+    if strict:
+        raise GPUOffloadUnavailableError(f"{message}; {GPU_BUILD_HINT}")
+    warnings.warn(f"{message}, so the model runs on the CPU; {GPU_BUILD_HINT}", RuntimeWarning, stacklevel=3)
+
+
 class Model(Generator):
     """A GGUF model loaded through llama.cpp, with its own context.
 
@@ -38,6 +61,11 @@ class Model(Generator):
     makes the sequence of generations that pass no seed reproducible (each call
     still draws a new sample); by default every such call is freshly random.
     A Model may be shared by threads and decoders: they take turns on its context.
+
+    ``flash_attn`` is "auto" (llama.cpp enables it where the device supports it),
+    "on" or "off"; :attr:`flash_attn` tells what the context runs. ``n_gpu_layers``
+    on a build without a GPU backend warns (the model runs on the CPU), or with
+    ``strict=True`` raises :class:`~pyspec.GPUOffloadUnavailableError`.
     """
 
     def __init__(
@@ -50,6 +78,8 @@ class Model(Generator):
         n_batch: int = 512,
         seed: Optional[int] = None,
         verbose: bool = False,
+        flash_attn: str = "auto",
+        strict: bool = False,
     ) -> None:
         if n_ctx < 16:
             raise ValueError(f"n_ctx must be at least 16, got {n_ctx}")
@@ -57,6 +87,9 @@ class Model(Generator):
             raise ValueError(f"n_threads must be >= 1, got {n_threads}")
         if n_batch < 1:
             raise ValueError(f"n_batch must be >= 1, got {n_batch}")
+        if flash_attn not in FLASH_ATTN:
+            raise ValueError(f"flash_attn must be one of 'auto', 'on', 'off', got {flash_attn!r}")
+        _check_gpu_offload(n_gpu_layers, strict)
         path = _resolve_path(model)
         self._core = _core.Model(
             str(path),
@@ -65,6 +98,7 @@ class Model(Generator):
             n_gpu_layers=n_gpu_layers,
             n_batch=n_batch,
             verbose=verbose,
+            flash_attn=FLASH_ATTN[flash_attn],
         )
         self._engine = _core.Engine(self._core)
         # Seeds of generations that pass none: fresh entropy, or with `seed` a
@@ -86,6 +120,12 @@ class Model(Generator):
     @property
     def n_ctx(self) -> int:
         return self._core.n_ctx
+
+    @property
+    def flash_attn(self) -> str:
+        """Flash attention as this model's context runs it: "on" or "off" ("auto"
+        only if llama.cpp did not report what its auto setting chose)."""
+        return {1: "on", 0: "off"}.get(self._core.flash_attn, "auto")
 
     @property
     def description(self) -> str:

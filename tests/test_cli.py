@@ -34,7 +34,7 @@ def test_help_explains_commands():
         assert cmd in out.stdout
     gen = pyspec_cmd("generate", "--help")
     for flag in ("--model", "--max-tokens", "--temperature", "--top-k", "--top-p", "--min-p", "--seed",
-                 "--n-ctx", "--threads", "--n-gpu-layers", "--raw", "--json", "--stop"):
+                 "--n-ctx", "--threads", "--n-gpu-layers", "--flash-attn", "--strict", "--raw", "--json", "--stop"):
         assert flag in gen.stdout, flag
 
 
