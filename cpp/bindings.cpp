@@ -164,24 +164,22 @@ PYBIND11_MODULE(_core, m) {
 
     py::class_<Model>(m, "Model")
         .def(py::init([](const std::string& path, int32_t n_ctx, int32_t n_threads, int32_t n_gpu_layers,
-                         int32_t n_batch, uint64_t seed, bool verbose, int32_t flash_attn) {
+                         int32_t n_batch, bool verbose, int32_t flash_attn) {
                  ModelParams p;
                  p.path = path;
                  p.n_ctx = n_ctx;
                  p.n_threads = n_threads;
                  p.n_gpu_layers = n_gpu_layers;
                  p.n_batch = n_batch;
-                 p.seed = seed;
                  p.verbose = verbose;
                  p.flash_attn = flash_attn;
                  py::gil_scoped_release release;
                  return std::make_unique<Model>(p);
              }),
              py::arg("path"), py::arg("n_ctx") = 4096, py::arg("n_threads") = 0, py::arg("n_gpu_layers") = 0,
-             py::arg("n_batch") = 512, py::arg("seed") = 0, py::arg("verbose") = false,
+             py::arg("n_batch") = 512, py::arg("verbose") = false,
              py::arg("flash_attn") = -1)
         .def_property_readonly("path", [](const Model& m) { return m.params().path; })
-        .def_property_readonly("seed", [](const Model& m) { return m.params().seed; })
         .def_property_readonly("n_vocab", &Model::n_vocab)
         .def_property_readonly("n_ctx", &Model::n_ctx)
         .def_property_readonly("n_batch", &Model::n_batch)

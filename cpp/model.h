@@ -25,7 +25,6 @@ struct ModelParams {
     int32_t n_gpu_layers = 0;   // Metal/CUDA builds; -1 = all
     int32_t n_batch = 512;      // prompt chunk size and the largest verification batch
     int32_t flash_attn = -1;    // llama_flash_attn_type: -1 auto (llama.cpp decides per device), 0 off, 1 on
-    uint64_t seed = 0;          // default seed for generations that do not pass one
     bool verbose = false;       // forward llama.cpp's info logs to stderr
 };
 

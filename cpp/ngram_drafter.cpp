@@ -32,7 +32,7 @@ void NgramDrafter::index_up_to(const std::vector<int32_t>& history) {
     // An n-gram ending at i is indexed once its next token (i + 1) exists, so the
     // sequence's own suffix never matches itself.
     const size_t end = history.size();
-    for (size_t i = std::max<size_t>(indexed_, 0); i + 1 < end; ++i) {
+    for (size_t i = indexed_; i + 1 < end; ++i) {
         for (int32_t n = n_min_; n <= n_max_; ++n) {
             if (static_cast<int64_t>(i) + 1 < n) break;
             const int32_t* start = history.data() + i + 1 - n;
@@ -62,16 +62,18 @@ int32_t NgramDrafter::find(const std::vector<int32_t>& history, int32_t* match_l
 }
 
 DraftPlan NgramDrafter::plan(const std::vector<int32_t>& history) {
-    planned_at_ = find(history, &last_match_);
+    int32_t match_len = 0;
+    planned_at_ = find(history, &match_len);
     planned_size_ = history.size();
-    return {DraftSource::kNgram, last_match_};
+    return {DraftSource::kNgram, match_len};
 }
 
 int32_t NgramDrafter::draft(const std::vector<int32_t>& history, int32_t max_n, Rng&, std::vector<int32_t>& tokens,
                             std::vector<Distribution>& q, DraftStopRule*) {
     // No stop rule is asked: a lookup's one-hot q carries no belief (drafter.h).
     tokens.clear();
-    const int32_t at = planned_size_ == history.size() ? planned_at_ : find(history, &last_match_);
+    int32_t match_len = 0;
+    const int32_t at = planned_size_ == history.size() ? planned_at_ : find(history, &match_len);
     planned_size_ = 0;
     if (at < 0) return 0;
     const int32_t size = static_cast<int32_t>(history.size());

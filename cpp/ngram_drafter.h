@@ -20,8 +20,6 @@ public:
     int32_t draft(const std::vector<int32_t>& history, int32_t max_n, Rng& rng, std::vector<int32_t>& tokens,
                   std::vector<Distribution>& q, DraftStopRule* stop) override;
 
-    // Length of the n-gram the last lookup matched (0 = no match).
-    int32_t last_match() const { return last_match_; }
     // Position in `history` whose continuation the longest match proposes, or -1.
     int32_t find(const std::vector<int32_t>& history, int32_t* match_len);
 
@@ -33,7 +31,6 @@ private:
     // index_[n - n_min][hash of n tokens ending at i] = i + 1 (latest occurrence wins).
     std::vector<std::unordered_map<uint64_t, int32_t>> index_;
     size_t indexed_ = 0;   // n-grams ending before this position are indexed
-    int32_t last_match_ = 0;
     int32_t planned_at_ = -1;          // the lookup plan() made, reused by draft()
     size_t planned_size_ = 0;
 };

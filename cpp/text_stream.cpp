@@ -55,12 +55,6 @@ TextStream::TextStream(std::vector<std::string> stops) : stops_(std::move(stops)
     for (const auto& s : stops_) max_stop_ = std::max(max_stop_, s.size());
 }
 
-void TextStream::reset() {
-    text_.clear();
-    pending_.clear();
-    stopped_ = false;
-}
-
 std::string TextStream::push(const std::string& piece) {
     if (stopped_) return {};
     pending_ += piece;

@@ -12,7 +12,6 @@ class TextStream {
 public:
     explicit TextStream(std::vector<std::string> stops = {});
 
-    void reset();
     // Append one token's bytes. Returns the text that became safe to emit.
     std::string push(const std::string& piece);
     // End of generation: the rest of the held-back text (invalid UTF-8 replaced).
