@@ -169,8 +169,11 @@ class _Progress:
     def __init__(self, spec: ModelSpec, enabled: bool) -> None:
         self.spec = spec
         self.tty = enabled and getattr(sys.stderr, "isatty", lambda: False)()
-        self.bar = click.progressbar(length=spec.size, file=sys.stderr if enabled else io.StringIO(),
-                                     width=0, item_show_func=lambda s: s)
+        n = len(spec.parts)
+        room = shutil.get_terminal_size().columns - len(f"{spec.name} {n}/{n}") - 23
+        self.bar = click.progressbar(length=spec.size, file=(enabled and sys.stderr) or io.StringIO(),
+                                     width=max(10, min(40, room)), show_eta=False,
+                                     item_show_func=lambda s: s)
 
     def part(self, idx: int) -> None:
         n, req = len(self.spec.parts), self.spec.parts[idx - 1].requirement
