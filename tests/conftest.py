@@ -7,6 +7,23 @@ import pytest
 
 import pyspec
 
+# Per-test timeout of the slow tier (the default, `timeout` in pyproject.toml, is
+# for the default tier): its longest test draws 20,000 samples.
+SLOW_TIMEOUT = 4 * 3600
+# Fixtures that load the default Qwen pair: tests using them are `pair` tests.
+PAIR_FIXTURES = {"target_path", "draft_path", "target"}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Every test that uses the default pair carries the `pair` mark (so that
+    `-m "not pair"` leaves out the 1.6 GB of models), and slow-tier tests get
+    the slow tier's timeout unless they set their own."""
+    for item in items:
+        if PAIR_FIXTURES & set(getattr(item, "fixturenames", ())) and item.get_closest_marker("pair") is None:
+            item.add_marker(pytest.mark.pair)
+        if item.get_closest_marker("slow") is not None and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(SLOW_TIMEOUT))
+
 
 def _ensure(attr: str) -> str:
     from pyspec import models

@@ -99,6 +99,7 @@ def test_pyspec_runner_starts_every_run_from_empty_caches():
     assert gen.log == [("truncate", 0), ("truncate", 0), ("generate", 3)]
 
 
+@pytest.mark.pair
 def test_bench_command_end_to_end(target_path, tmp_path):
     """The real command on one short prompt: every runner reports, the JSON and the plot are written."""
     import json

@@ -1,12 +1,20 @@
 """n-gram drafter, hybrid drafter and length policies: unit behaviour, and
 losslessness end to end (the chi-square machinery of test_speculative_lossless).
 
-Significance: each chi-square test at alpha = 0.001; sample sizes N = 2,000,
-checked beforehand to give power > 0.99 against the broken-residual control's
-deviation for the same configuration; the control itself is run for the
-n-gram drafter (q one-hot) under the fixed and the auto policy and must be
-rejected. Tests of adaptive policies also require that drafting happened in at
-least half the samples, so that a policy decoding plainly cannot pass vacuously.
+Significance: each chi-square test at alpha = 0.001. Every sample size is
+sized by a power calculation asserted in the test (assert_power: noncentral
+chi-square on the pooled cells, and a Monte Carlo check) against the
+broken-residual law of the same configuration, power > 0.99. Where a policy
+may decode plainly (auto), the test requires that at least a fraction F_MIN of
+the samples drafted and sizes N against the law of a bug that shows only in
+those samples (mixture(exact, wrong, F_MIN)), so that a policy decoding plainly
+can pass neither vacuously nor by luck. The control (residual replaced by p) is
+run for the n-gram drafter (q one-hot) under the fixed and the auto policy and
+must be rejected. Sizes (power > 0.99 needs): n-gram N = 500 (222 with every
+sample drafting, 384 at F_MIN); model drafter under svip/auto N = 1,200 (cold
+draft: 624 at F = 1, 976 at F_MIN). Slow tier: n-gram at N = 2,000; svip/auto
+with the hot draft at N = 10,000 (7,552 needed at F_MIN; the former N = 2,000
+had power ~0.5 against this bug).
 """
 
 from __future__ import annotations
@@ -19,11 +27,14 @@ from pyspec import _core, sampling
 
 from test_speculative_lossless import (
     ALPHA,
-    PROMPT,
+    GEMMA_COLD_DRAFT,
+    GEMMA_DRAFT,
     TARGET,
+    assert_power,
     exact_distribution,
+    lossless_case,
+    mixture,
     pooled_chisquare,
-    power,
     target_rows,
     wrong_residual_distribution,
 )
@@ -175,6 +186,7 @@ def test_auto_times_batches_once_per_machine(gemma_path, tmp_path, monkeypatch):
     assert third.stats.calibrate_s > 0 and third.n_generated_tokens == 4
 
 
+@pytest.mark.pair
 def test_hybrid_uses_both_sources(target_path, draft_path):
     target = pyspec.Model(target_path, n_ctx=1024)
     spec = pyspec.SpeculativeDecoder(target, pyspec.Model(draft_path, n_ctx=1024), drafter="hybrid",
@@ -189,7 +201,11 @@ def test_hybrid_uses_both_sources(target_path, draft_path):
 # ------------------------------------------------------------------ lossless end to end
 
 NGRAM_PROMPT = "one two three one two three one two"
-N = 2_000
+# At least this fraction of the samples must draft (one token, in the first
+# round); N is sized against the bug showing only in that fraction.
+F_MIN = 0.8
+N_NGRAM = 500
+N_POLICY = 1_200
 
 
 def _sample(spec, tokens, n, variant="correct", **kw):
@@ -232,38 +248,59 @@ def _ngram_case(target, policy="fixed"):
     return spec, tokens, exact, wrong_residual_distribution(target, p0, q0, p1)
 
 
-@pytest.mark.parametrize("policy", ["fixed", "auto"])
-def test_lossless_ngram(gemma_target, policy):
+NGRAM_SIZES = [
+    pytest.param("fixed", N_NGRAM, id="fixed-N500"),
+    pytest.param("auto", N_NGRAM, id="auto-N500"),
+    pytest.param("fixed", 2_000, id="fixed-N2000", marks=pytest.mark.slow),
+    pytest.param("auto", 2_000, id="auto-N2000", marks=pytest.mark.slow),
+]
+
+
+@pytest.mark.parametrize("policy, n", NGRAM_SIZES)
+def test_lossless_ngram(gemma_target, policy, n):
+    """n-gram drafter (q one-hot on its proposal), draft_max = 1, alpha = 0.001;
+    N = 500 sized against the broken residual showing in F_MIN of the samples
+    (power 0.9995; 384 needed for 0.99), slow tier N = 2,000."""
     spec, tokens, exact, wrong = _ngram_case(gemma_target, policy)
-    assert power(exact, wrong, N, max(len(exact) - 1, 1)) > 0.99
-    counts, drafted = _sample(spec, tokens, N)
-    stat, df, pv = pooled_chisquare(counts, exact, N)
-    print(f"ngram {policy}: N={N} drafted={drafted} chi2={stat:.2f} df={df} p={pv:.3g}")
-    assert drafted >= N // 2, "the drafter hardly drafted: the test would not exercise verification"
+    assert_power(exact, mixture(exact, wrong, F_MIN), n, f"ngram {policy} vs residual=p in {F_MIN:.0%}")
+    counts, drafted = _sample(spec, tokens, n)
+    stat, df, pv = pooled_chisquare(counts, exact, n)
+    print(f"ngram {policy}: N={n} drafted={drafted} chi2={stat:.2f} df={df} p={pv:.3g}")
+    assert drafted >= F_MIN * n, "the drafter hardly drafted: the test would not exercise verification"
     assert pv > ALPHA
 
 
-@pytest.mark.parametrize("policy", ["fixed", "auto"])
-def test_negative_control_ngram_broken_residual(gemma_target, policy):
-    spec, tokens, exact, _ = _ngram_case(gemma_target, policy)
-    counts, drafted = _sample(spec, tokens, N, variant="residual_is_p")
-    stat, df, pv = pooled_chisquare(counts, exact, N)
-    print(f"NEGATIVE CONTROL ngram {policy} residual=p: N={N} drafted={drafted} chi2={stat:.2f} df={df} p={pv:.3g}")
+@pytest.mark.parametrize("policy, n", NGRAM_SIZES)
+def test_negative_control_ngram_broken_residual(gemma_target, policy, n):
+    """The 'residual = p' bug under the n-gram drafter is rejected at alpha = 0.001
+    with the proof's N (500: power 0.9995 against the bug in F_MIN of the samples)."""
+    spec, tokens, exact, wrong = _ngram_case(gemma_target, policy)
+    assert_power(exact, mixture(exact, wrong, F_MIN), n, f"control ngram {policy}")
+    counts, drafted = _sample(spec, tokens, n, variant="residual_is_p")
+    stat, df, pv = pooled_chisquare(counts, exact, n)
+    print(f"NEGATIVE CONTROL ngram {policy} residual=p: N={n} drafted={drafted} chi2={stat:.2f} df={df} p={pv:.3g}")
+    assert drafted >= F_MIN * n
     assert pv < ALPHA
 
 
-
-@pytest.mark.parametrize("policy", ["svip", "auto"])
-def test_lossless_policies(gemma_target, gemma_path, policy):
+@pytest.mark.parametrize("policy, n, draft_kwargs", [
+    pytest.param("svip", N_POLICY, GEMMA_COLD_DRAFT, id="svip-cold-N1200"),
+    pytest.param("auto", N_POLICY, GEMMA_COLD_DRAFT, id="auto-cold-N1200"),
+    pytest.param("svip", 10_000, GEMMA_DRAFT, id="svip-hot-N10000", marks=pytest.mark.slow),
+    pytest.param("auto", 10_000, GEMMA_DRAFT, id="auto-hot-N10000", marks=pytest.mark.slow),
+])
+def test_lossless_policies(gemma_target, gemma_path, policy, n, draft_kwargs):
+    """Model drafter (Gemma drafting for itself) under an adaptive policy, alpha =
+    0.001. Default tier: cold, wide draft, N = 1,200 sized against the broken
+    residual in F_MIN of the samples (power 0.9989; 976 needed for 0.99). Slow
+    tier: the hot draft (T = 2, top-k 8) at N = 10,000 (7,552 needed)."""
     target = gemma_target
-    tokens = target.tokenize(PROMPT)
-    p0, p1 = target_rows(target, tokens)
-    exact = exact_distribution(target, p0, p1)
     draft = pyspec.Model(gemma_path, n_ctx=256, seed=0)
     spec = pyspec.SpeculativeDecoder(target, draft, drafter="model", policy=policy, draft_max=1)
-    kw = dict(draft_temperature=2.0, draft_top_k=8, draft_top_p=1.0, draft_min_p=0.0)
-    counts, drafted = _sample(spec, tokens, N, **kw)
-    stat, df, pv = pooled_chisquare(counts, exact, N)
-    print(f"{policy}: N={N} drafted={drafted} chi2={stat:.2f} df={df} p={pv:.3g}")
-    assert drafted >= N // 2, "the policy hardly drafted: the test would not exercise verification"
+    tokens, exact, wrong = lossless_case(target, draft, draft_kwargs)
+    assert_power(exact, mixture(exact, wrong, F_MIN), n, f"{policy} vs residual=p in {F_MIN:.0%}")
+    counts, drafted = _sample(spec, tokens, n, **draft_kwargs)
+    stat, df, pv = pooled_chisquare(counts, exact, n)
+    print(f"{policy}: N={n} drafted={drafted} chi2={stat:.2f} df={df} p={pv:.3g}")
+    assert drafted >= F_MIN * n, "the policy hardly drafted: the test would not exercise verification"
     assert pv > ALPHA

@@ -128,6 +128,7 @@ def test_statistics_are_consistent(pair):
     assert plain.stats.drafted == 0 and plain.stats.rounds == plain.n_generated_tokens
 
 
+@pytest.mark.pair
 def test_gemma_draft_for_qwen_is_refused(target_path, gemma_path):
     target = pyspec.Model(target_path, n_ctx=256)
     draft = pyspec.Model(gemma_path, n_ctx=256)
