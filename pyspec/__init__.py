@@ -9,7 +9,7 @@ from . import _loader  # noqa: F401  (maps llama_cpp's libllama before _core loa
 
 try:
     from . import _core  # noqa: F401
-except ImportError as _e:  # pragma: no cover - depends on how Python was started
+except ImportError:  # pragma: no cover - depends on how Python was started
     import pathlib as _pathlib
 
     _here = _pathlib.Path(__file__).resolve().parent

@@ -13,12 +13,9 @@ import time
 import pytest
 
 import pyspec
+from cli_helpers import pyspec_cmd
 
 
-def pyspec_cmd(*args: str, **kw) -> subprocess.CompletedProcess:
-    exe = shutil.which("pyspec") or ""
-    cmd = [exe] if exe else [sys.executable, "-m", "pyspec.cli"]
-    return subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=600, **kw)
 
 
 def test_version():

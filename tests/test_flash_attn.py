@@ -3,20 +3,14 @@
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
-import sys
 
 import pytest
 
 import pyspec
+from cli_helpers import pyspec_cmd
 from pyspec import calibration
 
 
-def pyspec_cmd(*args: str) -> subprocess.CompletedProcess:
-    exe = shutil.which("pyspec")
-    cmd = [exe] if exe else [sys.executable, "-m", "pyspec.cli"]
-    return subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=600)
 
 
 @pytest.mark.parametrize("setting", ["on", "off"])

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import warnings
@@ -12,6 +11,7 @@ import warnings
 import pytest
 
 import pyspec
+from cli_helpers import pyspec_cmd
 from pyspec import _core
 from pyspec.info import KEYS, build_info
 
@@ -19,10 +19,6 @@ NO_GPU = not _core.supports_gpu_offload()
 cpu_only = pytest.mark.skipif(not NO_GPU, reason="this llama.cpp build can offload to a GPU")
 
 
-def pyspec_cmd(*args: str) -> subprocess.CompletedProcess:
-    exe = shutil.which("pyspec")
-    cmd = [exe] if exe else [sys.executable, "-m", "pyspec.cli"]
-    return subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=600)
 
 
 def test_info_json_has_every_key():
@@ -108,11 +104,13 @@ def test_cli_gpu_layers_warn_and_strict(gemma_path):
 
 
 @pytest.mark.parametrize("first", ["llama_cpp", "pyspec"])
-def test_info_sees_one_libllama_whatever_is_imported_first(first):
-    """The extension calls the very libllama/libggml files llama_cpp loads, in either import order."""
+def test_info_sees_one_libllama_whatever_is_imported_first(first, tmp_path):
+    """The extension calls the very libllama/libggml files llama_cpp loads, in either import order.
+    (Run outside the checkout: `python -c` puts the current folder first on sys.path.)"""
     code = (f"import json, {first}, llama_cpp, pyspec.info as i; d = i.build_info(); "
             "print(json.dumps({k: d[k] for k in ('libllama_path', 'libllama_shared_with_llama_cpp', 'libggml_path')}))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=str(tmp_path))
     assert out.returncode == 0, out.stderr
     d = json.loads(out.stdout.strip().splitlines()[-1])
     assert d["libllama_shared_with_llama_cpp"] is True
