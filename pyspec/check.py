@@ -293,8 +293,9 @@ def _stop_rule_cases(rounds: int, next_seed, raw: list) -> None:
     for discard in (False, True):
         for name, p, q in contexts:
             stop = policy.stop_before(0, _core.sampling.Distribution.from_probs(q[0]), -1)
-            label = (f"{'NEGATIVE CONTROL discard-by-value' if discard else 'stop rule'} confidence "
-                     f"p_min={p_min}, {name} [{'stops before' if stop else 'drafts'}, {rounds} rounds]")
+            label = (f"{'NEGATIVE CONTROL stop rule' if discard else 'stop rule'} confidence p_min={p_min}, "
+                     f"{name}, {'stops before' if stop else 'drafts'} "
+                     f"[{'discard_by_value' if discard else 'correct'}, {rounds} rounds]")
             if stop:
                 first = verify_many(p[:1], q[:0], None, rounds, next_seed())[1]
             else:

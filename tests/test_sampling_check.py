@@ -61,7 +61,7 @@ def test_run_checks_fast_passes_and_catches_controls():
     assert not failed, check.format_table(failed)
     controls = [r for r in rows if r.expected_outcome == "rejected"]
     assert {c.case.split("[")[1].split(",")[0] for c in controls} == {
-        "residual_is_p", "accept_all", "sample_and_match"}
+        "residual_is_p", "accept_all", "sample_and_match", "discard_by_value"}
     table = check.format_table(rows)
     assert "ALL PASSED" in table and "NEGATIVE CONTROL" in table
     # Deterministic for a fixed seed.

@@ -26,8 +26,8 @@ give the pooled chi-square power > 0.99 against it (noncentral chi-square on the
 cells the test really uses, confirmed by a Monte Carlo run of the same test on
 multinomial samples of the wrong law). required_n() gives the smallest such N.
 
-Default tier: Gemma self-draft with a cold, wide draft, N = 800 (proof and
-control; 624 needed); default Qwen pair, N = 500 (386 needed). Slow tier
+Default tier: Gemma self-draft with a cold, wide draft, N = 680 (proof and
+control; 624 needed); default Qwen pair, N = 420 (386 needed). Slow tier
 (`pytest -m slow`): the former sizes, Gemma with a hot draft at N = 20,000
 (control N = 6,000; 4,832 needed) and the Qwen pair at N = 6,000.
 """
@@ -221,7 +221,7 @@ def gemma_pair(gemma_path):
 # support than p (draft top-k 8 against the target's 3), so acceptances,
 # rejections, residual draws and proposals outside p's support all occur.
 # Default tier: colder and wider. The broken residual's law is then far from p
-# (~620 samples give power 0.99), so N = 800 proves the same thing as N = 20,000
+# (~620 samples give power 0.99), so N = 680 proves the same thing as N = 20,000
 # did with the hot draft, whose bug deviates little (~4,800 samples for 0.99).
 GEMMA_COLD_DRAFT = dict(draft_temperature=0.5, draft_top_k=8, draft_top_p=1.0, draft_min_p=0.0)
 # Slow tier: the original hotter and wider draft.
@@ -276,13 +276,13 @@ def test_batch_kernels_match_single_token(gemma_pair, which, request):
 
 
 @pytest.mark.parametrize("draft_kwargs, n", [
-    pytest.param(GEMMA_COLD_DRAFT, 800, id="cold-draft-N800"),
+    pytest.param(GEMMA_COLD_DRAFT, 680, id="cold-draft-N680"),
     pytest.param(GEMMA_DRAFT, 20_000, id="hot-draft-N20000", marks=pytest.mark.slow),
 ])
 def test_lossless_gemma_self_draft(gemma_pair, draft_kwargs, n):
     """Gemma drafting for itself (model drafter, fixed k = 1) samples the target's
     two-token law. alpha = 0.001. Sized against the broken-residual law of the same
-    configuration: default tier, cold draft, N = 800 (power 0.998; 620 needed for
+    configuration: default tier, cold draft, N = 680 (620 needed for
     0.99); slow tier, hot draft, N = 20,000 (power ~1; 4,830 needed)."""
     target, spec = gemma_pair
     tokens, exact, wrong = lossless_case(target, spec.draft, draft_kwargs)
@@ -294,12 +294,12 @@ def test_lossless_gemma_self_draft(gemma_pair, draft_kwargs, n):
 
 
 @pytest.mark.parametrize("draft_kwargs, n", [
-    pytest.param(GEMMA_COLD_DRAFT, 800, id="cold-draft-N800"),
+    pytest.param(GEMMA_COLD_DRAFT, 680, id="cold-draft-N680"),
     pytest.param(GEMMA_DRAFT, 6_000, id="hot-draft-N6000", marks=pytest.mark.slow),
 ])
 def test_negative_control_broken_residual_is_caught(gemma_pair, draft_kwargs, n):
     """The 'residual = p' bug, run for real, is rejected at alpha = 0.001 with the
-    sample size of the proof above (cold draft, N = 800, power 0.998); slow tier:
+    sample size of the proof above (cold draft, N = 680); slow tier:
     hot draft, N = 6,000 (power > 0.99; 4,830 needed)."""
     target, spec = gemma_pair
     tokens, exact, wrong = lossless_case(target, spec.draft, draft_kwargs)
@@ -311,12 +311,12 @@ def test_negative_control_broken_residual_is_caught(gemma_pair, draft_kwargs, n)
 
 
 @pytest.mark.pair
-@pytest.mark.parametrize("n", [500, pytest.param(6_000, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("n", [420, pytest.param(6_000, marks=pytest.mark.slow)])
 def test_lossless_default_pair(target_path, draft_path, n):
     """The default Qwen pair (0.5B drafting for 1.5B, model drafter, fixed k = 1,
     the draft sampling with the target's settings) samples the target's two-token
     law. alpha = 0.001. Sized against the broken-residual law of this pair:
-    default tier N = 500 (power 0.998; 390 needed for 0.99), slow tier N = 6,000."""
+    default tier N = 420 (390 needed for 0.99), slow tier N = 6,000."""
     target = pyspec.Model(target_path, n_ctx=256, seed=0)
     draft = pyspec.Model(draft_path, n_ctx=256, seed=0)
     spec = pyspec.SpeculativeDecoder(target, draft, drafter="model", policy="fixed", draft_max=1)
