@@ -25,8 +25,11 @@ negative control (`_discard_below`) and must be rejected. For the n-gram
 drafter (no beliefs) the stated wrong law is the broken residual (residual = p),
 run as its control.
 
-I saw these tests fail on the pre-fix code: confidence and auto at T > 0 were
-rejected (their drop path is exactly the control's rule).
+On the pre-fix code (which dropped drawn tokens) the confidence configuration
+here was rejected (chi2 = 118.9, p = 6e-22 at N = 743). The auto configuration
+was not (p = 0.05): its learned belief table soon credits the low-belief tokens
+of this prompt, so its old drop path rarely fired; the discard-by-value control
+is that path's rule, and it is rejected.
 """
 
 from __future__ import annotations
