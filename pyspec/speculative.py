@@ -150,8 +150,10 @@ class SpeculativeDecoder(Generator):
             "draft_max": k,
             "draft_sampling": draft_sampling,
             "policy": policy_obj,
-            # Batch timings recorded on this machine before: the policy need not time them again.
-            "known_batch_costs": calibration.load(self.target._core) if policy_obj is not None else {},
+            # Batch timings recorded on this machine before, read only while the policy
+            # still wants some (its first call): then it need not time them again.
+            "known_batch_costs": (calibration.load(self.target._core)
+                                  if policy_obj is not None and policy_obj.calibration_sizes(k + 1) else {}),
             # TEST-ONLY negative controls: a wrong acceptance rule (_variant), or a stop
             # rule that discards drawn draft tokens below a belief (_discard_below).
             "variant": _variant,

@@ -38,16 +38,16 @@ import numpy as np
 import pytest
 
 import pyspec
-from pyspec import sampling
 
 from test_speculative_lossless import (
     ALPHA,
     PROMPT,
     TARGET,
-    exact_distribution,
+    draft_row,
+    exact_law,
     pooled_chisquare,
     power,
-    target_rows,
+    required_n,
     wrong_residual_distribution,
 )
 
@@ -56,17 +56,7 @@ from test_speculative_lossless import (
 DRAFT = dict(draft_temperature=0.5, draft_top_k=3, draft_top_p=1.0, draft_min_p=0.0)
 THRESHOLD = 0.5           # confidence's p_min, and the discard control's threshold
 NGRAM_PROMPT = "one two three one two three one two"
-MIN_N, MARGIN = 200, 1.0
-
-
-def required_n(exact: dict, wrong: dict, df: int) -> int:
-    """Smallest N (at least MIN_N, times MARGIN) whose power against `wrong` exceeds 0.99
-    (the tests assert the power again at the N they use)."""
-    n = 50
-    while power(exact, wrong, n, df) <= 0.99:
-        n = int(n * 1.1) + 1
-        assert n < 200_000, "the wrong law is too close to the target's for a feasible test"
-    return max(MIN_N, int(n * MARGIN))
+MIN_N = 200
 
 
 def marginal(joint: dict) -> dict:
@@ -74,18 +64,6 @@ def marginal(joint: dict) -> dict:
     for key, v in joint.items():
         out[key[:1]] = out.get(key[:1], 0.0) + v
     return out
-
-
-def draft_row(model: pyspec.Model, tokens, **settings) -> np.ndarray:
-    """q0: the draft's distribution at the prompt, under its sampling settings."""
-    core = model._core
-    core.truncate(0)
-    core.decode(tokens, 0, 1)
-    q0 = sampling.distribution(core.logits(0), temperature=settings["draft_temperature"],
-                               top_k=settings["draft_top_k"], top_p=settings["draft_top_p"],
-                               min_p=settings["draft_min_p"])
-    core.truncate(0)
-    return q0
 
 
 def discard_law(p0: np.ndarray, q0: np.ndarray, t: float) -> dict:
@@ -148,13 +126,9 @@ def gemma_models(gemma_path):
 def model_case(gemma_models):
     """Exact joint law, the discard rule's law and the test size for the model drafter."""
     target, draft = gemma_models
-    tokens = target.tokenize(PROMPT)
-    p0, p1 = target_rows(target, tokens)
-    exact = exact_distribution(target, p0, p1)
-    q0 = draft_row(draft, tokens, **DRAFT)
-    wrong = discard_law(p0, q0, THRESHOLD)
-    df = max(len(exact) - 1, 1)
-    n = required_n(marginal(exact), wrong, df)
+    tokens, p0, p1, exact = exact_law(target, PROMPT)
+    wrong = discard_law(p0, draft_row(draft, tokens, DRAFT), THRESHOLD)
+    n = max(MIN_N, required_n(marginal(exact), wrong, max(len(exact) - 1, 1)))
     return tokens, exact, wrong, n
 
 
@@ -205,16 +179,14 @@ def test_negative_control_discarding_drawn_tokens_is_caught(gemma_models, model_
 @pytest.fixture(scope="module")
 def ngram_case(gemma_models):
     target, _ = gemma_models
-    tokens = target.tokenize(NGRAM_PROMPT)
-    p0, p1 = target_rows(target, tokens)
-    exact = exact_distribution(target, p0, p1)
+    tokens, p0, p1, exact = exact_law(target, NGRAM_PROMPT)
     lookup = pyspec.SpeculativeDecoder(target, drafter="ngram", policy="fixed", draft_max=2)
     proposal = lookup._core_drafter.propose(tokens, 2)
     assert len(proposal) == 2, "the prompt must give the n-gram drafter a two-token proposal"
     q0 = np.zeros_like(p0)
     q0[proposal[0]] = 1.0
     wrong = wrong_residual_distribution(target, p0, q0, p1)
-    n = required_n(exact, wrong, max(len(exact) - 1, 1))
+    n = max(MIN_N, required_n(exact, wrong, max(len(exact) - 1, 1)))
     return tokens, exact, wrong, n
 
 

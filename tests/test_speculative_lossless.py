@@ -241,12 +241,17 @@ def draft_row(draft: pyspec.Model, prompt_tokens, draft_kwargs: dict):
     return q0
 
 
+def exact_law(target: pyspec.Model, prompt: str):
+    """prompt tokens, p0, p1 and the exact two-token law of the target after `prompt`."""
+    tokens = target.tokenize(prompt)
+    p0, p1 = target_rows(target, tokens)
+    return tokens, p0, p1, exact_distribution(target, p0, p1)
+
+
 def lossless_case(target: pyspec.Model, draft: pyspec.Model, draft_kwargs: dict):
     """prompt tokens, the exact two-token law, and the broken-residual law (the
     stated wrong distribution every test here is sized against)."""
-    tokens = target.tokenize(PROMPT)
-    p0, p1 = target_rows(target, tokens)
-    exact = exact_distribution(target, p0, p1)
+    tokens, p0, p1, exact = exact_law(target, PROMPT)
     wrong = wrong_residual_distribution(target, p0, draft_row(draft, tokens, draft_kwargs), p1)
     return tokens, exact, wrong
 
