@@ -11,7 +11,7 @@ namespace {
 constexpr double kAlphaRate = 0.15;   // weight of the newest observation in alpha and the belief table
 constexpr double kCostRate = 0.1;     // ... in the cost estimates
 constexpr double kOptimistic = 0.9;   // acceptance per position a probe must be able to pay at
-constexpr double kBetter = 1.0001;    // prefer the shorter draft on (near) ties
+constexpr double kTieMargin = 1.0001;    // prefer the shorter draft on (near) ties
 constexpr int32_t kFirstInterval = 8;
 constexpr int32_t kMaxInterval = 256;
 constexpr int32_t kCalibration[] = {1, 2, 4, 8, 16, 32, 64};
@@ -20,13 +20,13 @@ double ema(double old, double x, double rate) { return old < 0 ? x : (1 - rate) 
 
 }  // namespace
 
-AutoPolicy::AutoPolicy(int32_t cap) : cap_(std::min(std::max(cap, 1), kMaxDraft)) {
+AutoPolicy::AutoPolicy(int32_t draft_max) : draft_max_(std::min(std::max(draft_max, 1), kMaxDraft)) {
     // Starting acceptance per bucket (model; n-gram match 1, 2, 3, 4-7, 8-11, >= 12),
     // replaced by measurements within a few rounds.
     const double prior[kBuckets] = {0.7, 0.25, 0.45, 0.55, 0.7, 0.8, 0.9};
     for (int b = 0; b < kBuckets; ++b) {
-        buckets_[static_cast<size_t>(b)].across = prior[b];
-        buckets_[static_cast<size_t>(b)].cost = b == 0 ? -1.0 : 0.0;  // a lookup is free until measured
+        buckets_[static_cast<size_t>(b)].long_run = prior[b];
+        buckets_[static_cast<size_t>(b)].cost = b == kModelBucket ? -1.0 : 0.0;  // a lookup is free until measured
     }
     ratio_.assign(kMaxDraft + 2, -1.0);
     ratio_[1] = 1.0;
@@ -34,7 +34,7 @@ AutoPolicy::AutoPolicy(int32_t cap) : cap_(std::min(std::max(cap, 1), kMaxDraft)
 }
 
 int AutoPolicy::bucket_of(const DraftPlan& plan) {
-    if (plan.source == DraftSource::kModel) return 0;
+    if (plan.source == DraftSource::kModel) return kModelBucket;
     const int32_t m = plan.match_len;
     if (m <= 3) return std::max(m, 1);
     return m < 8 ? 4 : m < 12 ? 5 : 6;
@@ -51,7 +51,7 @@ double AutoPolicy::verify_cost(int32_t n) const {
     return v1_ * ratio_[static_cast<size_t>(n)];
 }
 
-double AutoPolicy::v_any(int32_t n) const {
+double AutoPolicy::verify_cost_estimate(int32_t n) const {
     const double known = verify_cost(n);
     if (known > 0) return known;
     // Linear between the nearest measured sizes; past the last one, along the
@@ -82,9 +82,7 @@ double AutoPolicy::v_any(int32_t n) const {
 
 double AutoPolicy::rate(const Bucket& b, double alpha, int32_t k) const {
     if (k == 0) return 1.0 / v1_;
-    double e = 1.0, reach = 1.0;
-    for (int32_t i = 0; i < k; ++i) e += (reach *= alpha);
-    return e / (k * std::max(b.cost, 0.0) + v_any(k + 1));
+    return expected_tokens(alpha, k) / (k * std::max(b.cost, 0.0) + verify_cost_estimate(k + 1));
 }
 
 void AutoPolicy::begin_generation() {
@@ -95,8 +93,8 @@ bool AutoPolicy::could_pay(const Bucket& b) const {
     if (b.cost < 0 || v1_ <= 0) return true;  // not measured yet: find out
     const double opt = std::max(b.alpha(), kOptimistic);
     const double plain = rate(b, opt, 0);
-    for (int32_t k = 1; k <= cap_; ++k) {
-        if ((k == 1 || verify_cost(k + 1) > 0) && rate(b, opt, k) > plain * kBetter) return true;
+    for (int32_t k = 1; k <= draft_max_; ++k) {
+        if ((k == 1 || verify_cost(k + 1) > 0) && rate(b, opt, k) > plain * kTieMargin) return true;
     }
     return false;
 }
@@ -108,13 +106,13 @@ bool AutoPolicy::may_draft(DraftSource source) const {
     return could_pay(buckets_[static_cast<size_t>(bucket_of(plan))]);
 }
 
-int32_t AutoPolicy::next_length(int32_t k_cap, const DraftPlan& plan) {
+int32_t AutoPolicy::next_length(int32_t round_max, const DraftPlan& plan) {
     planned_bucket_ = bucket_of(plan);
     planned_k_ = 0;
-    conf_.clear();
+    beliefs_.clear();
     reach_.clear();
-    const int32_t cap = std::min({cap_, k_cap, kMaxDraft});
-    if (cap <= 0 || v1_ <= 0) return 0;  // a plain step measures v1 first
+    const int32_t longest = std::min({draft_max_, round_max, kMaxDraft});
+    if (longest <= 0 || v1_ <= 0) return 0;  // a plain step measures v1 first
     Bucket& b = buckets_[static_cast<size_t>(planned_bucket_)];
     if (b.cost < 0) {  // the drafter's cost is unknown: one short draft measures it
         b.probing = true;
@@ -123,10 +121,10 @@ int32_t AutoPolicy::next_length(int32_t k_cap, const DraftPlan& plan) {
     int32_t best_k = 0;
     double best = rate(b, 0, 0);
     const double alpha = b.alpha();
-    for (int32_t k = 1; k <= cap; ++k) {
+    for (int32_t k = 1; k <= longest; ++k) {
         if (k > 1 && verify_cost(k + 1) <= 0) continue;  // only measured batch sizes
         const double r = rate(b, alpha, k);
-        if (r > best * kBetter) {
+        if (r > best * kTieMargin) {
             best = r;
             best_k = k;
         }
@@ -167,28 +165,27 @@ double AutoPolicy::believed_acceptance(const Distribution& belief, int32_t token
 }
 
 AutoPolicy::Options AutoPolicy::options(int32_t i, double r_i) const {
-    const Bucket& b = buckets_[0];
+    const Bucket& b = buckets_[kModelBucket];
     const double c = std::max(b.cost, 0.0);
     double e_without = 1.0;
     for (double r : reach_) e_without += r;
     const double e_with = e_without + r_i;
     // Draft time already spent is sunk; it is in every option's denominator.
     Options o;
-    o.without = e_without / ((i + 1) * c + v_any(i + 1));
-    o.with = e_with / ((i + 1) * c + v_any(i + 2));
+    o.without = e_without / ((i + 1) * c + verify_cost_estimate(i + 1));
+    o.with = e_with / ((i + 1) * c + verify_cost_estimate(i + 2));
     o.more = -std::numeric_limits<double>::infinity();
     if (i + 1 < planned_k_) {
-        const double alpha = b.alpha();
-        double e = e_with, reach = r_i;
-        for (int32_t j = i + 1; j < planned_k_; ++j) e += (reach *= alpha);
-        o.more = e / (planned_k_ * c + v_any(planned_k_ + 1));
+        // Tokens i + 1 .. k - 1 each reach on from r_i at alpha per position.
+        const double e = e_with + r_i * (expected_tokens(b.alpha(), planned_k_ - i - 1) - 1.0);
+        o.more = e / (planned_k_ * c + verify_cost_estimate(planned_k_ + 1));
     }
     return o;
 }
 
 bool AutoPolicy::judging(int32_t i) const {
     // Only a draft model's belief says anything (an n-gram's q is one-hot).
-    return planned_bucket_ == 0 && static_cast<int32_t>(reach_.size()) == i;
+    return planned_bucket_ == kModelBucket && static_cast<int32_t>(reach_.size()) == i;
 }
 
 bool AutoPolicy::stop_before(int32_t i, const Distribution& belief, int32_t known) {
@@ -202,7 +199,7 @@ bool AutoPolicy::stop_after(int32_t i, const Distribution& belief, int32_t token
     if (!judging(i)) return false;
     const double conf = belief.prob(token);
     const double r_i = (i == 0 ? 1.0 : reach_.back()) * conf_acc_[static_cast<size_t>(conf_bin(conf))];
-    conf_.push_back(conf);
+    beliefs_.push_back(conf);
     reach_.push_back(r_i);
     const Options o = options(i, r_i);
     return o.more < o.with;  // the token stays either way; only going on is in question
@@ -222,18 +219,18 @@ void AutoPolicy::observe(const RoundReport& r) {
     if (r.plan.source == DraftSource::kNgram || r.plan.lag <= 2) b.cost = ema(b.cost, r.draft_s / r.drafted, kCostRate);
     b.probe_hit = b.probing && r.accepted == r.drafted;
     // Positions reached: 0..min(accepted, drafted - 1); all but a rejected last one accepted.
-    const bool beliefs = bi == 0 && static_cast<int32_t>(conf_.size()) == r.drafted;
+    const bool beliefs = bi == kModelBucket && static_cast<int32_t>(beliefs_.size()) == r.drafted;
     for (int32_t i = 0; i <= std::min(r.accepted, r.drafted - 1); ++i) {
         const double hit = i < r.accepted ? 1.0 : 0.0;
-        b.across = (1 - kAlphaRate) * b.across + kAlphaRate * hit;
+        b.long_run = (1 - kAlphaRate) * b.long_run + kAlphaRate * hit;
         b.accepted += hit;
         b.tried += 1;
         if (beliefs) {
-            double& t = conf_acc_[static_cast<size_t>(conf_bin(conf_[static_cast<size_t>(i)]))];
+            double& t = conf_acc_[static_cast<size_t>(conf_bin(beliefs_[static_cast<size_t>(i)]))];
             t = (1 - kAlphaRate) * t + kAlphaRate * hit;
         }
     }
-    conf_.clear();
+    beliefs_.clear();
     reach_.clear();
 }
 
@@ -241,12 +238,16 @@ std::vector<int32_t> AutoPolicy::calibration_sizes(int32_t max_batch) {
     std::vector<int32_t> out;
     if (calibrated_) return out;
     for (int32_t n : kCalibration) {
-        if (n <= std::min(max_batch, cap_ + 1)) out.push_back(n);
+        if (n <= std::min(max_batch, draft_max_ + 1)) out.push_back(n);
     }
     return out;
 }
 
 void AutoPolicy::calibrated(const std::vector<int32_t>& sizes, const std::vector<double>& seconds) {
+    calibration_.clear();
+    for (size_t i = 0; i < sizes.size() && i < seconds.size(); ++i) {
+        if (seconds[i] > 0) calibration_.emplace_back(sizes[i], seconds[i]);
+    }
     for (size_t i = 0; i < sizes.size() && i < seconds.size(); ++i) {
         if (sizes[i] == 1 && seconds[i] > 0) v1_ = seconds[i];
     }
@@ -261,7 +262,10 @@ void AutoPolicy::calibrated(const std::vector<int32_t>& sizes, const std::vector
 }
 
 double AutoPolicy::draft_cost(DraftSource source) const {
-    return buckets_[source == DraftSource::kModel ? 0 : 1].cost;
+    DraftPlan plan;
+    plan.source = source;
+    plan.match_len = 1;  // every n-gram bucket shares one lookup cost; report the first
+    return buckets_[static_cast<size_t>(bucket_of(plan))].cost;
 }
 
 double AutoPolicy::acceptance(const DraftPlan& plan) const {

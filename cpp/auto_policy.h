@@ -2,7 +2,7 @@
 // 0 (a plain decoding step) included, that maximises expected tokens per second:
 //
 //   rate(0) = 1 / V(1)
-//   rate(k) = E_b(k) / T_b(k),  E_b(k) = 1 + a + a^2 + ... + a^k   (a = alpha_b)
+//   rate(k) = E_b(k) / T_b(k),  E_b(k) = 1 + a + a^2 + ... + a^k   (a = alpha_b; expected_tokens())
 //                               T_b(k) = k * c_b + V(k + 1)
 //
 //   b        where the draft comes from: the draft model, or an n-gram match of
@@ -31,7 +31,6 @@
 // averaged over q_i, or on the greedy token's belief, which q_i decides); after
 // the draw it may end the draft with token i kept. It never discards a drawn
 // token (drafter.h: that would bias the output at T > 0).
-// (E_b above is expected_tokens() with alpha_b at every position.)
 //
 // Probes: while plain decoding wins for a source, a 1-token draft after every
 // `interval` plain rounds refreshes alpha, so the policy leaves plain mode when
@@ -45,6 +44,7 @@
 
 #include <array>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "policy.h"
@@ -53,11 +53,12 @@ namespace pyspec {
 
 class AutoPolicy : public LengthPolicy {
 public:
-    explicit AutoPolicy(int32_t cap);
+    explicit AutoPolicy(int32_t draft_max);
 
     std::string name() const override { return "auto"; }
+    int32_t draft_max() const override { return draft_max_; }
     void begin_generation() override;
-    int32_t next_length(int32_t k_cap, const DraftPlan& plan) override;
+    int32_t next_length(int32_t round_max, const DraftPlan& plan) override;
     bool stops_early() const override { return true; }
     bool stop_before(int32_t i, const Distribution& belief, int32_t known) override;
     bool stop_after(int32_t i, const Distribution& belief, int32_t token) override;
@@ -74,18 +75,21 @@ public:
     double draft_cost(DraftSource source) const;  // c_b of the model / of n-gram lookups, -1 unknown
     double acceptance(const DraftPlan& plan) const;  // alpha_b, this generation's blend
     int32_t probe_interval(const DraftPlan& plan) const;
+    // The batch timings calibrated() was given (size, seconds): what is worth keeping on disk.
+    const std::vector<std::pair<int32_t, double>>& calibration() const { return calibration_; }
 
     static constexpr int32_t kMaxDraft = 63;   // longest draft the tables cover
     static constexpr int32_t kBuckets = 7;     // model + 6 n-gram match-length buckets
+    static constexpr int kModelBucket = 0;
     static constexpr int32_t kConfBins = 6;
     static constexpr double kWeight = 4;     // pseudo-observations behind A_b in a new generation
 
 private:
     struct Bucket {
-        double across = 0;           // A_b: acceptance over all generations (running average)
+        double long_run = 0;           // A_b: acceptance over all generations (running average)
         double accepted = 0;         // draft positions accepted in this generation
         double tried = 0;            // ... and verified
-        double alpha() const { return (accepted + kWeight * across) / (tried + kWeight); }
+        double alpha() const { return (accepted + kWeight * long_run) / (tried + kWeight); }
         double cost = -1;            // seconds per drafted token; -1 = not measured
         int32_t plain_streak = 0;    // plain rounds since the last draft from this bucket
         int32_t interval = 8;        // plain rounds between probes
@@ -106,21 +110,22 @@ private:
 
     static int bucket_of(const DraftPlan& plan);
     static int conf_bin(double c);
-    double v_any(int32_t batch) const;   // V(n), interpolated for unmeasured sizes
+    double verify_cost_estimate(int32_t batch) const;   // V(n), interpolated for unmeasured sizes
     double rate(const Bucket& b, double alpha, int32_t k) const;
     bool could_pay(const Bucket& b) const;
 
-    int32_t cap_;
+    int32_t draft_max_;
     std::array<Bucket, kBuckets> buckets_;
     double v1_ = -1;                  // single-token step, seconds
     std::vector<double> ratio_;       // r(n) = V(n) / v1, index n; -1 = not measured
     bool calibrated_ = false;
+    std::vector<std::pair<int32_t, double>> calibration_;
     std::array<double, kConfBins> conf_acc_;  // P(accept | belief bin), learned
 
     // The round being drafted.
     int planned_bucket_ = -1;
     int32_t planned_k_ = 0;
-    std::vector<double> conf_;        // belief in each kept draft token
+    std::vector<double> beliefs_;        // belief in each kept draft token
     std::vector<double> reach_;       // P(tokens 0..i all accepted), belief-adjusted
 };
 

@@ -4,13 +4,14 @@
 // std::invalid_argument into ValueError (pybind11's built-in translation).
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
-#include <chrono>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "bench_verify.h"
 #include "rng.h"
 #include "sampling.h"
 
@@ -46,21 +47,9 @@ Storage parse_storage(const std::string& s) {
     throw std::invalid_argument("storage must be 'auto', 'dense' or 'sparse', got '" + s + "'");
 }
 
-VerifyVariant parse_variant(const std::string& s) {
-    if (s == "correct") return VerifyVariant::kCorrect;
-    if (s == "residual_is_p") return VerifyVariant::kResidualIsP;
-    if (s == "accept_all") return VerifyVariant::kAcceptAll;
-    if (s == "sample_and_match") return VerifyVariant::kSampleAndMatch;
-    throw std::invalid_argument(
-        "variant must be one of 'correct', 'residual_is_p', 'accept_all', 'sample_and_match', "
-        "got '" + s + "'");
-}
-
 int32_t checked_vocab(py::ssize_t v) {
-    if (v <= 0 || v > INT32_MAX) {
-        throw std::invalid_argument("vocabulary size must be in [1, 2^31), got " +
-                                    std::to_string(v));
-    }
+    if (v <= 0) throw std::invalid_argument("the vocabulary is empty (size 0)");
+    if (v > INT32_MAX) throw std::invalid_argument("vocabulary size must be < 2^31, got " + std::to_string(v));
     return static_cast<int32_t>(v);
 }
 
@@ -106,7 +95,7 @@ double check_u(double u) {
 py::tuple verify_many(const F64Array& p, const F64Array& q, const py::object& draft_obj,
                       int64_t n_rounds, uint64_t seed, const std::string& variant_name,
                       const std::string& storage_name, bool return_drafts) {
-    const VerifyVariant variant = parse_variant(variant_name);
+    const VerifyVariant variant = pyspec::parse_verify_variant(variant_name);
     const Storage storage = parse_storage(storage_name);
     if (p.ndim() != 2) throw std::invalid_argument("p must be 2-D (n+1, n_vocab)");
     if (q.ndim() != 2) throw std::invalid_argument("q must be 2-D (n, n_vocab)");
@@ -128,7 +117,7 @@ py::tuple verify_many(const F64Array& p, const F64Array& q, const py::object& dr
     if (!sample_drafts) {
         fixed_draft = draft_obj.cast<I32Array>();
         if (fixed_draft.ndim() != 1 || fixed_draft.shape(0) != n_draft) {
-            throw std::invalid_argument("draft must be 1-D with one token per row of q");
+            throw std::invalid_argument("draft must have shape (n,): one token per row of q");
         }
     }
     if (return_drafts && !sample_drafts) {
@@ -174,8 +163,6 @@ py::tuple verify_many(const F64Array& p, const F64Array& q, const py::object& dr
     return py::make_tuple(n_accepted, next_token);
 }
 
-// Timed loop in C++: (a) verify only, distributions prepared once; (b) a realistic round:
-// compute_distribution for the n+1 target rows and n draft rows, draw the drafts, verify.
 py::dict bench_verify(const F32Array& logits_p, const F32Array& logits_q, double temperature,
                       int32_t top_k, double top_p, double min_p, double seconds, uint64_t seed) {
     if (logits_p.ndim() != 2 || logits_q.ndim() != 2) {
@@ -189,64 +176,21 @@ py::dict bench_verify(const F32Array& logits_p, const F32Array& logits_q, double
     const int32_t n_vocab = checked_vocab(logits_p.shape(1));
     const int32_t n = static_cast<int32_t>(n_draft);
     const SamplingParams params = make_params(temperature, top_k, top_p, min_p);
-    const float* lp = logits_p.data();
-    const float* lq = logits_q.data();
-
-    using clock = std::chrono::steady_clock;
-    int64_t rounds_a = 0, rounds_b = 0, acc_a = 0, acc_b = 0;
-    double secs_a = 0.0, secs_b = 0.0;
+    pyspec::VerifyBench b;
     {
         py::gil_scoped_release nogil;
-        SamplingWorkspace ws;
-        std::vector<Distribution> pd(static_cast<size_t>(n + 1));
-        std::vector<Distribution> qd(static_cast<size_t>(n));
-        std::vector<int32_t> draft(static_cast<size_t>(n));
-        Rng rng(seed);
-        auto compute_all = [&]() {
-            for (int32_t i = 0; i <= n; ++i) {
-                pyspec::compute_distribution(lp + static_cast<size_t>(i) * n_vocab, n_vocab,
-                                             params, pd[static_cast<size_t>(i)], ws);
-            }
-            for (int32_t i = 0; i < n; ++i) {
-                pyspec::compute_distribution(lq + static_cast<size_t>(i) * n_vocab, n_vocab,
-                                             params, qd[static_cast<size_t>(i)], ws);
-            }
-        };
-        auto one_round = [&]() {
-            for (int32_t i = 0; i < n; ++i) {
-                draft[static_cast<size_t>(i)] = qd[static_cast<size_t>(i)].sample(rng.uniform());
-            }
-            return pyspec::verify(pd.data(), qd.data(), draft.data(), n, rng).n_accepted;
-        };
-        compute_all();
-        const double half = seconds / 2.0;
-        auto t0 = clock::now();
-        do {
-            for (int k = 0; k < 64; ++k) {
-                acc_a += one_round();
-                ++rounds_a;
-            }
-            secs_a = std::chrono::duration<double>(clock::now() - t0).count();
-        } while (secs_a < half);
-        t0 = clock::now();
-        do {
-            compute_all();
-            acc_b += one_round();
-            ++rounds_b;
-            secs_b = std::chrono::duration<double>(clock::now() - t0).count();
-        } while (secs_b < half);
+        b = pyspec::bench_verify(logits_p.data(), logits_q.data(), n, n_vocab, params, seconds, seed);
     }
     py::dict out;
     out["n_vocab"] = n_vocab;
     out["n_draft"] = n;
-    out["verify_only_rounds"] = rounds_a;
-    out["verify_only_seconds"] = secs_a;
-    out["verify_only_rounds_per_s"] = static_cast<double>(rounds_a) / secs_a;
-    out["full_rounds"] = rounds_b;
-    out["full_seconds"] = secs_b;
-    out["full_rounds_per_s"] = static_cast<double>(rounds_b) / secs_b;
-    out["mean_accepted"] =
-        static_cast<double>(acc_a + acc_b) / static_cast<double>(rounds_a + rounds_b);
+    out["verify_only_rounds"] = b.verify_only_rounds;
+    out["verify_only_seconds"] = b.verify_only_seconds;
+    out["verify_only_rounds_per_s"] = static_cast<double>(b.verify_only_rounds) / b.verify_only_seconds;
+    out["full_rounds"] = b.full_rounds;
+    out["full_seconds"] = b.full_seconds;
+    out["full_rounds_per_s"] = static_cast<double>(b.full_rounds) / b.full_seconds;
+    out["mean_accepted"] = b.mean_accepted;
     return out;
 }
 
@@ -307,6 +251,7 @@ void bind_sampling(py::module_& m) {
         },
         py::arg("p"), py::arg("q"), py::arg("u"));
     sm.attr("RESIDUAL_MIN_MASS") = pyspec::kResidualMinMass;
+    sm.attr("VARIANTS") = py::tuple(py::cast(pyspec::verify_variant_names()));
 
     sm.def("verify_many", &verify_many, py::arg("p"), py::arg("q"), py::arg("draft"),
            py::arg("n_rounds"), py::arg("seed"), py::arg("variant") = "correct",

@@ -1,6 +1,10 @@
-// pybind11 module pyspec._core: the model wrapper and the generation loop.
-// The sampling math is bound in bind_sampling.cpp. Heavy work releases the GIL;
-// the per-token callback takes it back briefly to stream text and to notice Ctrl-C.
+// pybind11 module pyspec._core: the model wrapper, drafters, policies and the
+// generation loop. The sampling math is bound in bind_sampling.cpp, llama.cpp's
+// build facts in bind_info.cpp; the typed surface is pyspec/_core.pyi. Structs
+// cross as bound classes built from keyword arguments over their C++ defaults,
+// so each field and default is written once (in its header). Heavy work releases
+// the GIL; the per-token callback takes it back briefly to stream text and to
+// notice Ctrl-C.
 #include <pybind11/functional.h>
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
@@ -11,18 +15,22 @@
 #include <atomic>
 #include <map>
 #include <memory>
+#include <string>
 
 #include "errors.h"
 #include "engine.h"
 #include "model.h"
-#include "hybrid_drafter.h"
-#include "model_drafter.h"
-#include "ngram_drafter.h"
 #include "auto_policy.h"
+#include "bind_struct.h"
+#include "drafters.h"
+#include "ngram_drafter.h"
 #include "policy.h"
 
 namespace py = pybind11;
 using namespace pyspec;
+
+using namespace pybind11::literals;
+using pyspec_bind::Struct;
 
 void bind_sampling(py::module_& m);
 void bind_info(py::module_& m);
@@ -50,33 +58,6 @@ void translate_errors(std::exception_ptr p) {
     } catch (const IncompatibleModelsError& e) {
         raise_pyspec("IncompatibleModelsError", e.what());
     }
-}
-
-py::dict stats_to_dict(const GenerationStats& s) {
-    py::dict d;
-    d["n_prompt_tokens"] = s.n_prompt_tokens;
-    d["n_generated"] = s.n_generated;
-    d["prompt_s"] = s.prompt_s;
-    d["ttft_s"] = s.ttft_s;
-    d["decode_s"] = s.decode_s;
-    d["decode_tok_s"] = s.decode_tok_s;
-    d["rounds"] = s.rounds;
-    d["drafted"] = s.drafted;
-    d["accepted"] = s.accepted;
-    d["draft_s"] = s.draft_s;
-    d["verify_s"] = s.verify_s;
-    d["overhead_s"] = s.overhead_s;
-    d["calibrate_s"] = s.calibrate_s;
-    d["drafted_at"] = s.drafted_at;
-    d["accepted_at"] = s.accepted_at;
-    d["length_hist"] = s.length_hist;
-    d["policy_plain"] = s.policy_plain;
-    d["ngram_rounds"] = s.ngram_rounds;
-    d["ngram_drafted"] = s.ngram_drafted;
-    d["ngram_accepted"] = s.ngram_accepted;
-    d["stops_before"] = s.stops_before;
-    d["stops_after"] = s.stops_after;
-    return d;
 }
 
 // A flag another thread sets to stop a generation (the Python layer sets it on Ctrl-C).
@@ -126,18 +107,31 @@ DraftPlan make_plan(const std::string& source, int32_t match_len, int32_t lag) {
     return p;
 }
 
-const AutoPolicy& as_auto(const LengthPolicy& p) {
-    const auto* a = dynamic_cast<const AutoPolicy*>(&p);
-    if (!a) throw std::invalid_argument("only the auto policy keeps cost estimates");
-    return *a;
-}
-
-VerifyVariant parse_variant(const std::string& name) {
-    if (name == "correct") return VerifyVariant::kCorrect;
-    if (name == "residual_is_p") return VerifyVariant::kResidualIsP;
-    if (name == "accept_all") return VerifyVariant::kAcceptAll;
-    if (name == "sample_and_match") return VerifyVariant::kSampleAndMatch;
-    throw std::invalid_argument("unknown verification variant '" + name + "'");
+void bind_stats(py::module_& m) {
+    Struct<GenerationStats>(m, "GenerationStats", "What one generation measured (stats.h documents each field).")
+        .field("n_prompt_tokens", &GenerationStats::n_prompt_tokens)
+        .field("n_generated", &GenerationStats::n_generated)
+        .field("prompt_s", &GenerationStats::prompt_s)
+        .field("ttft_s", &GenerationStats::ttft_s)
+        .field("decode_s", &GenerationStats::decode_s)
+        .field("decode_tok_s", &GenerationStats::decode_tok_s)
+        .field("rounds", &GenerationStats::rounds)
+        .field("drafted", &GenerationStats::drafted)
+        .field("accepted", &GenerationStats::accepted)
+        .field("draft_s", &GenerationStats::draft_s)
+        .field("verify_s", &GenerationStats::verify_s)
+        .field("overhead_s", &GenerationStats::overhead_s)
+        .field("calibrate_s", &GenerationStats::calibrate_s)
+        .field("drafted_at", &GenerationStats::drafted_at)
+        .field("accepted_at", &GenerationStats::accepted_at)
+        .field("length_hist", &GenerationStats::length_hist)
+        .field("policy_plain", &GenerationStats::policy_plain)
+        .field("ngram_rounds", &GenerationStats::ngram_rounds)
+        .field("ngram_drafted", &GenerationStats::ngram_drafted)
+        .field("ngram_accepted", &GenerationStats::ngram_accepted)
+        .field("stops_before", &GenerationStats::stops_before)
+        .field("stops_after", &GenerationStats::stops_after)
+        .done();
 }
 
 }  // namespace
@@ -147,18 +141,14 @@ PYBIND11_MODULE(_core, m) {
     llama_backend_init();
     install_log_filter();
     py::register_exception_translator(&translate_errors);
+    bind_sampling(m);  // first: later signatures name its Distribution
 
-    py::class_<SamplingParams>(m, "SamplingParams")
-        .def(py::init([](double temperature, int32_t top_k, double top_p, double min_p) {
-                 SamplingParams p{temperature, top_k, top_p, min_p};
-                 p.validate();
-                 return p;
-             }),
-             py::arg("temperature") = 1.0, py::arg("top_k") = 0, py::arg("top_p") = 1.0, py::arg("min_p") = 0.0)
-        .def_readonly("temperature", &SamplingParams::temperature)
-        .def_readonly("top_k", &SamplingParams::top_k)
-        .def_readonly("top_p", &SamplingParams::top_p)
-        .def_readonly("min_p", &SamplingParams::min_p);
+    Struct<SamplingParams>(m, "SamplingParams", "The target's (or a drafter's) sampling settings.")
+        .field("temperature", &SamplingParams::temperature)
+        .field("top_k", &SamplingParams::top_k)
+        .field("top_p", &SamplingParams::top_p)
+        .field("min_p", &SamplingParams::min_p)
+        .done([](const SamplingParams& p) { p.validate(); });
 
     m.def("llama_system_info", []() { return std::string(llama_print_system_info()); });
 
@@ -244,9 +234,8 @@ PYBIND11_MODULE(_core, m) {
         .def("set", [](CancelToken& c) { c.flag.store(true); }, "Ask the generation using this token to stop.")
         .def_property_readonly("is_set", [](const CancelToken& c) { return c.flag.load(); });
 
+    // Drafters: built by name (drafters.h); the n-gram index is also bound on its own for tests.
     py::class_<Drafter>(m, "Drafter");
-    py::class_<ModelDrafter, Drafter>(m, "ModelDrafter")
-        .def(py::init<Model&>(), py::arg("model"), py::keep_alive<1, 2>());
     py::class_<NgramDrafter, Drafter>(m, "NgramDrafter")
         .def(py::init<int32_t, int32_t, int32_t>(), py::arg("n_vocab"), py::arg("n_min") = 1, py::arg("n_max") = 16)
         .def("begin", [](NgramDrafter& d, const std::vector<int32_t>& prompt) { d.begin(prompt, SamplingParams{}, true); })
@@ -266,30 +255,52 @@ PYBIND11_MODULE(_core, m) {
                  return tokens;
              },
              py::arg("history"), py::arg("max_n"));
-    py::class_<HybridDrafter, Drafter>(m, "HybridDrafter")
-        .def(py::init<ModelDrafter&, NgramDrafter&, int32_t>(), py::arg("model"), py::arg("ngram"),
-             py::arg("min_match") = 2, py::keep_alive<1, 2>(), py::keep_alive<1, 3>());
+    Struct<DrafterParams>(m, "DrafterParams", "Which drafter to build, and its settings.")
+        .field("name", &DrafterParams::name)
+        .field("ngram_min", &DrafterParams::ngram_min)
+        .field("ngram_max", &DrafterParams::ngram_max)
+        .field("hybrid_min_match", &DrafterParams::hybrid_min_match)
+        .done();
+    m.def("drafters", [] {
+        py::list out;
+        for (const DrafterInfo& i : drafter_catalog()) {
+            out.append(py::dict("name"_a = i.name, "needs_draft_model"_a = i.needs_draft_model,
+                                "summary"_a = i.summary));
+        }
+        return out;
+    }, "Every drafter: name, whether it needs a draft model, a one-line summary.");
+    m.def("drafter_name", &drafter_name, py::arg("params"), py::arg("have_draft_model"),
+          "The drafter params.name resolves to (its default when empty); ValueError if unusable.");
+    m.def("make_drafter", &make_drafter, py::arg("params"), py::arg("target"), py::arg("draft") = nullptr,
+          py::keep_alive<0, 2>(), py::keep_alive<0, 3>(),
+          "Build a drafter; IncompatibleModelsError unless the draft model shares the target's vocabulary.");
 
+    // Length policies: built by name (policy.h); make_policy returns the most derived class.
+    Struct<PolicyParams>(m, "PolicyParams", "Which length policy to build, and its settings.")
+        .field("name", &PolicyParams::name)
+        .field("draft_max", &PolicyParams::draft_max)
+        .field("p_min", &PolicyParams::p_min)
+        .field("gamma", &PolicyParams::gamma)
+        .field("h", &PolicyParams::h)
+        .done();
+    m.def("policies", [] {
+        py::list out;
+        for (const PolicyInfo& i : policy_catalog()) {
+            out.append(py::dict("name"_a = i.name, "default_draft_max"_a = i.default_draft_max,
+                                "summary"_a = i.summary));
+        }
+        return out;
+    }, "Every length policy: name, default draft_max, a one-line summary.");
+    m.def("make_policy", &make_policy, py::arg("params"));
     py::class_<LengthPolicy>(m, "LengthPolicy")
-        .def(py::init([](const std::string& name, int32_t k, double p_min, double gamma, double h, int32_t cap) {
-                 PolicyParams p;
-                 p.name = name;
-                 p.k = k;
-                 p.p_min = p_min;
-                 p.gamma = gamma;
-                 p.h = h;
-                 p.cap = cap;
-                 return make_policy(p);
-             }),
-             py::arg("name"), py::arg("k") = 4, py::arg("p_min") = 0.75, py::arg("gamma") = 0.15, py::arg("h") = 0.3,
-             py::arg("cap") = 40)
         .def_property_readonly("name", &LengthPolicy::name)
+        .def_property_readonly("draft_max", &LengthPolicy::draft_max)
         // The engine's side of the conversation, for tests and tools that drive a policy directly.
         .def("next_length",
-             [](LengthPolicy& p, int32_t k_cap, const std::string& source, int32_t match_len, int32_t lag) {
-                 return p.next_length(k_cap, make_plan(source, match_len, lag));
+             [](LengthPolicy& p, int32_t round_max, const std::string& source, int32_t match_len, int32_t lag) {
+                 return p.next_length(round_max, make_plan(source, match_len, lag));
              },
-             py::arg("k_cap"), py::arg("source") = "model", py::arg("match_len") = 0, py::arg("lag") = 1)
+             py::arg("round_max"), py::arg("source") = "model", py::arg("match_len") = 0, py::arg("lag") = 1)
         .def("stop_before", &LengthPolicy::stop_before, py::arg("i"), py::arg("belief"), py::arg("known") = -1,
              "Whether the draft ends before token i is drawn (known: the token a greedy draft will propose, "
              "else -1).")
@@ -306,74 +317,68 @@ PYBIND11_MODULE(_core, m) {
         .def("calibrated", &LengthPolicy::calibrated, py::arg("sizes"), py::arg("seconds"))
         .def("may_draft", [](const LengthPolicy& p, const std::string& s) { return p.may_draft(parse_source(s)); },
              py::arg("source"))
-        .def("verify_cost", [](const LengthPolicy& p, int32_t n) { return as_auto(p).verify_cost(n); },
-             py::arg("batch"), "auto: estimated seconds for an n-token target batch (-1: not measured)")
-        .def("draft_cost",
-             [](const LengthPolicy& p, const std::string& s) { return as_auto(p).draft_cost(parse_source(s)); },
-             py::arg("source"), "auto: estimated drafter seconds per token (-1: not measured)")
+        .def("begin_generation", &LengthPolicy::begin_generation);
+    py::class_<AutoPolicy, LengthPolicy>(m, "AutoPolicy", "The cost-aware policy; exposes its estimates.")
+        .def("verify_cost", &AutoPolicy::verify_cost, py::arg("batch"),
+             "Estimated seconds for an n-token target batch (-1: not measured).")
+        .def("draft_cost", [](const AutoPolicy& p, const std::string& s) { return p.draft_cost(parse_source(s)); },
+             py::arg("source"), "Estimated drafter seconds per token (-1: not measured).")
         .def("acceptance",
-             [](const LengthPolicy& p, const std::string& s, int32_t match_len) {
-                 return as_auto(p).acceptance(make_plan(s, match_len, 0));
+             [](const AutoPolicy& p, const std::string& s, int32_t match_len) {
+                 return p.acceptance(make_plan(s, match_len, 0));
              },
              py::arg("source") = "model", py::arg("match_len") = 0,
-             "auto: estimated acceptance of a draft token (this generation's evidence blended with the past)")
-        .def("begin_generation", &LengthPolicy::begin_generation)
+             "Estimated acceptance of a draft token (this generation's evidence blended with the past).")
         .def("probe_interval",
-             [](const LengthPolicy& p, const std::string& s, int32_t match_len) {
-                 return as_auto(p).probe_interval(make_plan(s, match_len, 0));
+             [](const AutoPolicy& p, const std::string& s, int32_t match_len) {
+                 return p.probe_interval(make_plan(s, match_len, 0));
              },
-             py::arg("source") = "model", py::arg("match_len") = 0);
-    m.def("expected_tokens", &expected_tokens, py::arg("alpha"), py::arg("k"));
+             py::arg("source") = "model", py::arg("match_len") = 0)
+        .def_property_readonly("calibration", [](const AutoPolicy& p) {
+            return std::map<int32_t, double>(p.calibration().begin(), p.calibration().end());
+        }, "The target batch timings it was calibrated with ({size: seconds}), to keep on disk.");
+    m.def("expected_tokens", py::overload_cast<const std::vector<double>&, int32_t>(&expected_tokens),
+          py::arg("alpha"), py::arg("k"));
 
-    m.def("check_compatible", &check_compatible, py::arg("target"), py::arg("draft"),
-          "Raise IncompatibleModelsError unless the two models share one vocabulary.");
+    // One generation: parameters in, tokens, text and statistics out.
+    Struct<GenerateParams>(m, "GenerateParams", "Settings of one generation (engine.h documents each).")
+        .field("max_tokens", &GenerateParams::max_tokens)
+        .field("sampling", &GenerateParams::sampling)
+        .field("draft_sampling", &GenerateParams::draft_sampling)
+        .field("seed", &GenerateParams::seed)
+        .field("stop", &GenerateParams::stop)
+        .field("draft_max", &GenerateParams::draft_max)
+        .property("variant", [](const GenerateParams& p) { return verify_variant_names()[static_cast<size_t>(p.variant)]; },
+                  [](GenerateParams& p, const std::string& v) { p.variant = parse_verify_variant(v); })
+        .field("test_discard_below", &GenerateParams::test_discard_below)
+        .field("parallel_prefill", &GenerateParams::parallel_prefill)
+        .done();
+    bind_stats(m);
+    py::class_<GenerateResult>(m, "GenerateResult")
+        .def_readonly("tokens", &GenerateResult::tokens)
+        .def_property_readonly("text", [](const GenerateResult& r) { return py::bytes(r.text); }, "UTF-8 bytes")
+        .def_readonly("stop_reason", &GenerateResult::stop_reason)
+        .def_readonly("stats", &GenerateResult::stats);
 
     py::class_<Engine>(m, "Engine")
         .def(py::init<Model&, Drafter*>(), py::arg("target"), py::arg("drafter") = nullptr,
              py::keep_alive<1, 2>(), py::keep_alive<1, 3>())
         .def("generate",
-             [](Engine& e, const std::vector<int32_t>& prompt, int32_t max_tokens, const SamplingParams& sampling,
-                const SamplingParams& draft_sampling, uint64_t seed, const std::vector<std::string>& stop,
-                int32_t draft_max, const std::string& variant, bool parallel_prefill, LengthPolicy* policy,
-                py::object on_token, CancelToken* cancel, const std::map<int32_t, double>& known_batch_costs,
-                double test_discard_below) {
-                 GenerateParams p;
-                 p.max_tokens = max_tokens;
-                 p.sampling = sampling;
-                 p.draft_sampling = draft_sampling;
-                 p.seed = seed;
-                 p.stop = stop;
-                 p.draft_max = draft_max;
-                 p.variant = parse_variant(variant);
-                 p.parallel_prefill = parallel_prefill;
-                 p.cancel = cancel ? &cancel->flag : nullptr;
-                 p.known_batch_costs.assign(known_batch_costs.begin(), known_batch_costs.end());
-                 p.test_discard_below = test_discard_below;
+             [](Engine& e, const std::vector<int32_t>& prompt, GenerateParams params, LengthPolicy* policy,
+                py::object on_token, CancelToken* cancel) {
+                 params.cancel = cancel ? &cancel->flag : nullptr;
                  PyTokenSink sink;
                  sink.callback = std::move(on_token);
                  GenerateResult r;
                  {
                      py::gil_scoped_release release;
-                     r = e.generate(prompt, p, std::ref(sink), policy);
+                     r = e.generate(prompt, params, std::ref(sink), policy);
                  }
                  if (sink.error) throw std::move(*sink.error);
-                 py::dict out;
-                 out["tokens"] = r.tokens;
-                 out["text"] = py::bytes(r.text);
-                 out["stop_reason"] = r.stop_reason;
-                 out["stats"] = stats_to_dict(r.stats);
-                 out["calibrated"] = std::map<int32_t, double>(r.stats.calibrated.begin(), r.stats.calibrated.end());
-                 return out;
+                 return r;
              },
-             py::arg("prompt"), py::arg("max_tokens"), py::arg("sampling"), py::arg("draft_sampling"),
-             py::arg("seed"), py::arg("stop"), py::arg("draft_max"), py::arg("variant") = "correct",
-             py::arg("parallel_prefill") = false, py::arg("policy") = nullptr, py::arg("on_token") = py::none(),
-             py::arg("cancel") = nullptr, py::arg("known_batch_costs") = std::map<int32_t, double>{},
-             py::arg("test_discard_below") = 0.0,
-             "One generation (the C++ loop, without the GIL). known_batch_costs: target batch timings from "
-             "earlier runs; the result's 'calibrated' holds those timed now. test_discard_below is a TEST-ONLY "
-             "negative control (a biased stop rule).");
+             py::arg("prompt"), py::arg("params"), py::arg("policy") = nullptr, py::arg("on_token") = py::none(),
+             py::arg("cancel") = nullptr, "One generation (the C++ loop, without the GIL).");
 
-    bind_sampling(m);
     bind_info(m);
 }

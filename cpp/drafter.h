@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "rng.h"
@@ -43,32 +44,42 @@ public:
     virtual bool discards_test_only() const { return false; }
 };
 
-// What the next draft would be made of. The hybrid drafter switches source per
-// round; match_len is the n-gram match behind an n-gram draft (0: no match); lag
-// is how many committed tokens a model drafter must process before it can draft.
+// What the next draft is made of. The hybrid drafter switches source per round;
+// match_len is the n-gram match behind an n-gram draft (0: no match); lag is how
+// many committed tokens a model drafter must process before it can draft; length
+// is the number of tokens to draft, chosen by the length policy (0: a plain step;
+// -1: no draft was planned, or the source has nothing to propose).
 enum class DraftSource { kModel = 0, kNgram = 1 };
 struct DraftPlan {
     DraftSource source = DraftSource::kModel;
     int32_t match_len = 0;
     int32_t lag = 0;
-    bool has_fallback = false;  // another source can draft if the policy declines this plan
+    int32_t length = -1;
 };
+
+// Asked by a drafter for the length of a draft from a given plan.
+using LengthFor = std::function<int32_t(const DraftPlan&)>;
 
 class Drafter {
 public:
     virtual ~Drafter() = default;
 
-    // What the next draft() will use for this history, so that the length policy
-    // can choose a length for that source.
-    virtual DraftPlan plan(const std::vector<int32_t>& /*history*/) { return {}; }
-    // Switch the next draft() to the fallback source (when plan().has_fallback).
-    virtual DraftPlan fallback(const std::vector<int32_t>& history) { return plan(history); }
+    // What a draft from this drafter's (current) source would be for this history.
+    virtual DraftPlan plan(const std::vector<int32_t>& history) = 0;
+    // Plan the next draft and have `length_for` (the length policy) size it. A
+    // drafter with several sources picks one here, and may offer another when
+    // the policy declines the first; the next draft() uses the plan returned.
+    virtual DraftPlan choose(const std::vector<int32_t>& history, const LengthFor& length_for) {
+        DraftPlan p = plan(history);
+        p.length = length_for(p);
+        return p;
+    }
 
     // A new generation starts from `prompt`. `sampling` is the drafter's own
     // sampling setting for this generation (deterministic drafters ignore it:
-    // their q is one-hot on the proposal). With `eager` a model drafter processes
+    // their q is one-hot on the proposal). With `prefill` a model drafter processes
     // the prompt now; otherwise its first draft catches up (plan().lag says how far).
-    virtual void begin(const std::vector<int32_t>& prompt, const SamplingParams& sampling, bool eager) = 0;
+    virtual void begin(const std::vector<int32_t>& prompt, const SamplingParams& sampling, bool prefill) = 0;
 
     // Propose up to max_n tokens that continue `history` (the committed sequence).
     // Writes the tokens into `tokens` and, for each, the distribution it was

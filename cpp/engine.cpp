@@ -17,12 +17,17 @@ using Clock = std::chrono::steady_clock;
 
 double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
+}  // namespace
+
 // The policy as the drafter sees it: counts the drafts it ends, and in the
 // test-only control mode replaces it by the forbidden discard-by-value rule.
-class CountingStopRule : public DraftStopRule {
+class Engine::StopRule : public DraftStopRule {
 public:
-    CountingStopRule(LengthPolicy* policy, double discard_below, GenerationStats& st)
+    StopRule(LengthPolicy* policy, double discard_below, GenerationStats& st)
         : policy_(policy), discard_below_(discard_below), st_(st) {}
+    // Whether drafters need to consult (and compute beliefs for) this rule at all.
+    bool active() const { return discard_below_ > 0 || (policy_ && policy_->stops_early()); }
+    void begin_draft(int32_t length) { length_ = length; }
     bool stop_before(int32_t i, const Distribution& belief, int32_t known) override {
         if (discard_below_ > 0) return false;
         const bool stop = policy_ && policy_->stop_before(i, belief, known);
@@ -36,7 +41,6 @@ public:
         return stop;
     }
     bool discards_test_only() const override { return discard_below_ > 0; }
-    void set_length(int32_t k) { length_ = k; }  // the length asked of this draft
 
 private:
     LengthPolicy* policy_;
@@ -44,6 +48,8 @@ private:
     GenerationStats& st_;
     int32_t length_ = 0;
 };
+
+namespace {
 
 // Points the models' abort callbacks at a cancel flag for one call.
 class AbortScope {
@@ -92,26 +98,13 @@ void Engine::target_distributions(int32_t n_rows, const SamplingParams& sampling
     }
 }
 
-double Engine::calibrate(LengthPolicy& policy, int32_t max_batch, int32_t filler, const GenerateParams& params,
-                         GenerationStats& st) {
+double Engine::calibrate(LengthPolicy& policy, int32_t max_batch, int32_t filler) {
     const std::vector<int32_t> sizes = policy.calibration_sizes(max_batch);
     if (sizes.empty()) return 0;
-    std::vector<double> best(sizes.size(), -1.0);
-    bool all_known = true;
-    for (size_t i = 0; i < sizes.size(); ++i) {
-        for (const auto& kv : params.known_batch_costs) {
-            if (kv.first == sizes[i] && kv.second > 0) best[i] = kv.second;
-        }
-        all_known = all_known && best[i] > 0;
-    }
-    if (all_known) {
-        policy.calibrated(sizes, best);
-        return 0;
-    }
     // Time each batch size twice (the faster run counts: noise only adds time)
     // at the position the first verification batch will use, then drop it again.
     const auto t0 = Clock::now();
-    std::fill(best.begin(), best.end(), -1.0);
+    std::vector<double> best(sizes.size(), -1.0);
     const int32_t pos = static_cast<int32_t>(target_.cached().size());
     for (int rep = 0; rep < 2; ++rep) {
         for (size_t i = 0; i < sizes.size(); ++i) {
@@ -126,15 +119,30 @@ double Engine::calibrate(LengthPolicy& policy, int32_t max_batch, int32_t filler
         }
     }
     policy.calibrated(sizes, best);
-    for (size_t i = 0; i < sizes.size(); ++i) {
-        if (best[i] > 0) st.calibrated.emplace_back(sizes[i], best[i]);
-    }
     return since(t0);
 }
 
-GenerateResult Engine::generate(const std::vector<int32_t>& prompt, const GenerateParams& params,
-                                const TokenCallback& on_token, LengthPolicy* policy) {
+// One generation in flight: the committed sequence and what it produced.
+struct Engine::Sequence {
+    Sequence(const std::vector<int32_t>& prompt, const GenerateParams& params)
+        : history(prompt), rng(params.seed), stream(params.stop), max_tokens(params.max_tokens) {}
+
+    std::vector<int32_t> history;  // prompt + emitted tokens
+    GenerateResult result;
+    Rng rng;
+    TextStream stream;
+    int32_t max_tokens;
+    bool done = false;
+    bool callback_stopped = false;
+    Clock::time_point t_start = Clock::now(), t_first{};
+
+    GenerationStats& stats() { return result.stats; }
+    int32_t generated() const { return static_cast<int32_t>(result.tokens.size()); }
+};
+
+void Engine::check(const std::vector<int32_t>& prompt, const GenerateParams& params) const {
     params.sampling.validate();
+    params.draft_sampling.validate();
     if (params.max_tokens < 0) throw std::invalid_argument("max_tokens must be >= 0");
     if (params.draft_max < 0) throw std::invalid_argument("draft_max must be >= 0");
     if (params.draft_max > 0 && !drafter_) throw std::invalid_argument("draft_max > 0 needs a drafter");
@@ -144,17 +152,133 @@ GenerateResult Engine::generate(const std::vector<int32_t>& prompt, const Genera
     }
     if (prompt.empty()) throw std::invalid_argument("the prompt is empty (no tokens)");
     const int32_t n_prompt = static_cast<int32_t>(prompt.size());
-    const int32_t n_ctx = target_.n_ctx();
-    if (n_prompt >= n_ctx) {
+    if (n_prompt >= target_.n_ctx()) {
         throw ContextOverflowError("prompt has " + std::to_string(n_prompt) + " tokens but the context holds " +
-                                   std::to_string(n_ctx) + " (raise n_ctx or shorten the prompt)");
+                                   std::to_string(target_.n_ctx()) + " (raise n_ctx or shorten the prompt)");
     }
     for (int32_t t : prompt) {
         if (t < 0 || t >= target_.n_vocab()) {
             throw std::invalid_argument("prompt token " + std::to_string(t) + " is outside the vocabulary");
         }
     }
+}
 
+void Engine::prefill(const std::vector<int32_t>& prompt, const GenerateParams& params, LengthPolicy* policy,
+                     int32_t draft_max, GenerationStats& st) {
+    const auto t0 = Clock::now();
+    // The target's cache takes all of the prompt but the last token, which the
+    // first round evaluates together with the first drafts. A prefix the cache
+    // already holds from the previous call (a chat's earlier turns) is reused.
+    const size_t reuse = std::min(common_prefix(target_.cached(), prompt), prompt.size() - 1);
+    target_.truncate(static_cast<int32_t>(reuse));
+    const bool use_drafter = drafter_ && draft_max > 0;
+    // A policy that will not draft from the model soon spares it the prompt.
+    const bool prefill_draft = !policy || policy->may_draft(DraftSource::kModel);
+    std::exception_ptr drafter_error;
+    std::thread drafter_prefill;
+    if (use_drafter && params.parallel_prefill && prefill_draft) {
+        drafter_prefill = std::thread([&] {
+            try {
+                drafter_->begin(prompt, params.draft_sampling, true);
+            } catch (...) {
+                drafter_error = std::current_exception();
+            }
+        });
+    }
+    try {
+        if (prompt.size() - 1 > reuse) {
+            target_.decode(prompt.data() + reuse, static_cast<int32_t>(prompt.size() - 1 - reuse),
+                           static_cast<int32_t>(reuse), 0);
+        }
+    } catch (...) {
+        if (drafter_prefill.joinable()) drafter_prefill.join();
+        throw;
+    }
+    if (drafter_prefill.joinable()) {
+        drafter_prefill.join();
+        if (drafter_error) std::rethrow_exception(drafter_error);
+    } else if (use_drafter) {
+        drafter_->begin(prompt, params.draft_sampling, prefill_draft);
+    }
+    if (policy) policy->begin_generation();
+    if (use_drafter && policy) {
+        const int32_t room = target_.n_ctx() - static_cast<int32_t>(prompt.size()) + 1;
+        st.calibrate_s = calibrate(*policy, std::min(draft_max + 1, room), prompt.back());
+    }
+    st.prompt_s = since(t0);
+}
+
+DraftPlan Engine::draft(Sequence& s, LengthPolicy* policy, StopRule* stop, int32_t round_max) {
+    drafts_.clear();
+    if (round_max <= 0) return {};
+    const DraftPlan plan = drafter_->choose(s.history, [&](const DraftPlan& p) {
+        return policy ? policy->next_length(round_max, p) : round_max;
+    });
+    const int32_t k = std::min(plan.length, round_max);
+    if (stop) stop->begin_draft(k);
+    if (k > 0) drafts_.resize(static_cast<size_t>(drafter_->draft(s.history, k, s.rng, drafts_, q_, stop)));
+    return plan;
+}
+
+// One round of Leviathan et al.'s Algorithm 1 (and Chen et al.'s): the only place
+// the algorithm lives; everything around it streams, counts and stops.
+VerifyResult Engine::round(Sequence& s, const GenerateParams& params, LengthPolicy* policy, StopRule* stop,
+                           int32_t round_max) {
+    // 1. Draft: the drafter picks a source, the policy a length (0: a plain step),
+    //    and the drafter proposes that many tokens x_i ~ q_i.
+    auto t = Clock::now();
+    const DraftPlan plan = draft(s, policy, stop, round_max);
+    const int32_t n = static_cast<int32_t>(drafts_.size());
+    const double draft_s = since(t);
+    // 2. Verify: the target scores [last committed token, drafts] in one batch.
+    t = Clock::now();
+    decode_verification_batch(s.history, drafts_);
+    const double verify_s = since(t);
+    // 3. Accept draft i with probability min(1, p_i / q_i) until one fails, then
+    //    draw one more token: from (p - q)+ after a rejection, from p_n if all passed.
+    target_distributions(n + 1, params.sampling);
+    const VerifyResult vr = verify(p_.data(), q_.data(), drafts_.data(), n, s.rng, params.variant);
+    // 4. Roll back: the target's cache keeps the committed sequence and the accepted drafts.
+    target_.truncate(static_cast<int32_t>(s.history.size()) + vr.n_accepted);
+    const RoundReport report{plan, n, vr.n_accepted, draft_s, verify_s};
+    if (policy) policy->observe(report);
+    s.stats().count_round(report);
+    return vr;
+}
+
+void Engine::emit(Sequence& s, const VerifyResult& vr, const TokenCallback& on_token) {
+    GenerateResult& r = s.result;
+    for (int32_t i = 0; i <= vr.n_accepted && !s.done; ++i) {
+        const bool drafted = i < vr.n_accepted;
+        const int32_t token = drafted ? drafts_[static_cast<size_t>(i)] : vr.next_token;
+        s.history.push_back(token);
+        r.tokens.push_back(token);
+        if (r.tokens.size() == 1) {
+            s.t_first = Clock::now();
+            r.stats.ttft_s = std::chrono::duration<double>(s.t_first - s.t_start).count();
+        }
+        if (target_.is_eog(token)) {
+            r.stop_reason = "eog";
+            s.done = true;
+            break;
+        }
+        const std::string delta = s.stream.push(target_.token_to_piece(token));
+        const bool keep_going = !on_token || on_token(token, delta, drafted);
+        if (s.stream.stopped()) {
+            r.stop_reason = "stop";
+            s.done = true;
+        } else if (!keep_going) {
+            r.stop_reason = "cancelled";
+            s.callback_stopped = s.done = true;
+        } else if (s.generated() >= s.max_tokens) {
+            s.done = true;
+        }
+    }
+}
+
+GenerateResult Engine::generate(const std::vector<int32_t>& prompt, const GenerateParams& params,
+                                const TokenCallback& on_token, LengthPolicy* policy) {
+    check(prompt, params);
     // Every context this call decodes with is ours until it returns.
     Model* draft_model = drafter_ && params.draft_max > 0 ? drafter_->model() : nullptr;
     std::unique_lock<std::recursive_mutex> lock_target(target_.mutex(), std::defer_lock);
@@ -166,184 +290,61 @@ GenerateResult Engine::generate(const std::vector<int32_t>& prompt, const Genera
         lock_target.lock();
     }
     const AbortScope abort_scope(params.cancel, target_, draft_model);
-    auto cancelled = [&] { return params.cancel && params.cancel->load(); };
 
     // The verification batch must fit in one llama_decode.
-    const int32_t k_max = std::max(0, std::min(params.draft_max, target_.n_batch() - 2));
-    p_.resize(static_cast<size_t>(k_max) + 1);
-    q_.resize(static_cast<size_t>(std::max(k_max, 1)));
+    const int32_t draft_max = std::max(0, std::min(params.draft_max, target_.n_batch() - 2));
+    const int32_t n_ctx = target_.n_ctx();
+    p_.resize(static_cast<size_t>(draft_max) + 1);
+    q_.resize(static_cast<size_t>(std::max(draft_max, 1)));
 
-    GenerateResult result;
-    GenerationStats& st = result.stats;
-    st.n_prompt_tokens = n_prompt;
-    st.drafted_at.assign(static_cast<size_t>(k_max), 0);
-    st.accepted_at.assign(static_cast<size_t>(k_max), 0);
-    st.length_hist.assign(static_cast<size_t>(k_max) + 1, 0);
-    CountingStopRule stop_rule(policy, params.test_discard_below, st);
-    const bool stops_early = params.test_discard_below > 0 || (policy && policy->stops_early());
-    Rng rng(params.seed);
-    TextStream stream(params.stop);
-    std::vector<int32_t> history(prompt);
-    history.reserve(static_cast<size_t>(std::min<int64_t>(
+    Sequence s(prompt, params);
+    GenerationStats& st = s.stats();
+    st.n_prompt_tokens = static_cast<int32_t>(prompt.size());
+    st.reset_tables(draft_max);
+    StopRule stop_rule(policy, params.test_discard_below, st);
+    StopRule* stop = stop_rule.active() ? &stop_rule : nullptr;
+    s.history.reserve(static_cast<size_t>(std::min<int64_t>(
         static_cast<int64_t>(prompt.size()) + params.max_tokens, n_ctx)) + 1);
-
-    const auto t_start = Clock::now();
-    Clock::time_point t_first{};
-    result.stop_reason = "max_tokens";
-    bool callback_stopped = false;
+    s.result.stop_reason = "max_tokens";
     try {
-        // Prompt: the target's cache takes all of it but the last token, which the
-        // first round evaluates together with the first drafts. A prefix the cache
-        // already holds from the previous call (a chat's earlier turns) is reused.
-        const size_t reuse = std::min(common_prefix(target_.cached(), prompt), prompt.size() - 1);
-        target_.truncate(static_cast<int32_t>(reuse));
-        const bool use_drafter = drafter_ && k_max > 0;
-        // A policy that will not draft from the model soon spares it the prompt.
-        const bool eager = !policy || policy->may_draft(DraftSource::kModel);
-        std::exception_ptr drafter_error;
-        std::thread drafter_prefill;
-        if (use_drafter && params.parallel_prefill && eager) {
-            drafter_prefill = std::thread([&] {
-                try {
-                    drafter_->begin(prompt, params.draft_sampling, true);
-                } catch (...) {
-                    drafter_error = std::current_exception();
-                }
-            });
-        }
-        try {
-            if (prompt.size() - 1 > reuse) {
-                target_.decode(prompt.data() + reuse, static_cast<int32_t>(prompt.size() - 1 - reuse),
-                               static_cast<int32_t>(reuse), 0);
-            }
-        } catch (...) {
-            if (drafter_prefill.joinable()) drafter_prefill.join();
-            throw;
-        }
-        if (drafter_prefill.joinable()) {
-            drafter_prefill.join();
-            if (drafter_error) std::rethrow_exception(drafter_error);
-        } else if (use_drafter) {
-            drafter_->begin(prompt, params.draft_sampling, eager);
-        }
-        if (policy) policy->begin_generation();
-        if (use_drafter && policy) {
-            st.calibrate_s = calibrate(*policy, std::min(k_max + 1, n_ctx - n_prompt + 1), prompt.back(), params, st);
-        }
-        st.prompt_s = since(t_start);
-
-        bool done = params.max_tokens == 0;
-        while (!done) {
-            if (cancelled()) throw Cancelled("cancelled");
-            const int32_t generated = static_cast<int32_t>(result.tokens.size());
+        prefill(prompt, params, policy, draft_max, st);
+        s.done = params.max_tokens == 0;
+        while (!s.done) {
+            if (params.cancel && params.cancel->load()) throw Cancelled("cancelled");
             // Room: positions up to n_ctx - 1 and at most max_tokens tokens in total.
-            const int32_t room_ctx = n_ctx - static_cast<int32_t>(history.size());
-            if (room_ctx <= 0) {
-                result.stop_reason = "context";
+            const int32_t room = n_ctx - static_cast<int32_t>(s.history.size());
+            if (room <= 0) {
+                s.result.stop_reason = "context";
                 break;
             }
-            const int32_t k_cap = std::max(0, std::min({k_max, room_ctx - 1, params.max_tokens - generated - 1}));
-
-            // 1. Draft: the policy picks the length for the source the drafter plans to use.
-            int32_t n_draft = 0;
-            drafts_.clear();
-            DraftPlan plan;
-            double draft_time = 0;
-            if (k_cap > 0) {
-                const auto t0 = Clock::now();
-                auto choose = [&](const DraftPlan& pl) {
-                    if (pl.source == DraftSource::kNgram && pl.match_len == 0) return -1;  // nothing to propose
-                    return policy ? policy->next_length(k_cap, pl) : k_cap;
-                };
-                plan = drafter_->plan(history);
-                int32_t k = choose(plan);
-                if (k <= 0 && plan.has_fallback) {
-                    plan = drafter_->fallback(history);
-                    k = choose(plan);
-                }
-                if (k == 0) ++st.policy_plain;
-                if (k > 0) {
-                    stop_rule.set_length(std::min(k, k_cap));
-                    n_draft = drafter_->draft(history, std::min(k, k_cap), rng, drafts_, q_,
-                                              stops_early ? &stop_rule : nullptr);
-                }
-                if (n_draft > 0 && plan.source == DraftSource::kNgram) ++st.ngram_rounds;
-                draft_time = since(t0);
-                st.draft_s += draft_time;
-            }
-            // 2. Verify: one target pass over [uncommitted tail, drafts].
-            auto t0 = Clock::now();
-            decode_verification_batch(history, drafts_);
-            const double t_eval = since(t0);
-            // 3. Accept a prefix and draw the next token.
-            t0 = Clock::now();
-            target_distributions(n_draft + 1, params.sampling);
-            const VerifyResult vr = verify(p_.data(), q_.data(), drafts_.data(), n_draft, rng, params.variant);
-            ++st.rounds;
-            if (!st.length_hist.empty()) ++st.length_hist[static_cast<size_t>(n_draft)];
-            if (policy) policy->observe({plan, n_draft, vr.n_accepted, draft_time, t_eval});
-            st.drafted += n_draft;
-            st.accepted += vr.n_accepted;
-            if (n_draft > 0 && plan.source == DraftSource::kNgram) {
-                st.ngram_drafted += n_draft;
-                st.ngram_accepted += vr.n_accepted;
-            }
-            for (int32_t i = 0; i < n_draft; ++i) {
-                ++st.drafted_at[static_cast<size_t>(i)];
-                if (i < vr.n_accepted) ++st.accepted_at[static_cast<size_t>(i)];
-            }
-            // 4. Roll the target back to the accepted prefix (the drafter syncs lazily).
-            target_.truncate(static_cast<int32_t>(history.size()) + vr.n_accepted);
-            // Emit accepted drafts, then the new token, checking stops after each.
-            for (int32_t i = 0; i <= vr.n_accepted && !done; ++i) {
-                const int32_t token = i < vr.n_accepted ? drafts_[static_cast<size_t>(i)] : vr.next_token;
-                history.push_back(token);
-                result.tokens.push_back(token);
-                if (result.tokens.size() == 1) {
-                    t_first = Clock::now();
-                    st.ttft_s = std::chrono::duration<double>(t_first - t_start).count();
-                }
-                if (target_.is_eog(token)) {
-                    result.stop_reason = "eog";
-                    done = true;
-                    break;
-                }
-                const std::string delta = stream.push(target_.token_to_piece(token));
-                const bool keep_going = !on_token || on_token(token, delta, i < vr.n_accepted);
-                if (stream.stopped()) {
-                    result.stop_reason = "stop";
-                    done = true;
-                } else if (!keep_going) {
-                    result.stop_reason = "cancelled";
-                    callback_stopped = true;
-                    done = true;
-                } else if (static_cast<int32_t>(result.tokens.size()) >= params.max_tokens) {
-                    done = true;
-                }
-            }
-            st.verify_s += t_eval;
-            st.overhead_s += since(t0);
+            const int32_t round_max = std::max(0, std::min({draft_max, room - 1, params.max_tokens - s.generated() - 1}));
+            const auto t = Clock::now();
+            const double timed = st.draft_s + st.verify_s;
+            const VerifyResult vr = round(s, params, policy, stop, round_max);
+            emit(s, vr, on_token);
+            st.overhead_s += since(t) - (st.draft_s + st.verify_s - timed);
         }
     } catch (const Cancelled&) {
         // Every decode that was cut short restored its cache; keep what was committed.
-        result.stop_reason = "cancelled";
+        s.result.stop_reason = "cancelled";
     }
     // A stop inside a round leaves drafts past the last emitted token in the
     // cache; drop them so the cache holds exactly the committed sequence
     // (all of the prompt is then kept: a retry reuses it).
-    target_.truncate(std::min(static_cast<int32_t>(history.size()) - 1,
+    target_.truncate(std::min(static_cast<int32_t>(s.history.size()) - 1,
                               static_cast<int32_t>(target_.cached().size())));
-    const std::string tail = stream.finish();
+    const std::string tail = s.stream.finish();
     // A callback that asked to stop is not called again.
-    if (!tail.empty() && on_token && !callback_stopped && result.stop_reason != "cancelled") on_token(-1, tail, false);
-
-    result.text = stream.text();
-    st.n_generated = static_cast<int32_t>(result.tokens.size());
+    if (!tail.empty() && on_token && !s.callback_stopped && s.result.stop_reason != "cancelled") {
+        on_token(-1, tail, false);
+    }
+    s.result.text = s.stream.text();
+    st.n_generated = s.generated();
     if (st.n_generated > 0) {
-        st.decode_s = since(t_first);
+        st.decode_s = since(s.t_first);
         if (st.n_generated > 1 && st.decode_s > 0) st.decode_tok_s = (st.n_generated - 1) / st.decode_s;
     }
-    return result;
+    return std::move(s.result);
 }
 
 }  // namespace pyspec

@@ -1,23 +1,23 @@
-// The generation loop, plain and speculative alike. One round:
-//   1. the drafter proposes up to k tokens (k = 0: plain decoding),
-//   2. the target evaluates [last committed token, drafts...] in ONE llama_decode,
-//   3. the sampling core accepts a prefix and draws the next token,
-//   4. the target's KV cache drops the rejected tail (the drafter syncs lazily).
-// Runs without the GIL; Python sees it through a per-token callback.
+// The generation loop, plain and speculative alike: prefill, then rounds of
+//   1. draft:    the drafter proposes up to k tokens (k = 0: a plain step),
+//   2. verify:   the target evaluates [last committed token, drafts] in ONE llama_decode,
+//   3. accept:   the sampling core accepts a prefix and draws the next token,
+//   4. roll back: the target's KV cache drops the rejected tail (the drafter syncs lazily),
+// each followed by emitting the new tokens. Runs without the GIL; Python sees it
+// through a per-token callback.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
 #include <functional>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "drafter.h"
 #include "model.h"
 #include "policy.h"
-#include "rng.h"
 #include "sampling.h"
+#include "stats.h"
 
 namespace pyspec {
 
@@ -27,48 +27,18 @@ struct GenerateParams {
     SamplingParams draft_sampling;     // the drafter's own settings (q); any choice stays lossless
     uint64_t seed = 0;
     std::vector<std::string> stop;
-    int32_t draft_max = 0;             // cap on drafts per round (the policy picks <= this); 0 = plain
+    int32_t draft_max = 0;             // the longest draft of any round (the policy picks <= this); 0 = plain
     VerifyVariant variant = VerifyVariant::kCorrect;  // others are test-only negative controls
     // TEST-ONLY negative control (0 = off): end a model draft by DISCARDING a drawn
     // token whose belief is below this, the biased rule drafter.h forbids.
     double test_discard_below = 0;
-    // Target batch timings known from earlier runs (size, seconds), handed to a
-    // policy that wants them instead of timing them again.
-    std::vector<std::pair<int32_t, double>> known_batch_costs;
-    // Checked between tokens and inside every llama_decode; set from another
-    // thread to stop (stop_reason "cancelled", caches left consistent).
-    const std::atomic<bool>* cancel = nullptr;
     // Let the drafter process the prompt on its own thread while the target does.
     // Worth it when the models run on different devices (GPU target, CPU draft);
     // on a CPU alone both would fight over the same cores.
     bool parallel_prefill = false;
-};
-
-struct GenerationStats {
-    int32_t n_prompt_tokens = 0;
-    int32_t n_generated = 0;
-    double prompt_s = 0;      // prompt processing (target and drafter)
-    double ttft_s = 0;        // call start -> first token sampled
-    double decode_s = 0;      // first token -> last token
-    double decode_tok_s = 0;  // (n_generated - 1) / decode_s
-    int32_t rounds = 0;       // target passes (verification batches)
-    int32_t drafted = 0;
-    int32_t accepted = 0;
-    double draft_s = 0;       // drafter time (its decodes and sampling)
-    double verify_s = 0;      // target decodes
-    double overhead_s = 0;    // host work: distributions, verification, text, callbacks
-    double calibrate_s = 0;   // timing the target's batch sizes for the policy (first use only)
-    std::vector<int32_t> drafted_at;   // per draft position 1..k: rounds that drafted it
-    std::vector<int32_t> accepted_at;  // ... and accepted it
-    std::vector<int32_t> length_hist;  // rounds by number of drafted tokens (index 0: plain steps)
-    int32_t policy_plain = 0;          // rounds where the policy chose plain decoding (k = 0)
-    int32_t ngram_rounds = 0;          // rounds drafted by n-gram lookup (hybrid/ngram drafters)
-    int32_t ngram_drafted = 0;         // ... their drafted tokens
-    int32_t ngram_accepted = 0;        // ... and accepted ones
-    int32_t stops_before = 0;          // drafts the stop rule ended before drawing a token
-    int32_t stops_after = 0;           // ... and right after a token it kept, short of the length asked
-    // Target batch sizes timed for the policy in this call (size, seconds): new calibration.
-    std::vector<std::pair<int32_t, double>> calibrated;
+    // Checked between tokens and inside every llama_decode; set from another
+    // thread to stop (stop_reason "cancelled", caches left consistent).
+    const std::atomic<bool>* cancel = nullptr;
 };
 
 struct GenerateResult {
@@ -96,15 +66,32 @@ public:
                             const TokenCallback& on_token, LengthPolicy* policy = nullptr);
 
 private:
+    struct Sequence;
+    class StopRule;
+
+    void check(const std::vector<int32_t>& prompt, const GenerateParams& params) const;
+    // Process the prompt (all but its last token) on the target and the drafter,
+    // and time the batch sizes the policy asks for.
+    void prefill(const std::vector<int32_t>& prompt, const GenerateParams& params, LengthPolicy* policy,
+                 int32_t draft_max, GenerationStats& st);
+    // Step 1 of a round: the drafter picks a source, the policy a length, and the
+    // drafter proposes up to that many tokens into drafts_ (and their q into q_).
+    DraftPlan draft(Sequence& s, LengthPolicy* policy, StopRule* stop, int32_t round_max);
+    // One round of speculative sampling: draft, verify, accept, roll back.
+    VerifyResult round(Sequence& s, const GenerateParams& params, LengthPolicy* policy, StopRule* stop,
+                       int32_t round_max);
+    // Commit and stream the round's tokens, stopping at EOG, a stop string,
+    // max_tokens or the callback's word.
+    void emit(Sequence& s, const VerifyResult& vr, const TokenCallback& on_token);
+
     // Decode the uncommitted tail of `history` plus `drafts` on the target in
     // one batch, keeping logits for the last token of history and every draft.
     void decode_verification_batch(const std::vector<int32_t>& history, const std::vector<int32_t>& drafts);
     // p[i] = the target's sampling distribution at logits row i.
     void target_distributions(int32_t n_rows, const SamplingParams& sampling);
-    // Give the policy the target batch timings it asks for: known ones, or timed
-    // now (reported in stats.calibrated). Returns the seconds spent timing.
-    double calibrate(LengthPolicy& policy, int32_t max_batch, int32_t filler, const GenerateParams& params,
-                     GenerationStats& st);
+    // Time the target batch sizes the policy asks for (none once it knows them:
+    // Python hands it timings kept from earlier runs). Returns the seconds spent.
+    double calibrate(LengthPolicy& policy, int32_t max_batch, int32_t filler);
 
     Model& target_;
     Drafter* drafter_;

@@ -1,7 +1,9 @@
 // n-gram lookup when it has a confident match (at least min_match tokens), the
-// draft model otherwise; the length policy sets the length either way. When the
-// policy declines an n-gram draft (length 0), the engine may fall back to the model.
+// draft model otherwise; the length policy sets the length either way, and when
+// it declines an n-gram draft (length <= 0) the model is offered instead.
 #pragma once
+
+#include <memory>
 
 #include "model_drafter.h"
 #include "ngram_drafter.h"
@@ -10,37 +12,45 @@ namespace pyspec {
 
 class HybridDrafter : public Drafter {
 public:
-    HybridDrafter(ModelDrafter& model, NgramDrafter& ngram, int32_t min_match = 2)
-        : model_(model), ngram_(ngram), min_match_(min_match) {}
+    HybridDrafter(std::unique_ptr<ModelDrafter> model, std::unique_ptr<NgramDrafter> ngram, int32_t min_match = 2)
+        : model_(std::move(model)), ngram_(std::move(ngram)), min_match_(min_match) {}
 
     DraftPlan plan(const std::vector<int32_t>& history) override {
-        DraftPlan p = ngram_.plan(history);
-        if (p.match_len < min_match_) return fallback(history);
-        p.has_fallback = true;
-        planned_ = DraftSource::kNgram;
-        return p;
+        DraftPlan p = ngram_->plan(history);
+        return p.match_len >= min_match_ ? p : model_->plan(history);
     }
-    DraftPlan fallback(const std::vector<int32_t>& history) override {
-        planned_ = DraftSource::kModel;
-        return model_.plan(history);
+    DraftPlan choose(const std::vector<int32_t>& history, const LengthFor& length_for) override {
+        DraftPlan p = plan(history);
+        if (p.source == DraftSource::kNgram) {
+            p.length = length_for(p);
+            if (p.length > 0) return use(p);
+            p = model_->plan(history);
+        }
+        p.length = length_for(p);
+        return use(p);
     }
-    void begin(const std::vector<int32_t>& prompt, const SamplingParams& sampling, bool eager) override {
-        model_.begin(prompt, sampling, eager);
-        ngram_.begin(prompt, sampling, eager);
+    void begin(const std::vector<int32_t>& prompt, const SamplingParams& sampling, bool prefill) override {
+        model_->begin(prompt, sampling, prefill);
+        ngram_->begin(prompt, sampling, prefill);
     }
     int32_t draft(const std::vector<int32_t>& history, int32_t max_n, Rng& rng, std::vector<int32_t>& tokens,
                   std::vector<Distribution>& q, DraftStopRule* stop) override {
-        Drafter& d = planned_ == DraftSource::kNgram ? static_cast<Drafter&>(ngram_) : static_cast<Drafter&>(model_);
+        Drafter& d = chosen_ == DraftSource::kNgram ? static_cast<Drafter&>(*ngram_) : static_cast<Drafter&>(*model_);
         return d.draft(history, max_n, rng, tokens, q, stop);
     }
 
-    Model* model() const override { return model_.model(); }
+    Model* model() const override { return model_->model(); }
 
 private:
-    ModelDrafter& model_;
-    NgramDrafter& ngram_;
+    DraftPlan use(const DraftPlan& p) {
+        chosen_ = p.source;
+        return p;
+    }
+
+    std::unique_ptr<ModelDrafter> model_;
+    std::unique_ptr<NgramDrafter> ngram_;
     int32_t min_match_;
-    DraftSource planned_ = DraftSource::kModel;
+    DraftSource chosen_ = DraftSource::kModel;
 };
 
 }  // namespace pyspec

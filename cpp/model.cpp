@@ -107,7 +107,18 @@ std::string with_llama_reason(std::string message) {
 
 }  // namespace
 
+void ModelParams::validate() const {
+    if (n_ctx < 16) throw std::invalid_argument("n_ctx must be at least 16, got " + std::to_string(n_ctx));
+    if (n_threads < 0) throw std::invalid_argument("n_threads must be >= 1 (0: all hardware threads), got " +
+                                                   std::to_string(n_threads));
+    if (n_batch < 1) throw std::invalid_argument("n_batch must be >= 1, got " + std::to_string(n_batch));
+    if (flash_attn < -1 || flash_attn > 1) {
+        throw std::invalid_argument("flash_attn must be -1 (auto), 0 (off) or 1 (on), got " + std::to_string(flash_attn));
+    }
+}
+
 Model::Model(const ModelParams& params) : params_(params), verbose_(params.verbose) {
+    params.validate();
     check_gguf_file(params.path);
     install_log_filter();
     take_last_llama_error();

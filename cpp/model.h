@@ -21,11 +21,14 @@ namespace pyspec {
 struct ModelParams {
     std::string path;
     int32_t n_ctx = 4096;
-    int32_t n_threads = 0;      // 0 = hardware threads (the Python layer passes physical cores)
+    int32_t n_threads = 0;      // 0 = all hardware threads (the Python layer passes physical cores)
     int32_t n_gpu_layers = 0;   // Metal/CUDA builds; -1 = all
     int32_t n_batch = 512;      // prompt chunk size and the largest verification batch
     int32_t flash_attn = -1;    // llama_flash_attn_type: -1 auto (llama.cpp decides per device), 0 off, 1 on
     bool verbose = false;       // forward llama.cpp's info logs to stderr
+
+    // std::invalid_argument unless n_ctx >= 16, n_threads >= 0, n_batch >= 1 and flash_attn in {-1, 0, 1}.
+    void validate() const;
 };
 
 class Model {

@@ -24,7 +24,7 @@ DraftPlan ModelDrafter::plan(const std::vector<int32_t>& history) {
     return p;
 }
 
-void ModelDrafter::begin(const std::vector<int32_t>& prompt, const SamplingParams& sampling, bool eager) {
+void ModelDrafter::begin(const std::vector<int32_t>& prompt, const SamplingParams& sampling, bool prefill) {
     sampling.validate();
     sampling_ = sampling;
     belief_sampling_ = sampling;
@@ -32,7 +32,7 @@ void ModelDrafter::begin(const std::vector<int32_t>& prompt, const SamplingParam
     // Reuse whatever prefix of the prompt the cache already holds.
     const size_t keep = common_prefix(model_.cached(), prompt);
     model_.truncate(static_cast<int32_t>(keep));
-    if (eager && keep < prompt.size()) {
+    if (prefill && keep < prompt.size()) {
         model_.decode(prompt.data() + keep, static_cast<int32_t>(prompt.size() - keep), static_cast<int32_t>(keep), 0);
     }
 }

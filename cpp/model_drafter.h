@@ -14,7 +14,7 @@ public:
     explicit ModelDrafter(Model& model);
 
     DraftPlan plan(const std::vector<int32_t>& history) override;
-    void begin(const std::vector<int32_t>& prompt, const SamplingParams& sampling, bool eager) override;
+    void begin(const std::vector<int32_t>& prompt, const SamplingParams& sampling, bool prefill) override;
     int32_t draft(const std::vector<int32_t>& history, int32_t max_n, Rng& rng, std::vector<int32_t>& tokens,
                   std::vector<Distribution>& q, DraftStopRule* stop) override;
     Model* model() const override { return &model_; }

@@ -13,6 +13,7 @@
 
 namespace pyspec {
 
+// What one round did, as the engine reports it to the policy and the statistics.
 struct RoundReport {
     DraftPlan plan;
     int32_t drafted = 0;
@@ -27,10 +28,13 @@ class LengthPolicy : public DraftStopRule {
 public:
     virtual ~LengthPolicy() = default;
     virtual std::string name() const = 0;
+    // The longest draft this policy asks for (its fixed length, or its cap).
+    virtual int32_t draft_max() const = 0;
     // A new generation starts (adaptive policies may weigh its evidence apart).
     virtual void begin_generation() {}
-    // Draft length for the next round, in [0, k_cap], given where the draft comes from.
-    virtual int32_t next_length(int32_t k_cap, const DraftPlan& plan) = 0;
+    // Draft length for the next round, in [0, round_max] (what fits this round: context,
+    // max_tokens, the engine's draft_max), given where the draft comes from.
+    virtual int32_t next_length(int32_t round_max, const DraftPlan& plan) = 0;
     // Whether stop_before/stop_after can end a draft (drafters then compute a belief).
     virtual bool stops_early() const { return false; }
     virtual void observe(const RoundReport& /*round*/) {}
@@ -43,14 +47,22 @@ public:
     virtual void calibrated(const std::vector<int32_t>& /*sizes*/, const std::vector<double>& /*seconds*/) {}
 };
 
+// A policy's settings. The policies themselves are described once, in the README.
 struct PolicyParams {
-    std::string name = "auto";   // fixed | heuristic | confidence | svip | auto
-    int32_t k = 4;               // fixed length; cap of heuristic (which starts at min(4, k)), confidence, auto
+    std::string name = "auto";   // one of policy_catalog()
+    int32_t draft_max = -1;      // fixed length, or cap of the adaptive policies; -1: the policy's default
     double p_min = 0.75;         // confidence: stop before a token the draft believes in < p_min
     double gamma = 0.15;         // svip: stop when sqrt(gamma * H) > h (token kept)
     double h = 0.3;
-    int32_t cap = 40;            // svip's longest draft
 };
+
+struct PolicyInfo {
+    const char* name;
+    int32_t default_draft_max;   // SVIP's paper caps drafts at 40
+    const char* summary;         // one line, for --help
+};
+// Every policy, the default ("auto") last.
+const std::vector<PolicyInfo>& policy_catalog();
 
 // Throws std::invalid_argument for an unknown name or out-of-range parameters.
 std::unique_ptr<LengthPolicy> make_policy(const PolicyParams& params);
@@ -59,5 +71,7 @@ std::unique_ptr<LengthPolicy> make_policy(const PolicyParams& params);
 // alpha[0..k-1] (each conditional on the previous ones accepted):
 //   E(k) = 1 + sum_{i<k} prod_{j<=i} alpha[j].
 double expected_tokens(const std::vector<double>& alpha, int32_t k);
+// ... with the same alpha at every position: 1 + alpha + ... + alpha^k.
+double expected_tokens(double alpha, int32_t k);
 
 }  // namespace pyspec

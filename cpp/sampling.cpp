@@ -1,6 +1,10 @@
 // Sampling math for pyspec: logits -> the distribution actually sampled from, and the
 // lossless speculative verification rule. See sampling.h for the interface.
 //
+// Long on purpose: the contract below and the code it governs stay in one file, and
+// the hot paths (logit scan, top-k heap, top-p prefix selection) are tuned for
+// 152k-token vocabularies; the Distribution container and the verify rule are short.
+//
 // ============================ Order of settings ============================
 // This is the one place the rule is written down; tests and docs refer here.
 // compute_distribution() follows llama.cpp's default sampler chain
@@ -744,6 +748,21 @@ int32_t sample_residual(const Distribution& p, const Distribution& q, double u) 
 
 // ---------------------------------------------------------------- verify
 
+const std::vector<std::string>& verify_variant_names() {
+    static const std::vector<std::string> names = {"correct", "residual_is_p", "accept_all", "sample_and_match"};
+    return names;
+}
+
+VerifyVariant parse_verify_variant(const std::string& name) {
+    const auto& names = verify_variant_names();
+    for (size_t i = 0; i < names.size(); ++i) {
+        if (names[i] == name) return static_cast<VerifyVariant>(i);
+    }
+    std::string known;
+    for (const auto& n : names) known += (known.empty() ? "'" : ", '") + n + "'";
+    throw std::invalid_argument("variant must be one of " + known + ", got '" + name + "'");
+}
+
 VerifyResult verify(const Distribution* p, const Distribution* q, const int32_t* draft, int32_t n,
                     Rng& rng, VerifyVariant variant) {
     if (n < 0) throw std::invalid_argument("verify: negative number of drafts");
@@ -763,7 +782,8 @@ VerifyResult verify(const Distribution* p, const Distribution* q, const int32_t*
         const int32_t x = draft[i];
         if (x < 0 || x >= q[i].n_vocab()) {
             throw std::invalid_argument("verify: draft[" + std::to_string(i) + "] = " +
-                                        std::to_string(x) + " is outside q's vocabulary [0, n_vocab)");
+                                        std::to_string(x) + " is outside q's vocabulary [0, " +
+                                        std::to_string(q[i].n_vocab()) + ")");
         }
         if (!(q[i].prob(x) > 0.0)) {
             throw std::invalid_argument(

@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "rng.h"
@@ -138,6 +139,11 @@ enum class VerifyVariant {
     kSampleAndMatch,   // TEST-ONLY, suboptimal: draw y ~ p, accept iff y == draft, else emit y.
                        // Preserves p but accepts with prob sum p*q instead of sum min(p, q).
 };
+
+// The variants by name ("correct", "residual_is_p", "accept_all", "sample_and_match"),
+// in the enum's order; parse_verify_variant throws std::invalid_argument for others.
+const std::vector<std::string>& verify_variant_names();
+VerifyVariant parse_verify_variant(const std::string& name);
 
 struct VerifyResult {
     int32_t n_accepted;   // drafts accepted, 0..n

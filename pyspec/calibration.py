@@ -1,11 +1,16 @@
 """Timings of the target's verification batches, kept on disk so that the
 ``auto`` policy times them once per model and machine, not once per process.
 
+The policy object owns the numbers (it asks the engine to time batch sizes on
+first use, and refines them online); this module only persists them:
+:func:`prepare` hands a policy the timings on record before a generation,
+:func:`keep` records new ones after it.
+
 The file is ``$PYSPEC_CACHE/calibration.json`` (default ``~/.cache/pyspec``).
 An entry is keyed by everything the timings depend on: the model file (path,
 size, mtime), threads, GPU layers, flash attention (as run) and llama.cpp's
 build features. A missing, unreadable or foreign file only means calibrating
-again; the policy refines the numbers online either way.
+again.
 """
 
 from __future__ import annotations
@@ -33,6 +38,22 @@ def machine_key(core_model) -> str:
         f"gpu_layers={core_model.n_gpu_layers}", f"flash_attn={core_model.flash_attn}",
         _core.llama_system_info().strip(),
     ])
+
+
+def prepare(policy: "_core.LengthPolicy", core_model) -> None:
+    """Give ``policy`` the timings on record if it still wants some and all are known."""
+    sizes = policy.calibration_sizes(policy.draft_max + 1)
+    if not sizes:
+        return
+    known = load(core_model)
+    if all(n in known for n in sizes):
+        policy.calibrated(sizes, [known[n] for n in sizes])
+
+
+def keep(policy: "_core.LengthPolicy", core_model, stats) -> None:
+    """Record the timings a generation just measured (``stats.calibrate_s > 0``)."""
+    if stats.calibrate_s > 0 and isinstance(policy, _core.AutoPolicy):
+        save(core_model, policy.calibration)
 
 
 def _read() -> Dict[str, Dict[str, float]]:

@@ -28,7 +28,8 @@ run with probability below 0.001, and a fixed seed makes a run reproducible.
 Only NumPy is needed at run time: the chi-square survival function is computed here from
 the regularized upper incomplete gamma function Q(df/2, x/2) (series for x < a + 1,
 Lentz's continued fraction otherwise; relative error < 1e-12 against SciPy), and the
-normal tail from ``math.erfc``.
+normal tail from ``math.erfc``. That, the cases and the report make this module
+about 420 lines; it is the one place the self-check lives.
 """
 
 from __future__ import annotations
@@ -285,7 +286,7 @@ def _stop_rule_cases(rounds: int, next_seed, raw: list) -> None:
     follows p in both. Control: a drawn token with q(x) < 0.75 is discarded (the
     round then samples p plainly)."""
     p_min = 0.75
-    policy = _core.LengthPolicy("confidence", k=1, p_min=p_min)
+    policy = _core.make_policy(_core.PolicyParams(name="confidence", draft_max=1, p_min=p_min))
     contexts = [
         ("p = (.5, .5), q = (.9, .1)", np.array([[0.5, 0.5], [0.5, 0.5]]), np.array([[0.9, 0.1]])),
         ("p = (.3, .7), q = (.6, .4)", np.array([[0.3, 0.7], [0.5, 0.5]]), np.array([[0.6, 0.4]])),

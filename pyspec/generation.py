@@ -1,9 +1,9 @@
 """generate() and stream(), shared by plain and speculative generation.
 
 Both run the same C++ loop (``_core.Engine``); a plain model's engine has no
-drafter. This module owns prompt handling, sampling-argument checking, seeds,
-Ctrl-C, streaming through a worker thread, and turning the core's dict into a
-:class:`~pyspec.results.Completion`.
+drafter. This module owns prompt handling, seeds, Ctrl-C, streaming through a
+worker thread, and turning the core's result into a
+:class:`~pyspec.results.Completion`. The core validates every setting.
 
 Threads: the C++ core owns one lock per llama context and every generation
 holds the locks of the contexts it uses, so any number of threads may share
@@ -15,10 +15,13 @@ from __future__ import annotations
 import queue
 import secrets
 import threading
-from typing import Callable, Iterator, Mapping, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Callable, Iterator, Mapping, Optional, Sequence, Union
 
 from . import _core
 from .results import Completion, GenerationStats
+
+if TYPE_CHECKING:
+    from .model import Model
 
 Message = Mapping[str, str]
 #: A string, a list of chat messages, or ready token ids.
@@ -30,15 +33,18 @@ TokenTextCallback = Callable[[str, bool], Optional[bool]]
 
 
 def sampling_params(temperature: float, top_k: int, top_p: float, min_p: float) -> "_core.SamplingParams":
-    """Validated sampling settings (ValueError with the reason otherwise)."""
+    """Sampling settings, validated by the core (ValueError with the reason otherwise)."""
     return _core.SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
 
+
+#: Sampling settings of generate() and the CLI when none are given.
+SAMPLING_DEFAULTS = {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05}
 
 #: Seeds are drawn from [0, 2**63) so that they survive JSON and every language's integers.
 SEED_BITS = 63
 
 
-def _interruptible(call: Callable[[], dict], cancel: "_core.CancelToken") -> dict:
+def _interruptible(call: Callable[[], "_core.GenerateResult"], cancel: "_core.CancelToken") -> "_core.GenerateResult":
     """Run ``call`` (a C++ generation) on a worker thread so that the main thread
     stays free to receive Ctrl-C; on KeyboardInterrupt, cancel the generation
     (llama.cpp's abort callback stops even a long prompt within a graph node),
@@ -69,28 +75,34 @@ class Generator:
     """Base of :class:`~pyspec.Model` and :class:`~pyspec.SpeculativeDecoder`."""
 
     _engine: "_core.Engine"
+    #: The model whose distribution the output follows (it also tokenizes).
+    target: "Model"
 
-    # Subclasses provide the tokenizer model and per-call drafting arguments.
-    def _text_model(self):  # pragma: no cover - abstract
+    def clear_cache(self) -> None:  # pragma: no cover - abstract
+        """Forget the processed prompt, so the next call processes all of it."""
         raise NotImplementedError
 
-    def _draft_args(self, *, sampling, **kwargs) -> dict:
+    def _draft_args(self, params: "_core.GenerateParams", **kwargs) -> Optional["_core.LengthPolicy"]:
+        """Fill the drafting fields of ``params`` from per-call arguments (subclasses)."""
         if kwargs:
             raise TypeError(f"unexpected arguments for plain generation: {', '.join(sorted(kwargs))}")
-        return {"draft_max": 0, "draft_sampling": None}
+        return None
+
+    def _after_run(self, policy: Optional["_core.LengthPolicy"], stats: "_core.GenerationStats") -> None:
+        """Hook for subclasses (the speculative decoder keeps batch timings)."""
 
     def prompt_tokens(self, prompt: Prompt, *, chat: bool = True):
-        return self._text_model().prompt_tokens(prompt, chat=chat)
+        return self.target.prompt_tokens(prompt, chat=chat)
 
     def generate(
         self,
         prompt: Prompt,
         *,
         max_tokens: int = 256,
-        temperature: float = 0.8,
-        top_k: int = 40,
-        top_p: float = 0.95,
-        min_p: float = 0.05,
+        temperature: float = SAMPLING_DEFAULTS["temperature"],
+        top_k: int = SAMPLING_DEFAULTS["top_k"],
+        top_p: float = SAMPLING_DEFAULTS["top_p"],
+        min_p: float = SAMPLING_DEFAULTS["min_p"],
         seed: Optional[int] = None,
         stop: Optional[Sequence[str]] = None,
         chat: bool = True,
@@ -164,50 +176,31 @@ class Generator:
     # ------------------------------------------------------------ internals
     def _run(self, tokens, max_tokens, temperature, top_k, top_p, min_p, seed, stop, callback, cancel,
              draft_kwargs):
-        if max_tokens < 0:
-            raise ValueError(f"max_tokens must be >= 0, got {max_tokens}")
         if seed is None:
             seed = self._next_seed()
-        elif not 0 <= seed < 2**64:
+        elif not 0 <= seed < 2**64:  # Python's ints are unbounded; the core's seed is 64-bit
             raise ValueError(f"seed must be in [0, 2**64), got {seed}")
         sampling = sampling_params(temperature, top_k, top_p, min_p)
-        draft = self._draft_args(sampling=sampling, **draft_kwargs)
+        params = _core.GenerateParams(max_tokens=max_tokens, sampling=sampling, draft_sampling=sampling, seed=seed,
+                                      stop=list(stop or []))
+        policy = self._draft_args(params, **draft_kwargs)
         cancel = cancel if cancel is not None else _core.CancelToken()
 
-        def call() -> dict:
-            return self._engine.generate(
-                tokens,
-                max_tokens=max_tokens,
-                sampling=sampling,
-                draft_sampling=draft["draft_sampling"] or sampling,
-                seed=seed,
-                stop=list(stop or []),
-                draft_max=draft["draft_max"],
-                variant=draft.get("variant", "correct"),
-                parallel_prefill=draft.get("parallel_prefill", False),
-                policy=draft.get("policy"),
-                on_token=callback,
-                cancel=cancel,
-                known_batch_costs=draft.get("known_batch_costs", {}),
-                test_discard_below=draft.get("test_discard_below", 0.0),
-            )
+        def call() -> "_core.GenerateResult":
+            return self._engine.generate(tokens, params, policy=policy, on_token=callback, cancel=cancel)
 
         on_main = threading.current_thread() is threading.main_thread()
         out = _interruptible(call, cancel) if on_main else call()
-        completion = Completion(
-            text=out["text"].decode("utf-8", errors="replace"),
-            tokens=list(out["tokens"]),
+        self._after_run(policy, out.stats)
+        return Completion(
+            text=out.text.decode("utf-8", errors="replace"),
+            tokens=list(out.tokens),
             n_prompt_tokens=len(tokens),
-            stop_reason=out["stop_reason"],
-            stats=GenerationStats.from_core(out["stats"], seed=seed),
+            stop_reason=out.stop_reason,
+            stats=GenerationStats(out.stats, seed=seed),
         )
-        self._after_run(out.get("calibrated") or {})
-        return completion
-
-    def _after_run(self, calibrated: dict) -> None:
-        """Hook for subclasses (the speculative decoder keeps batch timings)."""
 
     def _next_seed(self) -> int:
         """A fresh seed per call, or the next one of the model's seeded sequence."""
-        rng = self._text_model()._seeds
+        rng = self.target._seeds
         return rng.getrandbits(SEED_BITS) if rng is not None else secrets.randbits(SEED_BITS)

@@ -81,12 +81,9 @@ class Model(Generator):
         flash_attn: str = "auto",
         strict: bool = False,
     ) -> None:
-        if n_ctx < 16:
-            raise ValueError(f"n_ctx must be at least 16, got {n_ctx}")
+        # The core validates the numbers; here only what Python adds: None and names.
         if n_threads is not None and n_threads < 1:
-            raise ValueError(f"n_threads must be >= 1, got {n_threads}")
-        if n_batch < 1:
-            raise ValueError(f"n_batch must be >= 1, got {n_batch}")
+            raise ValueError(f"n_threads must be >= 1 (None: physical cores), got {n_threads}")
         if flash_attn not in FLASH_ATTN:
             raise ValueError(f"flash_attn must be one of 'auto', 'on', 'off', got {flash_attn!r}")
         _check_gpu_offload(n_gpu_layers, strict)
@@ -105,8 +102,13 @@ class Model(Generator):
         # reproducible sequence (a new sample each call, the same run each time).
         self._seeds = random.Random(seed) if seed is not None else None
 
-    def _text_model(self) -> "Model":
+    @property
+    def target(self) -> "Model":
+        """A plain model generates from its own distribution."""
         return self
+
+    def clear_cache(self) -> None:
+        self._core.truncate(0)
 
     # ------------------------------------------------------------ facts
     @property

@@ -2,50 +2,40 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, List, Tuple
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Tuple
+
+from . import _core
 
 
-@dataclass(frozen=True)
 class GenerationStats:
     """Timings and counters of one generation.
 
-    ``decode_tok_s`` counts tokens after the first, over the time after the
-    first, so prompt processing (``ttft_s``) does not dilute it. Drafting
-    fields are zero for plain generation.
+    The fields are the C++ core's (``FIELDS``; each is documented in
+    ``cpp/stats.h``), plus the ``seed`` the generation used (pass it back to
+    reproduce it) and the rates derived here. ``decode_tok_s`` counts tokens
+    after the first, over the time after the first, so prompt processing
+    (``ttft_s``) does not dilute it. Drafting fields are zero for plain
+    generation. Per-position fields read as tuples.
     """
 
-    n_prompt_tokens: int = 0
-    n_generated: int = 0
-    prompt_s: float = 0.0
-    ttft_s: float = 0.0
-    decode_s: float = 0.0
-    decode_tok_s: float = 0.0
-    rounds: int = 0
-    drafted: int = 0
-    accepted: int = 0
-    draft_s: float = 0.0
-    verify_s: float = 0.0
-    overhead_s: float = 0.0
-    calibrate_s: float = 0.0           # the auto policy timing batch sizes (its first generation only)
-    drafted_at: Tuple[int, ...] = ()   # per draft position 1..k: rounds that drafted it
-    accepted_at: Tuple[int, ...] = ()  # ... and accepted it
-    length_hist: Tuple[int, ...] = ()  # rounds by drafted length (index 0: plain steps)
-    policy_plain: int = 0              # rounds where the length policy chose plain decoding
-    ngram_rounds: int = 0              # rounds drafted by n-gram lookup
-    ngram_drafted: int = 0             # ... their drafted tokens
-    ngram_accepted: int = 0            # ... and accepted ones
-    stops_before: int = 0              # drafts the policy ended before drawing a token
-    stops_after: int = 0               # ... and right after a token it kept
-    seed: int = 0                      # the seed this generation used (pass it back to reproduce it)
+    FIELDS: Tuple[str, ...] = tuple(_core.GenerationStats.FIELDS) + ("seed",)
 
-    @classmethod
-    def from_core(cls, d: Dict[str, Any], seed: int = 0) -> "GenerationStats":
-        d = dict(d, seed=seed)
-        d["drafted_at"] = tuple(d.get("drafted_at", ()))
-        d["accepted_at"] = tuple(d.get("accepted_at", ()))
-        d["length_hist"] = tuple(d.get("length_hist", ()))
-        return cls(**d)
+    def __init__(self, core: "Optional[_core.GenerationStats]" = None, seed: int = 0, **fields: Any) -> None:
+        self._core = core if core is not None else _core.GenerationStats(**fields)
+        self.seed = seed
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_") or name not in _core.GenerationStats.FIELDS:
+            raise AttributeError(f"{type(self).__name__!s} has no attribute {name!r}")
+        value = getattr(self._core, name)
+        return tuple(value) if isinstance(value, list) else value
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, GenerationStats) and self.to_dict() == other.to_dict()
+
+    def __repr__(self) -> str:
+        return f"GenerationStats({', '.join(f'{k}={getattr(self, k)!r}' for k in self.FIELDS)})"
 
     @property
     def acceptance_rate(self) -> float:
@@ -63,10 +53,7 @@ class GenerationStats:
         return tuple(a / d if d else 0.0 for a, d in zip(self.accepted_at, self.drafted_at))
 
     def to_dict(self) -> Dict[str, Any]:
-        d = asdict(self)
-        d["drafted_at"] = list(self.drafted_at)
-        d["accepted_at"] = list(self.accepted_at)
-        d["length_hist"] = list(self.length_hist)
+        d = dict(self._core.to_dict(), seed=self.seed)
         d["acceptance_rate"] = self.acceptance_rate
         d["mean_accepted_len"] = self.mean_accepted_len
         d["accepted_per_position"] = list(self.accepted_per_position)

@@ -1,8 +1,10 @@
 """Sampling math: logits to probabilities, and the lossless speculative verification rule.
 
 This is the public Python surface of the C++ sampling core (``pyspec._core.sampling``),
-the same code the engine runs. Everything here is a thin, checked wrapper; errors in the
-arguments raise :class:`ValueError` with a message that says what is wrong.
+the same code the engine runs. Everything here is a thin wrapper: it converts Python
+and numpy arguments to what the core takes, and the core validates them (settings,
+shapes, probabilities), raising :class:`ValueError` with a message that says what is
+wrong.
 
 Order of the settings (documented in full at the top of ``cpp/sampling.cpp``), following
 llama.cpp's default sampler chain:
@@ -38,18 +40,18 @@ __all__ = [
 
 _core_sampling = _core.sampling
 
-#: Verification variants accepted by :func:`verify_many`. Only ``"correct"`` is the real
-#: rule; the others are deliberately wrong (or suboptimal) negative controls used by the
-#: statistical tests and ``pyspec check`` to show those tests can fail:
+#: Verification variants accepted by :func:`verify_many` (the core's list). Only
+#: ``"correct"`` is the real rule; the others are deliberately wrong (or suboptimal)
+#: negative controls used by the statistical tests and ``pyspec check`` to show those
+#: tests can fail:
 #:
 #: - ``"residual_is_p"``: on rejection sample from ``p`` instead of the residual (biased);
 #: - ``"accept_all"``: accept every draft (the output follows ``q``, not ``p``);
 #: - ``"sample_and_match"``: draw ``y ~ p``, accept iff ``y`` equals the draft, else emit
 #:   ``y``. Its output does follow ``p``, but it accepts with probability ``sum p*q``
 #:   instead of the optimal ``sum min(p, q)``, so the acceptance-rate test rejects it.
-VARIANTS = ("correct", "residual_is_p", "accept_all", "sample_and_match")
+VARIANTS = tuple(_core_sampling.VARIANTS)
 
-_STORAGES = ("auto", "dense", "sparse")
 _UINT64_MAX = (1 << 64) - 1
 
 
@@ -70,20 +72,6 @@ def _check_seed(seed: int) -> int:
     if not 0 <= seed <= _UINT64_MAX:
         raise ValueError(f"seed must be in [0, 2**64), got {seed}")
     return seed
-
-
-def _check_settings(temperature: float, top_k: int, top_p: float, min_p: float) -> None:
-    # The C++ core checks these too; checking here gives the same message without
-    # converting the logits first.
-    t, p, m = float(temperature), float(top_p), float(min_p)
-    if not (np.isfinite(t) and t >= 0.0):
-        raise ValueError(f"temperature must be finite and >= 0 (0 = greedy), got {temperature}")
-    if int(top_k) != top_k or top_k < 0:
-        raise ValueError(f"top_k must be an integer >= 0 (0 = off), got {top_k}")
-    if not (0.0 < p <= 1.0):
-        raise ValueError(f"top_p must be in (0, 1] (1 = off), got {top_p}")
-    if not (0.0 <= m <= 1.0):
-        raise ValueError(f"min_p must be in [0, 1] (0 = off), got {min_p}")
 
 
 def distribution(
@@ -113,48 +101,25 @@ def distribution(
     Raises:
         ValueError: bad settings, logits not 1-D or empty, NaN / +inf / all -inf logits.
     """
-    _check_settings(temperature, top_k, top_p, min_p)
     arr = _as_real_array(logits, "logits", np.float32)
-    if arr.ndim != 1:
-        raise ValueError(f"logits must be 1-D, got shape {arr.shape}")
-    if arr.shape[0] == 0:
-        raise ValueError("logits must not be empty")
-    if top_k > np.iinfo(np.int32).max:
-        top_k = 0  # larger than any vocabulary: same as off
+    # The core's top_k is 32-bit: beyond any vocabulary means off, and every
+    # negative value is as wrong as -1 (the core says so).
+    top_k = 0 if top_k > np.iinfo(np.int32).max else max(top_k, -1)
     return _core_sampling.distribution(arr, float(temperature), int(top_k), float(top_p),
                                        float(min_p))
 
 
-def _check_verify_inputs(p, q, draft, storage: str):
+def _convert_verify_inputs(p, q, draft):
+    """numpy arrays of the core's dtypes; the core checks shapes and values."""
     p = _as_real_array(p, "p", np.float64)
     q = _as_real_array(q, "q", np.float64)
-    if p.ndim != 2:
-        raise ValueError(f"p must be 2-D with shape (n+1, n_vocab), got shape {p.shape}")
-    if q.ndim != 2:
-        raise ValueError(f"q must be 2-D with shape (n, n_vocab), got shape {q.shape}")
-    n = q.shape[0]
-    if p.shape[0] != n + 1:
-        raise ValueError(
-            f"p must have one more row than q (n+1 target distributions for n drafts): "
-            f"p has {p.shape[0]} rows, q has {n}")
-    if p.shape[1] == 0:
-        raise ValueError("the vocabulary must not be empty")
-    if q.shape[1] == 0:
-        raise ValueError("q's vocabulary must not be empty")
     if draft is not None:
         d = np.asarray(draft)
         if not (np.issubdtype(d.dtype, np.integer)):
             raise ValueError(f"draft must be an integer array, got dtype {d.dtype}")
-        if d.shape != (n,):
-            raise ValueError(f"draft must have shape ({n},) (one token per row of q), "
-                             f"got shape {d.shape}")
-        if n and (d.min() < 0 or d.max() >= q.shape[1]):
-            raise ValueError(f"draft tokens must be in [0, {q.shape[1]}), got {d.tolist()}")
+        if d.size and (d.min() < 0 or d.max() > np.iinfo(np.int32).max):
+            raise ValueError(f"draft tokens must be in [0, 2**31), got {d.tolist()}")  # before int32 wraps them
         draft = np.ascontiguousarray(d, dtype=np.int32)
-    if storage not in _STORAGES:
-        raise ValueError(f"storage must be one of {_STORAGES}, got {storage!r}")
-    # NaN / negative / rows not summing to 1 / q(draft) == 0 are checked in C++ with row
-    # and position in the message.
     return p, q, draft
 
 
@@ -182,9 +147,9 @@ def verify(p, q, draft, seed: int, *, storage: str = "auto") -> Tuple[int, int]:
         ValueError: shapes, NaN or negative probabilities, rows not summing to 1, draft
             tokens out of range or with ``q(x) = 0``.
     """
-    p, q, draft = _check_verify_inputs(p, q, draft, storage)
     if draft is None:
         raise ValueError("draft must be given; use verify_many(draft=None) to sample drafts")
+    p, q, draft = _convert_verify_inputs(p, q, draft)
     acc, nxt = _core_sampling.verify_many(p, q, draft, 1, _check_seed(seed), "correct",
                                           storage, False)
     return int(acc[0]), int(nxt[0])
@@ -225,12 +190,6 @@ def verify_many(
     Raises:
         ValueError: as :func:`verify`, plus an unknown variant or negative ``n_rounds``.
     """
-    if variant not in VARIANTS:
-        raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
-    if isinstance(n_rounds, bool) or int(n_rounds) != n_rounds or n_rounds < 0:
-        raise ValueError(f"n_rounds must be an integer >= 0, got {n_rounds!r}")
-    if return_drafts and draft is not None:
-        raise ValueError("return_drafts=True needs draft=None (drafts sampled from q)")
-    p, q, draft = _check_verify_inputs(p, q, draft, storage)
+    p, q, draft = _convert_verify_inputs(p, q, draft)
     return _core_sampling.verify_many(p, q, draft, int(n_rounds), _check_seed(seed), variant,
                                       storage, bool(return_drafts))

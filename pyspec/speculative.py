@@ -1,28 +1,9 @@
 """Speculative decoding: a drafter proposes, the target verifies, the output
 keeps the target's distribution exactly (SPEC: Leviathan et al., Chen et al.).
 
-Drafters (``drafter=``):
-  * ``"model"``  - a smaller model with the same vocabulary (needs ``draft``);
-  * ``"ngram"``  - prompt lookup: the continuation of the longest recent n-gram
-    match (up to 16 tokens) in the prompt and the generated text; nearly free,
-    deterministic (the default without a draft model);
-  * ``"hybrid"`` - n-gram when it has a match of at least 2 tokens, else the model
-    (the default with a draft model; under ``auto``, a declined n-gram draft
-    falls back to the model).
-
-Length policies (``policy=``), all lossless (they only choose how much to draft):
-  * ``"fixed"``      - always ``draft_max`` tokens (default 4);
-  * ``"heuristic"``  - +2 after a fully accepted round, -1 otherwise (Hugging Face);
-  * ``"confidence"`` - stop before a position where the draft's top token has probability
-    < ``p_min`` (llama.cpp's rule, decided before the draw so it stays lossless);
-  * ``"svip"``       - stop after a token when sqrt(gamma * H) > h, H the draft entropy (SVIP);
-  * ``"auto"``       - the default. Cost-aware: each round picks the length, 0 (plain
-    decoding) included, that maximises expected tokens per second from running
-    estimates of acceptance per draft token (by source), draft cost per token and
-    verify cost per batch size (timed on first use). The model it optimises is
-    documented in ``cpp/auto_policy.h``.
-A greedy draft model's q is one-hot, so the stop rules (confidence, svip, auto)
-judge its T = 1 distribution instead.
+The drafters (``drafter=``) and length policies (``policy=``) are described
+once, in the README ("Drafters and policies"); their names, defaults and
+one-line summaries come from the C++ core (:data:`DRAFTERS`, :data:`POLICIES`).
 """
 
 from __future__ import annotations
@@ -33,11 +14,10 @@ from . import _core, calibration
 from .generation import Generator, sampling_params
 from .model import Model
 
-DRAFTERS = ("model", "ngram", "hybrid")
-POLICIES = ("fixed", "heuristic", "confidence", "svip", "auto")
-#: draft_max when none is given: the fixed length, or the cap of the adaptive policies
-#: (SVIP's paper caps drafts at 40).
-DEFAULT_DRAFT_MAX = {"fixed": 4, "heuristic": 16, "confidence": 16, "svip": 40, "auto": 16}
+#: name -> {"needs_draft_model", "summary"}, in the core's order.
+DRAFTERS: Dict[str, dict] = {d["name"]: d for d in _core.drafters()}
+#: name -> {"default_draft_max", "summary"}, in the core's order (the default, "auto", last).
+POLICIES: Dict[str, dict] = {p["name"]: p for p in _core.policies()}
 
 
 class SpeculativeDecoder(Generator):
@@ -45,11 +25,11 @@ class SpeculativeDecoder(Generator):
 
     Build it once and reuse it: both models keep their contexts between calls,
     and the ``auto`` policy keeps what it learned about costs. ``draft_max`` is
-    the draft length (``fixed``) or its cap (other policies), by default
-    ``DEFAULT_DRAFT_MAX[policy]``; it and the policy can be changed per call.
-    The draft model samples with its own settings (``draft_temperature`` and
-    friends, defaulting to the target's): any choice stays lossless, it only
-    changes how often drafts are accepted.
+    the draft length (``fixed``) or its cap (other policies), by default the
+    policy's own (``POLICIES[name]["default_draft_max"]``); it and the policy can
+    be changed per call. The draft model samples with its own settings
+    (``draft_temperature`` and friends, defaulting to the target's): any choice
+    stays lossless, it only changes how often drafts are accepted.
 
     Raises :class:`~pyspec.IncompatibleModelsError` when the vocabularies differ.
     """
@@ -65,27 +45,15 @@ class SpeculativeDecoder(Generator):
         ngram_min: int = 1,
         ngram_max: int = 16,
     ) -> None:
-        drafter = drafter or ("hybrid" if draft is not None else "ngram")
-        if drafter not in DRAFTERS:
-            raise ValueError(f"unknown drafter {drafter!r}; choose from {', '.join(DRAFTERS)}")
-        if drafter in ("model", "hybrid") and draft is None:
-            raise ValueError(f"the {drafter!r} drafter needs a draft model")
-        _check_policy(policy, draft_max)
+        params = _core.DrafterParams(name=drafter or "", ngram_min=ngram_min, ngram_max=ngram_max)
+        self.drafter = _core.drafter_name(params, draft is not None)
+        self._policy_params(policy, draft_max)  # fail now on a bad policy, not at the first call
         self.target = target
-        self.draft = draft if drafter != "ngram" else None
-        self.drafter = drafter
+        self.draft = draft if DRAFTERS[self.drafter]["needs_draft_model"] else None
         self.policy = policy
         self.draft_max = draft_max
-        parts = []
-        if self.draft is not None:
-            _core.check_compatible(target._core, self.draft._core)
-            parts.append(_core.ModelDrafter(self.draft._core))
-        if drafter in ("ngram", "hybrid"):
-            parts.append(_core.NgramDrafter(target.n_vocab, ngram_min, ngram_max))
-        self._drafters = parts  # keep the parts alive
-        core_drafter = _core.HybridDrafter(*parts) if drafter == "hybrid" else parts[0]
-        self._core_drafter = core_drafter
-        self._engine = _core.Engine(target._core, core_drafter)
+        self._core_drafter = _core.make_drafter(params, target._core, self.draft._core if self.draft else None)
+        self._engine = _core.Engine(target._core, self._core_drafter)
         self._policies: Dict[Tuple, "_core.LengthPolicy"] = {}
 
     def __repr__(self) -> str:
@@ -93,37 +61,40 @@ class SpeculativeDecoder(Generator):
         return (f"SpeculativeDecoder(target={self.target.path!r}{draft}, drafter={self.drafter!r}, "
                 f"policy={self.policy!r}, draft_max={self.draft_max})")
 
-    def _text_model(self) -> Model:
-        return self.target
+    def clear_cache(self) -> None:
+        self.target.clear_cache()
+        if self.draft is not None:
+            self.draft.clear_cache()
 
     def policy_object(self, policy: Optional[str] = None, *, draft_max: Optional[int] = None, p_min: float = 0.75,
                       svip_gamma: float = 0.15, svip_h: float = 0.3) -> "_core.LengthPolicy":
         """The live length-policy object that generations with these settings use
-        (one per setting, kept across calls). For ``auto`` it exposes the cost
-        model's estimates: ``verify_cost(n)``, ``draft_cost(source)``,
-        ``acceptance(source, match_len)``."""
-        name, k = self._resolve(policy, draft_max)
-        return self._policy(name, k, p_min, svip_gamma, svip_h)
-
-    def _resolve(self, policy: Optional[str], draft_max: Optional[int]) -> Tuple[str, int]:
-        """(policy, draft length or cap) of a call: its own, else the decoder's, else the policy's default."""
-        name = policy or self.policy
-        k = draft_max if draft_max is not None else self.draft_max
-        k = DEFAULT_DRAFT_MAX[name] if k is None and name in DEFAULT_DRAFT_MAX else k
-        _check_policy(name, k)
-        return name, k
-
-    def _policy(self, name: str, k: int, p_min: float, svip_gamma: float, svip_h: float) -> "_core.LengthPolicy":
+        (one per setting, kept across calls). ``auto`` returns a
+        :class:`_core.AutoPolicy`, which exposes its cost model's estimates:
+        ``verify_cost(n)``, ``draft_cost(source)``, ``acceptance(source, match_len)``."""
+        params = self._policy_params(policy or self.policy, self.draft_max if draft_max is None else draft_max,
+                                     p_min, svip_gamma, svip_h)
         # One object per setting, kept across calls: adaptive policies remember.
-        key = (name, k, p_min, svip_gamma, svip_h)
+        key = tuple(getattr(params, f) for f in params.FIELDS)
         if key not in self._policies:
-            self._policies[key] = _core.LengthPolicy(name, k=k, p_min=p_min, gamma=svip_gamma, h=svip_h, cap=k)
+            self._policies[key] = _core.make_policy(params)
         return self._policies[key]
+
+    @staticmethod
+    def _policy_params(name: str, draft_max: Optional[int], p_min: float = 0.75, gamma: float = 0.15,
+                       h: float = 0.3) -> "_core.PolicyParams":
+        if draft_max is not None and draft_max < 0:  # the core reads -1 as "the policy's default"
+            raise ValueError(f"draft_max must be >= 0, got {draft_max}")
+        params = _core.PolicyParams(name=name, draft_max=-1 if draft_max is None else draft_max, p_min=p_min,
+                                    gamma=gamma, h=h)
+        if draft_max != 0:  # 0 means plain decoding: no policy is built
+            _core.make_policy(params)  # the core validates (ValueError)
+        return params
 
     def _draft_args(
         self,
+        params: "_core.GenerateParams",
         *,
-        sampling,
         draft_max: Optional[int] = None,
         policy: Optional[str] = None,
         p_min: float = 0.75,
@@ -135,40 +106,30 @@ class SpeculativeDecoder(Generator):
         draft_min_p: Optional[float] = None,
         _variant: str = "correct",
         _discard_below: float = 0.0,
-    ) -> dict:
-        """Per-call drafting arguments (see the class and module docstrings)."""
-        name, k = self._resolve(policy, draft_max)
-        draft_sampling = sampling_params(
-            sampling.temperature if draft_temperature is None else draft_temperature,
-            sampling.top_k if draft_top_k is None else draft_top_k,
-            sampling.top_p if draft_top_p is None else draft_top_p,
-            sampling.min_p if draft_min_p is None else draft_min_p,
+    ) -> Optional["_core.LengthPolicy"]:
+        """Fill the drafting fields of ``params``; return the policy to run with."""
+        s = params.sampling
+        params.draft_sampling = sampling_params(
+            s.temperature if draft_temperature is None else draft_temperature,
+            s.top_k if draft_top_k is None else draft_top_k,
+            s.top_p if draft_top_p is None else draft_top_p,
+            s.min_p if draft_min_p is None else draft_min_p,
         )
+        policy_obj = None
+        if (self.draft_max if draft_max is None else draft_max) != 0:  # 0: plain decoding
+            policy_obj = self.policy_object(policy, draft_max=draft_max, p_min=p_min, svip_gamma=svip_gamma,
+                                            svip_h=svip_h)
+            params.draft_max = policy_obj.draft_max
+            calibration.prepare(policy_obj, self.target._core)
+        # TEST-ONLY negative controls: a wrong acceptance rule (_variant), or a stop
+        # rule that discards drawn draft tokens below a belief (_discard_below).
+        params.variant = _variant
+        params.test_discard_below = _discard_below
+        # Prefill both models at once only when they do not share the CPU cores.
         on_gpu = [m._core.n_gpu_layers != 0 for m in (self.target, self.draft) if m is not None]
-        policy_obj = self._policy(name, k, p_min, svip_gamma, svip_h) if k > 0 else None
-        return {
-            "draft_max": k,
-            "draft_sampling": draft_sampling,
-            "policy": policy_obj,
-            # Batch timings recorded on this machine before, read only while the policy
-            # still wants some (its first call): then it need not time them again.
-            "known_batch_costs": (calibration.load(self.target._core)
-                                  if policy_obj is not None and policy_obj.calibration_sizes(k + 1) else {}),
-            # TEST-ONLY negative controls: a wrong acceptance rule (_variant), or a stop
-            # rule that discards drawn draft tokens below a belief (_discard_below).
-            "variant": _variant,
-            "test_discard_below": _discard_below,
-            # Prefill both models at once only when they do not share the CPU cores.
-            "parallel_prefill": len(on_gpu) == 2 and on_gpu[0] != on_gpu[1],
-        }
+        params.parallel_prefill = len(on_gpu) == 2 and on_gpu[0] != on_gpu[1]
+        return policy_obj
 
-    def _after_run(self, calibrated: dict) -> None:
-        if calibrated:
-            calibration.save(self.target._core, calibrated)
-
-
-def _check_policy(name: str, k: Optional[int]) -> None:
-    if name not in POLICIES:
-        raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICIES)}")
-    if k is not None and k < 0:
-        raise ValueError(f"draft_max must be >= 0, got {k}")
+    def _after_run(self, policy: Optional["_core.LengthPolicy"], stats) -> None:
+        if policy is not None:
+            calibration.keep(policy, self.target._core, stats)

@@ -21,7 +21,7 @@ GPU_STEPS = {n: 1.0 + 0.01 * (n - 1) for n in (1, 2, 4, 8, 16, 32)}
 
 
 def calibrated_policy(steps, cap=16, name="auto"):
-    p = _core.LengthPolicy(name, k=cap)
+    p = _core.make_policy(_core.PolicyParams(name=name, draft_max=cap))
     sizes = p.calibration_sizes(cap + 1)
     p.calibrated(sizes, [steps[n] * STEP for n in sizes])
     return p
@@ -44,14 +44,14 @@ def play(policy, rounds, *, accept, source="model", match_len=0, draft_step=0.0,
 
 
 def test_calibration_asks_for_the_menu_of_sizes_once():
-    p = _core.LengthPolicy("auto", k=16)
+    p = _core.make_policy(_core.PolicyParams(name="auto", draft_max=16))
     assert p.calibration_sizes(17) == [1, 2, 4, 8, 16]
     assert p.calibration_sizes(5) == [1, 2, 4]  # limited by the room in the context
     p.calibrated([1, 2, 4], [0.03, 0.045, 0.07])
     assert p.calibration_sizes(17) == []
     assert p.verify_cost(4) == pytest.approx(0.07)
     assert p.verify_cost(3) == -1  # not measured: not a candidate
-    assert _core.LengthPolicy("fixed", k=4).calibration_sizes(17) == []
+    assert _core.make_policy(_core.PolicyParams(name="fixed", draft_max=4)).calibration_sizes(17) == []
 
 
 def test_cpu_costs_make_a_draft_model_decode_plainly_and_stop_probing():
@@ -137,13 +137,15 @@ def test_ngram_drafts_are_never_stopped_by_belief():
 
 
 def test_only_auto_exposes_estimates():
-    with pytest.raises(ValueError):
-        _core.LengthPolicy("fixed", k=4).verify_cost(1)
+    # make_policy returns the most derived class: the estimates exist on AutoPolicy alone.
+    assert isinstance(_core.make_policy(_core.PolicyParams(name="auto")), _core.AutoPolicy)
+    with pytest.raises(AttributeError):
+        _core.make_policy(_core.PolicyParams(name="fixed", draft_max=4)).verify_cost(1)
 
 
 @pytest.mark.parametrize("name", ["heuristic", "fixed"])
 def test_heuristic_grows_to_its_cap(name):
-    p = _core.LengthPolicy(name, k=16)
+    p = _core.make_policy(_core.PolicyParams(name=name, draft_max=16))
     chosen = play(p, 12, accept=lambda i: True, source="ngram", match_len=4)
     if name == "heuristic":
         assert chosen[:3] == [4, 6, 8] and max(chosen) == 16

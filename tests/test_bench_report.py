@@ -58,29 +58,14 @@ def test_plot_writes_a_png(tmp_path):
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-class _FakeCore:
-    def __init__(self, log):
-        self.log = log
-
-    def truncate(self, pos):
-        self.log.append(("truncate", pos))
-
-
-class _FakeModel:
-    def __init__(self, log):
-        self._core = _FakeCore(log)
-
-
 class _FakeGenerator:
     """Records what the runner does, in order."""
 
     def __init__(self):
         self.log = []
-        self.draft = _FakeModel(self.log)
-        self._target = _FakeModel(self.log)
 
-    def _text_model(self):
-        return self._target
+    def clear_cache(self):
+        self.log.append(("clear_cache",))
 
     def generate(self, tokens, **kw):
         from pyspec.results import Completion, GenerationStats
@@ -96,7 +81,7 @@ def test_pyspec_runner_starts_every_run_from_empty_caches():
 
     gen = _FakeGenerator()
     PyspecRunner(gen, "r").run([5, 6, 7], Settings(max_tokens=2))
-    assert gen.log == [("truncate", 0), ("truncate", 0), ("generate", 3)]
+    assert gen.log == [("clear_cache",), ("generate", 3)]
 
 
 @pytest.mark.pair

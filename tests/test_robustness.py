@@ -141,9 +141,10 @@ def test_a_callback_that_asked_to_stop_is_not_called_again(gemma):
 
     core_sampling = pyspec.generation.sampling_params(0.0, 0, 1.0, 0.0)
     tokens = gemma.prompt_tokens("Count: one two three", chat=False)
-    out = gemma._engine.generate(tokens, max_tokens=8, sampling=core_sampling, draft_sampling=core_sampling,
-                                 seed=0, stop=[first + "QQQ"], draft_max=0, on_token=cb)
-    assert out["stop_reason"] == "cancelled"
+    params = pyspec._core.GenerateParams(max_tokens=8, sampling=core_sampling, draft_sampling=core_sampling,
+                                         stop=[first + "QQQ"])
+    out = gemma._engine.generate(tokens, params, on_token=cb)
+    assert out.stop_reason == "cancelled"
     assert len(calls) == 1 and calls[0][1] == b"", calls
 
 

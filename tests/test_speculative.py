@@ -108,6 +108,9 @@ def test_rollback_leaves_exactly_the_accepted_sequence(pair, target_path):
     for i, t in enumerate(history[len(tokens) - 1:]):
         fresh._core.decode([t], len(tokens) - 1 + i, 1)
     np.testing.assert_allclose(after_rollback, np.array(fresh._core.logits(0)), atol=1e-3, rtol=0)
+    # clear_cache empties both models' caches (the bench starts every runner from there).
+    spec.clear_cache()
+    assert core.cached() == [] and dcore.cached() == []
 
 
 @pytest.mark.pair

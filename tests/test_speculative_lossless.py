@@ -39,6 +39,7 @@ import pytest
 
 import pyspec
 from pyspec import sampling
+from draws import draw
 
 ALPHA = 1e-3
 PROMPT = "The weather today is"
@@ -108,13 +109,8 @@ def wrong_residual_distribution(model, p0, q0, p1):
 
 
 def sample(decoder, prompt_tokens, n, draft_kwargs, variant="correct"):
-    counts: dict = {}
-    for i in range(n):
-        out = decoder.generate(prompt_tokens, max_tokens=2, seed=10_000 + i, draft_max=1, _variant=variant,
-                               **TARGET, **draft_kwargs)
-        key = tuple(out.tokens)
-        counts[key] = counts.get(key, 0) + 1
-    return counts
+    return draw(decoder, prompt_tokens, n, seed0=10_000, draft_max=1, _variant=variant, **TARGET,
+                **draft_kwargs).counts
 
 
 def pooled_cells(probs: dict, n: int):

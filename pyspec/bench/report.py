@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Dict, List, Sequence
 
+from ..results import GenerationStats
 from .runners import Sample
 
 
@@ -32,10 +33,10 @@ def summarize(samples: List[Sample], baseline: str) -> Dict[str, Dict[str, dict]
         rows = {}
         for runner, ss in by_runner.items():
             rate = decode_rate(ss)
-            drafted = sum(s.extra.get("drafted", 0) for s in ss)
-            accepted = sum(s.extra.get("accepted", 0) for s in ss)
-            rounds = sum(s.extra.get("rounds", 0) for s in ss)
-            plain_rounds = sum(s.extra.get("policy_plain", 0) for s in ss)
+            # The runner's counts pooled over its samples (rates are ratios of sums).
+            pooled = GenerationStats(**{k: sum(s.extra.get(k, 0) for s in ss)
+                                        for k in ("drafted", "accepted", "rounds", "policy_plain")})
+            drafted, rounds, plain_rounds = pooled.drafted, pooled.rounds, pooled.policy_plain
             gen = sum(s.n_generated for s in ss)
             rows[runner] = {
                 "mean_draft_len": drafted / rounds if drafted or plain_rounds else None,
@@ -45,8 +46,8 @@ def summarize(samples: List[Sample], baseline: str) -> Dict[str, Dict[str, dict]
                 "vs_plain": rate / plain if plain > 0 else float("nan"),
                 "ttft_s": sum(s.ttft_s for s in ss) / len(ss),
                 "n_generated": gen,
-                "acceptance": accepted / drafted if drafted else None,
-                "mean_accepted_len": (accepted + rounds) / rounds if drafted else None,
+                "acceptance": pooled.acceptance_rate if drafted else None,
+                "mean_accepted_len": pooled.mean_accepted_len if drafted else None,
             }
         table[cat] = rows
     return table

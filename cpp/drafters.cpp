@@ -1,0 +1,46 @@
+#include "drafters.h"
+
+#include <stdexcept>
+
+#include "hybrid_drafter.h"
+#include "model_drafter.h"
+#include "ngram_drafter.h"
+
+namespace pyspec {
+
+const std::vector<DrafterInfo>& drafter_catalog() {
+    static const std::vector<DrafterInfo> catalog = {
+        {"model", true, "a smaller model with the target's vocabulary"},
+        {"ngram", false, "prompt lookup: continue the longest earlier n-gram match (no draft model)"},
+        {"hybrid", true, "n-gram lookup on a match of >= 2 tokens, else the draft model"},
+    };
+    return catalog;
+}
+
+std::string drafter_name(const DrafterParams& params, bool have_draft_model) {
+    const std::string name = !params.name.empty() ? params.name : have_draft_model ? "hybrid" : "ngram";
+    std::string names;
+    for (const DrafterInfo& info : drafter_catalog()) {
+        if (name == info.name) {
+            if (info.needs_draft_model && !have_draft_model) {
+                throw std::invalid_argument("the '" + name + "' drafter needs a draft model");
+            }
+            return name;
+        }
+        names += (names.empty() ? "" : ", ") + std::string(info.name);
+    }
+    throw std::invalid_argument("unknown drafter '" + name + "'; choose from " + names);
+}
+
+std::unique_ptr<Drafter> make_drafter(const DrafterParams& params, const Model& target, Model* draft) {
+    const std::string name = drafter_name(params, draft != nullptr);
+    if (name == "ngram") return std::make_unique<NgramDrafter>(target.n_vocab(), params.ngram_min, params.ngram_max);
+    check_compatible(target, *draft);
+    auto model = std::make_unique<ModelDrafter>(*draft);
+    if (name == "model") return model;
+    return std::make_unique<HybridDrafter>(
+        std::move(model), std::make_unique<NgramDrafter>(target.n_vocab(), params.ngram_min, params.ngram_max),
+        params.hybrid_min_match);
+}
+
+}  // namespace pyspec

@@ -1,0 +1,36 @@
+// The drafters a user can name, and the one place they are built.
+// They are described once, in the README.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "drafter.h"
+#include "model.h"
+
+namespace pyspec {
+
+struct DrafterInfo {
+    const char* name;
+    bool needs_draft_model;
+    const char* summary;  // one line, for --help
+};
+const std::vector<DrafterInfo>& drafter_catalog();
+
+struct DrafterParams {
+    std::string name;          // empty: "hybrid" with a draft model, "ngram" without
+    int32_t ngram_min = 1;     // shortest n-gram match that proposes a draft
+    int32_t ngram_max = 16;    // longest n-gram matched
+    int32_t hybrid_min_match = 2;  // hybrid: n-gram matches at least this long win over the model
+};
+
+// The resolved name of `params.name` (its default when empty). Throws
+// std::invalid_argument for an unknown name or a missing draft model.
+std::string drafter_name(const DrafterParams& params, bool have_draft_model);
+
+// Builds the drafter. `draft` may be null for drafters that need no model;
+// it must share the target's vocabulary (IncompatibleModelsError otherwise).
+std::unique_ptr<Drafter> make_drafter(const DrafterParams& params, const Model& target, Model* draft);
+
+}  // namespace pyspec

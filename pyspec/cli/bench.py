@@ -1,0 +1,141 @@
+"""`pyspec bench`: decode speed side by side with llama-cpp-python."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from ..errors import PyspecError
+from ..speculative import POLICIES
+from .options import DEFAULT_DRAFT, DEFAULT_MODEL, flash_attn_option, load_model
+
+@click.command()
+@click.option("--model", "-m", default=DEFAULT_MODEL, show_default=True, help="Target model (path or default name).")
+@click.option("--category", "categories", multiple=True,
+              help="Only these prompt categories (repeatable): code, code_editing, math, qa, summarization, "
+                   "translation, creative.")
+@click.option("--per-category", type=click.IntRange(min=1), default=None,
+              help="Use only the first N prompts of each category.")
+@click.option("--max-tokens", "-n", default=128, show_default=True, type=click.IntRange(min=2))
+@click.option("--temperature", "-t", default=0.0, show_default=True, type=float,
+              help="0 = greedy (the default, so every runner produces comparable text).")
+@click.option("--reps", default=1, show_default=True, type=click.IntRange(min=1), help="Repetitions of the suite.")
+@click.option("--threads", default=None, type=click.IntRange(min=1), help="CPU threads [default: physical cores].")
+@click.option("--n-ctx", default=2048, show_default=True, type=click.IntRange(min=256))
+@flash_attn_option
+@click.option("--draft", "-d", default=DEFAULT_DRAFT, show_default=True, help="Draft model (path or name).")
+@click.option("--draft-max", "-k", "ks", default="1,2,4", show_default=True,
+              help="Comma-separated draft lengths to measure (one pyspec runner each).")
+@click.option("--policy", "policies", default="fixed,auto", show_default=True,
+              help="Comma-separated length policies to measure with the draft model "
+                   "(fixed runs each --draft-max; the others run up to --cap); '' for none.")
+@click.option("--ngram", "ngram_policies", default="auto", show_default=True,
+              help="Comma-separated policies to measure with the n-gram drafter (e.g. fixed,auto); '' for none.")
+@click.option("--hybrid", "hybrid_policies", default="auto", show_default=True,
+              help="Comma-separated policies to measure with the hybrid drafter; '' for none.")
+@click.option("--cap", default=None, type=click.IntRange(min=1),
+              help="Longest draft of the adaptive policies, and the n-gram/hybrid fixed length "
+                   "[default: 16; svip 40, its paper's cap].")
+@click.option("--lookup", default=10, show_default=True, type=click.IntRange(min=0),
+              help="Tokens per draft for llama-cpp-python's LlamaPromptLookupDecoding (0 = skip that runner).")
+@click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False, allow_dash=True),
+              help="Write every figure and sample as JSON to FILE ('-' for stdout).")
+@click.option("--plot", "plot_path", default=None, type=click.Path(dir_okay=False),
+              help="Draw ratios per category and runner, and acceptance by draft position, to FILE.png "
+                   "(needs matplotlib: the `plot` extra).")
+def bench(model, categories, per_category, max_tokens, temperature, reps, threads, n_ctx, flash_attn, draft, ks,
+          policies, ngram_policies, hybrid_policies, cap, lookup, json_path, plot_path) -> None:
+    """Measure decode speed side by side with llama-cpp-python.
+
+    Runs the shipped prompt suite (chat template applied) through each runner,
+    interleaved in one process with the same prompts, threads and settings:
+    pyspec plain, pyspec speculative at each --draft-max, llama-cpp-python's
+    create_completion and its prompt-lookup decoding; optionally other length
+    policies and the n-gram / hybrid drafters. Prints, per category and
+    overall: decode tok/s (tokens after the first), the ratio to
+    llama-cpp-python plain and to pyspec plain, acceptance, tokens per target
+    pass (L), mean draft length (d) and rounds where the policy chose plain
+    decoding. Progress goes to stderr; --json and --plot save the figures.
+
+    Both sides run the same flash-attention setting: --flash-attn auto takes
+    what llama.cpp chose for pyspec's target and gives llama-cpp-python
+    (whose own default is off) the same.
+    """
+    from .._platform import physical_cores
+    from ..bench.runner import run_bench
+    from ..bench.runners import LlamaCppRunner, PyspecRunner, Settings
+    from ..speculative import SpeculativeDecoder
+
+    try:
+        k_values = [int(k) for k in ks.split(",") if k.strip()]
+    except ValueError:
+        raise click.BadParameter("--draft-max takes comma-separated integers, e.g. 1,2,4") from None
+    n_threads = threads or physical_cores()
+    try:
+        load = dict(n_ctx=n_ctx, n_threads=n_threads, flash_attn=flash_attn)
+        target = load_model(model, **load)
+        # llama-cpp-python takes a bool: give it what pyspec's context runs.
+        fa_on = target.flash_attn == "on"
+        runners = [PyspecRunner(target, "pyspec plain")]
+        names = lambda text: [x.strip() for x in text.split(",") if x.strip()]  # noqa: E731
+        draft_model = None
+
+        def limit(pol: str) -> int:  # the cap of an adaptive policy, or an n-gram/hybrid fixed length
+            return cap if cap is not None else 16 if pol == "fixed" else POLICIES[pol]["default_draft_max"]
+
+        model_policies = names(policies)
+        if model_policies:
+            draft_model = load_model(draft, **load)
+            spec = SpeculativeDecoder(target, draft_model, drafter="model")
+            for pol in model_policies:
+                if pol == "fixed":
+                    runners += [PyspecRunner(spec, f"pyspec k={k}", draft_max=k, policy="fixed") for k in k_values]
+                else:
+                    runners.append(PyspecRunner(spec, f"pyspec {pol}", draft_max=limit(pol), policy=pol))
+        if ngram_policies:
+            ng = SpeculativeDecoder(target, drafter="ngram")
+            runners += [PyspecRunner(ng, f"pyspec ngram {pol}", draft_max=limit(pol), policy=pol)
+                        for pol in names(ngram_policies)]
+        if hybrid_policies:
+            draft_model = draft_model or load_model(draft, **load)
+            hy = SpeculativeDecoder(target, draft_model, drafter="hybrid")
+            runners += [PyspecRunner(hy, f"pyspec hybrid {pol}", draft_max=limit(pol), policy=pol)
+                        for pol in names(hybrid_policies)]
+        runners.append(LlamaCppRunner(target.path, n_ctx=n_ctx, n_threads=n_threads, flash_attn=fa_on))
+        if lookup:
+            runners.append(LlamaCppRunner(target.path, n_ctx=n_ctx, n_threads=n_threads, flash_attn=fa_on,
+                                          prompt_lookup=lookup))
+        result = run_bench(
+            runners,
+            lambda text: target.prompt_tokens(text),
+            settings=Settings(max_tokens=max_tokens, temperature=temperature),
+            categories=categories or None,
+            per_category=per_category,
+            reps=reps,
+        )
+    except KeyboardInterrupt:
+        click.echo("\ninterrupted", err=True)
+        sys.exit(130)
+    except (PyspecError, ValueError, OSError) as e:
+        raise click.ClickException(str(e)) from e
+    result["threads"] = n_threads
+    result["flash_attn"] = target.flash_attn  # what both pyspec and llama-cpp-python ran
+    result["flash_attn_requested"] = flash_attn
+    result["model"] = target.path
+    result["draft"] = draft if draft_model is not None else None
+    if json_path:
+        with click.open_file(json_path, "w") as f:
+            json.dump(result, f, indent=2)
+    if plot_path:
+        from ..bench.plot import plot
+
+        plot(result, plot_path)
+    if json_path != "-":
+        click.echo(f"flash attention {target.flash_attn} for pyspec and llama-cpp-python (--flash-attn {flash_attn})")
+        click.echo(result["table"])
+
+
+def register(main: click.Group) -> None:
+    main.add_command(bench)

@@ -1,0 +1,138 @@
+"""`pyspec generate`: the main job."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Optional
+
+import click
+
+from ..errors import PyspecError
+from ..speculative import DRAFTERS, POLICIES
+from .options import DEFAULT_DRAFT, DEFAULT_MODEL, load_model, model_options, sampling_options
+
+@click.command()
+@click.argument("prompt")
+@click.option("--model", "-m", default=None,
+              help=f"Target model: a .gguf path or a default model name (see `pyspec models list`) "
+                   f"[default: {DEFAULT_MODEL}].")
+@click.option("--draft", "-d", default=None,
+              help="Draft model for speculative decoding (path or name). With neither --model nor --draft, "
+                   f"the default pair is used (draft: {DEFAULT_DRAFT}); with --model alone, n-gram lookup drafts.")
+@click.option("--no-draft", is_flag=True, help="Plain decoding with the target alone.")
+@click.option("--draft-max", "-k", default=None, type=click.IntRange(min=0),
+              help="Tokens drafted per target pass (fixed policy) or their cap (other policies); 0 = plain "
+                   "[default: " + ", ".join(f"{n} {p['default_draft_max']}" for n, p in POLICIES.items()) + "].")
+@click.option("--drafter", type=click.Choice(list(DRAFTERS)), default=None,
+              help="; ".join(f"{n}: {d['summary']}" for n, d in DRAFTERS.items())
+                   + " [default: hybrid with a draft model, else ngram].")
+@click.option("--policy", type=click.Choice(list(POLICIES)), default="auto", show_default=True,
+              help="Draft length per round (see the README): "
+                   + "; ".join(f"{n}: {p['summary']}" for n, p in POLICIES.items()) + ".")
+@click.option("--p-min", default=0.75, show_default=True, type=click.FloatRange(0, 1),
+              help="confidence policy: stop when the draft's probability of its own token is below this.")
+@click.option("--svip-h", default=0.3, show_default=True, type=click.FloatRange(min=0, min_open=True),
+              help="svip policy: stop when sqrt(gamma * entropy) exceeds this (gamma = --svip-gamma).")
+@click.option("--svip-gamma", default=0.15, show_default=True, type=click.FloatRange(min=0, min_open=True))
+@click.option("--raw", is_flag=True, help="Send PROMPT as is, without the model's chat template.")
+@click.option("--stop", multiple=True, help="Stop when this text appears (repeatable); it is not printed.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print one JSON object (text, tokens, n_prompt_tokens, n_generated_tokens, stats, flash_attn) "
+                   "instead of streaming.")
+@click.option("--stats", "show_stats", is_flag=True, help="Print a summary of speed and acceptance on stderr.")
+@click.option("--show-drafts", is_flag=True,
+              help="On a terminal, colour accepted draft tokens (green) apart from tokens the target sampled.")
+@click.option("--strict", is_flag=True,
+              help="Fail instead of warning when --n-gpu-layers asks for GPU offload on a build that has no "
+                   "GPU backend.")
+@sampling_options
+@model_options
+def generate(prompt, model, draft, no_draft, draft_max, drafter, policy, p_min, svip_h, svip_gamma, raw, stop,
+             as_json, show_stats, show_drafts, strict, max_tokens, temperature, top_k, top_p, min_p, seed, n_ctx,
+             threads, n_gpu_layers, flash_attn) -> None:
+    """Generate a continuation of PROMPT and stream it to stdout.
+
+    By default the default target/draft pair runs speculative decoding, which
+    keeps the target's output distribution exactly: the hybrid drafter (n-gram
+    lookup where the text repeats, the draft model elsewhere) under the auto
+    policy, which drafts only where its measurements say it pays. With
+    --model and no --draft, n-gram lookup drafts. --no-draft decodes plainly.
+    """
+    from ..speculative import SpeculativeDecoder
+
+    if draft is None and model is None and not no_draft and drafter != "ngram":
+        draft = DEFAULT_DRAFT
+    if draft is None and drafter is None:
+        drafter = "ngram"  # no draft model: prompt lookup, which auto uses only where it pays
+    model = model or DEFAULT_MODEL
+    colour = show_drafts and sys.stdout.isatty() and not as_json
+    try:
+        load = dict(n_ctx=n_ctx, n_threads=threads, n_gpu_layers=n_gpu_layers, flash_attn=flash_attn,
+                    strict=strict)
+        target = load_model(model, **load)
+        gen = target
+        kwargs = {}
+        if not no_draft:
+            draft_model = load_model(draft, **load) if draft and drafter != "ngram" else None
+            gen = SpeculativeDecoder(target, draft_model, drafter=drafter, policy=policy, draft_max=draft_max)
+            kwargs.update(p_min=p_min, svip_h=svip_h, svip_gamma=svip_gamma)
+
+        def echo(text: str, drafted: bool) -> None:
+            sys.stdout.write(click.style(text, fg="green") if colour and drafted else text)
+            sys.stdout.flush()
+
+        out = gen.generate(
+            prompt,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            min_p=min_p,
+            seed=seed,
+            stop=list(stop),
+            chat=not raw,
+            on_token=None if as_json else echo,
+            **kwargs,
+        )
+    except KeyboardInterrupt:
+        click.echo("\ninterrupted", err=True)
+        sys.exit(130)
+    except (PyspecError, ValueError, OSError) as e:
+        raise click.ClickException(str(e)) from e
+    if as_json:
+        d = out.to_dict()
+        d["flash_attn"] = target.flash_attn  # as the target's context runs it ("on"/"off")
+        click.echo(json.dumps(d, indent=2, ensure_ascii=False))
+    else:
+        click.echo()
+    if show_stats:
+        sys.stdout.flush()
+        click.echo(_stats_summary(out, flash_attn=target.flash_attn, requested=flash_attn), err=True)
+
+
+def _stats_summary(out, flash_attn: Optional[str] = None, requested: Optional[str] = None) -> str:
+    s = out.stats
+    lines = [
+        f"{out.n_prompt_tokens} prompt tokens, {out.n_generated_tokens} generated ({out.stop_reason})",
+        f"time to first token {s.ttft_s:.2f} s, then {s.decode_tok_s:.1f} tok/s (seed {s.seed})",
+    ]
+    if flash_attn is not None:
+        lines.append(f"flash attention {flash_attn}" + (f" (--flash-attn {requested})" if requested else ""))
+    if s.rounds and (s.drafted or s.policy_plain):
+        per_pos = " ".join(f"{a:.2f}" for a, d in zip(s.accepted_per_position, s.drafted_at) if d)
+        lines.append(
+            f"{s.rounds} target passes, {s.drafted} drafted, {s.accepted} accepted "
+            f"(acceptance {s.acceptance_rate:.2f}; {s.mean_accepted_len:.2f} tokens per pass; by position: {per_pos})"
+        )
+        calib = f", calibration {s.calibrate_s:.2f} s" if s.calibrate_s else ""
+        lines.append(f"time: draft {s.draft_s:.2f} s, verify {s.verify_s:.2f} s, host overhead {s.overhead_s:.3f} s"
+                     f"{calib}")
+        hist = " ".join(f"{k}:{n}" for k, n in enumerate(s.length_hist) if n)
+        lines.append(f"draft lengths (length:rounds) {hist}; policy chose plain {s.policy_plain} times; "
+                     f"n-gram drafted {s.ngram_rounds} rounds")
+    return "\n".join(lines)
+
+
+def register(main: click.Group) -> None:
+    main.add_command(generate)

@@ -1,0 +1,68 @@
+"""Options and helpers shared by the commands."""
+
+from __future__ import annotations
+
+import warnings
+
+import click
+
+from ..generation import SAMPLING_DEFAULTS
+from ..models import DEFAULT_DRAFT, DEFAULT_TARGET as DEFAULT_MODEL
+
+__all__ = ["DEFAULT_DRAFT", "DEFAULT_MODEL", "flash_attn_option", "load_model", "model_options", "sampling_options"]
+
+
+def sampling_options(f):
+    """Sampling flags shared by the commands that generate."""
+    opts = [
+        click.option("--max-tokens", "-n", default=256, show_default=True, type=click.IntRange(min=0),
+                     help="Maximum number of tokens to generate."),
+        click.option("--temperature", "-t", default=SAMPLING_DEFAULTS["temperature"], show_default=True, type=float,
+                     help="Sampling temperature; 0 means greedy (deterministic)."),
+        click.option("--top-k", default=SAMPLING_DEFAULTS["top_k"], show_default=True, type=int,
+                     help="Keep the k most likely tokens; 0 = off."),
+        click.option("--top-p", default=SAMPLING_DEFAULTS["top_p"], show_default=True, type=float,
+                     help="Keep the smallest set of tokens whose mass reaches p; 1 = off."),
+        click.option("--min-p", default=SAMPLING_DEFAULTS["min_p"], show_default=True, type=float,
+                     help="Drop tokens less likely than min-p times the most likely one; 0 = off."),
+        click.option("--seed", "-s", default=None, type=click.IntRange(0, 2**64 - 1),
+                     help="Random seed: the same seed gives the same output on the same build "
+                          "[default: a fresh one each run, printed by --stats and --json]."),
+    ]
+    for opt in reversed(opts):
+        f = opt(f)
+    return f
+
+
+def model_options(f):
+    opts = [
+        click.option("--n-ctx", default=4096, show_default=True, type=click.IntRange(min=16),
+                     help="Context window in tokens (prompt + generation)."),
+        click.option("--threads", default=None, type=click.IntRange(min=1),
+                     help="CPU threads [default: physical cores]."),
+        click.option("--n-gpu-layers", default=0, show_default=True, type=int,
+                     help="Layers to offload on Metal/CUDA builds of llama.cpp (-1 = all); on a build "
+                          "without a GPU backend this warns (see `pyspec info`)."),
+        flash_attn_option,
+    ]
+    for opt in reversed(opts):
+        f = opt(f)
+    return f
+
+
+flash_attn_option = click.option(
+    "--flash-attn", type=click.Choice(["auto", "on", "off"]), default="auto", show_default=True,
+    help="Flash attention: auto lets llama.cpp enable it where the device supports it (on for the CPU); "
+         "on/off force it. Logits differ slightly between on and off.")
+
+
+def load_model(name, **kwargs):
+    """pyspec.Model, with its warnings (GPU layers on a CPU-only build) as one line on stderr."""
+    from ..model import Model
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = Model(name, **kwargs)
+    for w in caught:
+        click.echo(f"warning: {w.message}", err=True)
+    return model
