@@ -21,9 +21,9 @@ double ema(double old, double x, double rate) { return old < 0 ? x : (1 - rate) 
 }  // namespace
 
 AutoPolicy::AutoPolicy(int32_t draft_max) : draft_max_(std::min(std::max(draft_max, 1), kMaxDraft)) {
-    // Starting acceptance per bucket (model; n-gram match 1, 2, 3, 4-7, 8-11, >= 12),
-    // replaced by measurements within a few rounds.
-    const double prior[kBuckets] = {0.7, 0.25, 0.45, 0.55, 0.7, 0.8, 0.9};
+    // Starting acceptance per bucket (model; n-gram match 1, 2, 3, 4-7, 8-11, >= 12;
+    // re-anchored copy), replaced by measurements within a few rounds.
+    const double prior[kBuckets] = {0.7, 0.25, 0.45, 0.55, 0.7, 0.8, 0.9, 0.6};
     for (int b = 0; b < kBuckets; ++b) {
         buckets_[static_cast<size_t>(b)].long_run = prior[b];
         buckets_[static_cast<size_t>(b)].cost = b == kModelBucket ? -1.0 : 0.0;  // a lookup is free until measured
@@ -36,6 +36,7 @@ AutoPolicy::AutoPolicy(int32_t draft_max) : draft_max_(std::min(std::max(draft_m
 int AutoPolicy::bucket_of(const DraftPlan& plan) {
     if (plan.source == DraftSource::kModel) return kModelBucket;
     const int32_t m = plan.match_len;
+    if (plan.near_copy && m < 12) return kNearCopyBucket;
     if (m <= 3) return std::max(m, 1);
     return m < 8 ? 4 : m < 12 ? 5 : 6;
 }
@@ -142,6 +143,9 @@ int32_t AutoPolicy::next_length(int32_t round_max, const DraftPlan& plan) {
         else b.interval = std::min(2 * b.interval, kMaxInterval);
         b.probing = b.probe_hit = false;
     }
+    // A source that guesses its next token (n-gram lookup) is judged on every plain
+    // round for free (observe); only the others need paid probes.
+    if (plan.next_guess >= 0) return 0;
     if (++b.plain_streak >= b.interval && could_pay(b)) {
         b.plain_streak = 0;
         b.probing = true;
@@ -212,7 +216,10 @@ void AutoPolicy::observe(const RoundReport& r) {
     } else if (v1_ > 0 && n < static_cast<int32_t>(ratio_.size())) {
         ratio_[static_cast<size_t>(n)] = ema(ratio_[static_cast<size_t>(n)], r.verify_s / v1_, kCostRate);
     }
-    if (r.drafted == 0) return;
+    if (r.drafted == 0) {
+        if (r.guess_hit >= 0) learn(buckets_[static_cast<size_t>(bucket_of(r.plan))], r.guess_hit);
+        return;
+    }
     const int bi = bucket_of(r.plan);
     Bucket& b = buckets_[static_cast<size_t>(bi)];
     // A catch-up on many tokens (after plain rounds) is not a per-token drafting cost.
@@ -222,9 +229,7 @@ void AutoPolicy::observe(const RoundReport& r) {
     const bool beliefs = bi == kModelBucket && static_cast<int32_t>(beliefs_.size()) == r.drafted;
     for (int32_t i = 0; i <= std::min(r.accepted, r.drafted - 1); ++i) {
         const double hit = i < r.accepted ? 1.0 : 0.0;
-        b.long_run = (1 - kAlphaRate) * b.long_run + kAlphaRate * hit;
-        b.accepted += hit;
-        b.tried += 1;
+        learn(b, hit);
         if (beliefs) {
             double& t = conf_acc_[static_cast<size_t>(conf_bin(beliefs_[static_cast<size_t>(i)]))];
             t = (1 - kAlphaRate) * t + kAlphaRate * hit;
@@ -232,6 +237,14 @@ void AutoPolicy::observe(const RoundReport& r) {
     }
     beliefs_.clear();
     reach_.clear();
+}
+
+void AutoPolicy::learn(Bucket& b, double hit) {
+    b.long_run = (1 - kAlphaRate) * b.long_run + kAlphaRate * hit;
+    // This generation's evidence, the latest weighing most: a source that just
+    // failed here loses its credit within a few positions.
+    b.accepted = kRecency * b.accepted + hit;
+    b.tried = kRecency * b.tried + 1;
 }
 
 std::vector<int32_t> AutoPolicy::calibration_sizes(int32_t max_batch) {

@@ -5,14 +5,20 @@
 //   rate(k) = E_b(k) / T_b(k),  E_b(k) = 1 + a + a^2 + ... + a^k   (a = alpha_b; expected_tokens())
 //                               T_b(k) = k * c_b + V(k + 1)
 //
-//   b        where the draft comes from: the draft model, or an n-gram match of
-//            1, 2, 3, 4-7, 8-11 or >= 12 tokens (long matches are copied text);
+//   b        where the draft comes from: the draft model, an n-gram match of
+//            1, 2, 3, 4-7, 8-11 or >= 12 tokens (long matches, and long runs the
+//            copy cursor has followed, are copied text), or a copy re-anchored
+//            near where it diverged (ngram_drafter.h);
 //   alpha_b  acceptance of a draft token given the earlier ones were accepted
 //            (measured: about the same at every position of a bucket's drafts).
-//            Text decides it, so this generation's own counts weigh most:
-//            alpha_b = (accepted_g + w * A_b) / (tried_g + w), w = 4, with A_b a
+//            Text decides it, so this generation's own counts weigh most, and
+//            its latest positions most of all:
+//            alpha_b = (accepted_g + w * A_b) / (tried_g + w), w = 2, with A_b a
 //            running average over all generations (from a prior) and accepted_g /
-//            tried_g the draft positions verified in this generation;
+//            tried_g the draft positions verified in this generation, each
+//            earlier one discounted by 0.85 per later one (a source that just
+//            failed here loses credit within a few positions; credit learnt on
+//            other text cannot outweigh what this text shows);
 //   c_b      drafter seconds per drafted token (n-gram lookup: ~0), measured on
 //            rounds where the drafter was in step (a catch-up after plain rounds
 //            is a one-off, not a per-token cost);
@@ -31,6 +37,12 @@
 // averaged over q_i, or on the greedy token's belief, which q_i decides); after
 // the draw it may end the draft with token i kept. It never discards a drawn
 // token (drafter.h: that would bias the output at T > 0).
+//
+// Guesses: a source that knows its next token without drafting (n-gram lookup)
+// is checked on every plain round against the token the target emitted, which is
+// exactly what a 1-token draft would have shown, for free; such sources need no
+// probes, so text that turns repetitive is noticed at once and text that does not
+// costs nothing.
 //
 // Probes: while plain decoding wins for a source, a 1-token draft after every
 // `interval` plain rounds refreshes alpha, so the policy leaves plain mode when
@@ -79,10 +91,12 @@ public:
     const std::vector<std::pair<int32_t, double>>& calibration() const { return calibration_; }
 
     static constexpr int32_t kMaxDraft = 63;   // longest draft the tables cover
-    static constexpr int32_t kBuckets = 7;     // model + 6 n-gram match-length buckets
+    static constexpr int32_t kBuckets = 8;     // model + 6 n-gram match-length buckets + re-anchored copies
     static constexpr int kModelBucket = 0;
+    static constexpr int kNearCopyBucket = 7;
     static constexpr int32_t kConfBins = 6;
-    static constexpr double kWeight = 4;     // pseudo-observations behind A_b in a new generation
+    static constexpr double kWeight = 2;     // pseudo-observations behind A_b in a new generation
+    static constexpr double kRecency = 0.85; // per-position decay of this generation's counts
 
 private:
     struct Bucket {
@@ -108,6 +122,8 @@ private:
     // over a draw from `belief` (token = -1).
     double believed_acceptance(const Distribution& belief, int32_t token) const;
 
+    // One verified draft position (or a plain round's checked guess) of bucket b.
+    static void learn(Bucket& b, double hit);
     static int bucket_of(const DraftPlan& plan);
     static int conf_bin(double c);
     double verify_cost_estimate(int32_t batch) const;   // V(n), interpolated for unmeasured sizes

@@ -99,11 +99,14 @@ DraftSource parse_source(const std::string& name) {
     throw std::invalid_argument("unknown draft source '" + name + "' (model, ngram)");
 }
 
-DraftPlan make_plan(const std::string& source, int32_t match_len, int32_t lag) {
+DraftPlan make_plan(const std::string& source, int32_t match_len, int32_t lag, bool near_copy = false,
+                    int32_t next_guess = -1) {
     DraftPlan p;
     p.source = parse_source(source);
     p.match_len = match_len;
     p.lag = lag;
+    p.near_copy = near_copy;
+    p.next_guess = next_guess;
     return p;
 }
 
@@ -129,6 +132,9 @@ void bind_stats(py::module_& m) {
         .field("ngram_rounds", &GenerationStats::ngram_rounds)
         .field("ngram_drafted", &GenerationStats::ngram_drafted)
         .field("ngram_accepted", &GenerationStats::ngram_accepted)
+        .field("ngram_reanchored", &GenerationStats::ngram_reanchored)
+        .field("ngram_guesses", &GenerationStats::ngram_guesses)
+        .field("ngram_guess_hits", &GenerationStats::ngram_guess_hits)
         .field("stops_before", &GenerationStats::stops_before)
         .field("stops_after", &GenerationStats::stops_after)
         .done();
@@ -239,6 +245,14 @@ PYBIND11_MODULE(_core, m) {
     py::class_<NgramDrafter, Drafter>(m, "NgramDrafter")
         .def(py::init<int32_t, int32_t, int32_t>(), py::arg("n_vocab"), py::arg("n_min") = 1, py::arg("n_max") = 16)
         .def("begin", [](NgramDrafter& d, const std::vector<int32_t>& prompt) { d.begin(prompt, SamplingParams{}, true); })
+        .def("plan",
+             [](NgramDrafter& d, const std::vector<int32_t>& history) {
+                 const DraftPlan p = d.plan(history);
+                 return py::dict("match_len"_a = p.match_len, "near_copy"_a = p.near_copy,
+                                 "next_guess"_a = p.next_guess);
+             },
+             py::arg("history"),
+             "What the next proposal rests on: {match_len, near_copy, next_guess} (match_len 0: none).")
         .def("find",
              [](NgramDrafter& d, const std::vector<int32_t>& history) {
                  int32_t len = 0;
@@ -297,10 +311,12 @@ PYBIND11_MODULE(_core, m) {
         .def_property_readonly("draft_max", &LengthPolicy::draft_max)
         // The engine's side of the conversation, for tests and tools that drive a policy directly.
         .def("next_length",
-             [](LengthPolicy& p, int32_t round_max, const std::string& source, int32_t match_len, int32_t lag) {
-                 return p.next_length(round_max, make_plan(source, match_len, lag));
+             [](LengthPolicy& p, int32_t round_max, const std::string& source, int32_t match_len, int32_t lag,
+                bool near_copy, int32_t next_guess) {
+                 return p.next_length(round_max, make_plan(source, match_len, lag, near_copy, next_guess));
              },
-             py::arg("round_max"), py::arg("source") = "model", py::arg("match_len") = 0, py::arg("lag") = 1)
+             py::arg("round_max"), py::arg("source") = "model", py::arg("match_len") = 0, py::arg("lag") = 1,
+             py::arg("near_copy") = false, py::arg("next_guess") = -1)
         .def("stop_before", &LengthPolicy::stop_before, py::arg("i"), py::arg("belief"), py::arg("known") = -1,
              "Whether the draft ends before token i is drawn (known: the token a greedy draft will propose, "
              "else -1).")
@@ -308,11 +324,14 @@ PYBIND11_MODULE(_core, m) {
              "Whether the draft ends right after token i, which it keeps.")
         .def("observe",
              [](LengthPolicy& p, int32_t drafted, int32_t accepted, double draft_s, double verify_s,
-                const std::string& source, int32_t match_len, int32_t lag) {
-                 p.observe({make_plan(source, match_len, lag), drafted, accepted, draft_s, verify_s});
+                const std::string& source, int32_t match_len, int32_t lag, bool near_copy, int32_t next_guess,
+                int32_t guess_hit) {
+                 p.observe({make_plan(source, match_len, lag, near_copy, next_guess), drafted, accepted, draft_s,
+                            verify_s, guess_hit});
              },
              py::arg("drafted"), py::arg("accepted"), py::arg("draft_s"), py::arg("verify_s"),
-             py::arg("source") = "model", py::arg("match_len") = 0, py::arg("lag") = 1)
+             py::arg("source") = "model", py::arg("match_len") = 0, py::arg("lag") = 1, py::arg("near_copy") = false,
+             py::arg("next_guess") = -1, py::arg("guess_hit") = -1)
         .def("calibration_sizes", &LengthPolicy::calibration_sizes, py::arg("max_batch"))
         .def("calibrated", &LengthPolicy::calibrated, py::arg("sizes"), py::arg("seconds"))
         .def("may_draft", [](const LengthPolicy& p, const std::string& s) { return p.may_draft(parse_source(s)); },

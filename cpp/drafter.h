@@ -45,7 +45,8 @@ public:
 };
 
 // What the next draft is made of. The hybrid drafter switches source per round;
-// match_len is the n-gram match behind an n-gram draft (0: no match); lag is how
+// match_len is the evidence behind an n-gram draft: the tokens matched, plus
+// those the copy has followed since (0: nothing to propose); lag is how
 // many committed tokens a model drafter must process before it can draft; length
 // is the number of tokens to draft, chosen by the length policy (0: a plain step;
 // -1: no draft was planned, or the source has nothing to propose).
@@ -55,6 +56,11 @@ struct DraftPlan {
     int32_t match_len = 0;
     int32_t lag = 0;
     int32_t length = -1;
+    bool near_copy = false;  // an n-gram draft re-anchored near where a copy diverged
+    // The token a draft from this plan would start with, where that is known
+    // without drafting (deterministic drafters); -1 otherwise. A plain round then
+    // still learns, for free, whether the draft would have been accepted.
+    int32_t next_guess = -1;
 };
 
 // Asked by a drafter for the length of a draft from a given plan.

@@ -240,7 +240,8 @@ VerifyResult Engine::round(Sequence& s, const GenerateParams& params, LengthPoli
     const VerifyResult vr = verify(p_.data(), q_.data(), drafts_.data(), n, s.rng, params.variant);
     // 4. Roll back: the target's cache keeps the committed sequence and the accepted drafts.
     target_.truncate(static_cast<int32_t>(s.history.size()) + vr.n_accepted);
-    const RoundReport report{plan, n, vr.n_accepted, draft_s, verify_s};
+    const int32_t guess_hit = n == 0 && plan.next_guess >= 0 ? vr.next_token == plan.next_guess : -1;
+    const RoundReport report{plan, n, vr.n_accepted, draft_s, verify_s, guess_hit};
     if (policy) policy->observe(report);
     s.stats().count_round(report);
     return vr;

@@ -1,5 +1,5 @@
-// n-gram lookup when it has a confident match (at least min_match tokens), the
-// draft model otherwise; the length policy sets the length either way, and when
+// n-gram lookup when it has a confident match (at least min_match tokens, or a
+// copy re-anchored where it diverged), the draft model otherwise; the length policy sets the length either way, and when
 // it declines an n-gram draft (length <= 0) the model is offered instead.
 #pragma once
 
@@ -17,14 +17,17 @@ public:
 
     DraftPlan plan(const std::vector<int32_t>& history) override {
         DraftPlan p = ngram_->plan(history);
-        return p.match_len >= min_match_ ? p : model_->plan(history);
+        return p.match_len >= min_match_ || (p.near_copy && p.match_len > 0) ? p : model_->plan(history);
     }
     DraftPlan choose(const std::vector<int32_t>& history, const LengthFor& length_for) override {
         DraftPlan p = plan(history);
         if (p.source == DraftSource::kNgram) {
             p.length = length_for(p);
             if (p.length > 0) return use(p);
-            p = model_->plan(history);
+            DraftPlan m = model_->plan(history);
+            m.length = length_for(m);
+            // Both declined: report the n-gram plan, whose guess the plain round checks for free.
+            return use(m.length > 0 ? m : p);
         }
         p.length = length_for(p);
         return use(p);

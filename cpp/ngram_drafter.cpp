@@ -1,6 +1,7 @@
 #include "ngram_drafter.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <stdexcept>
 
 namespace pyspec {
@@ -26,6 +27,13 @@ void NgramDrafter::begin(const std::vector<int32_t>& prompt, const SamplingParam
     for (auto& m : index_) m.clear();
     indexed_ = 0;
     index_up_to(prompt);
+    cursor_ = anchor_ = proposed_from_ = planned_from_ = -1;
+    run_ = 0;
+    reanchored_ = false;
+    followed_ = prompt.size();
+    failed_.clear();
+    proposed_.clear();
+    planned_size_ = 0;
 }
 
 void NgramDrafter::index_up_to(const std::vector<int32_t>& history) {
@@ -61,11 +69,74 @@ int32_t NgramDrafter::find(const std::vector<int32_t>& history, int32_t* match_l
     return -1;
 }
 
+void NgramDrafter::follow(const std::vector<int32_t>& history) {
+    const size_t size = history.size();
+    if (followed_ > size) followed_ = size;  // a shorter history: a new sequence without begin()
+    // What became of the last proposal: rejected at its first token means that
+    // source position does not continue this text.
+    if (!proposed_.empty() && proposed_at_size_ < size && proposed_at_size_ >= followed_ &&
+        history[proposed_at_size_] != proposed_[0]) {
+        failed_.insert(proposed_from_);
+    }
+    proposed_.clear();
+    for (size_t j = followed_; j < size; ++j) {
+        if (cursor_ < 0) continue;
+        if (static_cast<size_t>(cursor_) < j && history[static_cast<size_t>(cursor_)] == history[j]) {
+            ++cursor_;
+            ++run_;
+        } else {
+            anchor_ = cursor_;
+            cursor_ = -1;
+            run_ = 0;
+            reanchored_ = false;
+        }
+    }
+    followed_ = size;
+}
+
+int32_t NgramDrafter::reanchor(const std::vector<int32_t>& history, int32_t* m) const {
+    const int32_t size = static_cast<int32_t>(history.size());
+    const int32_t lo = std::max(anchor_ - kReanchorBefore, 0);
+    const int32_t hi = std::min(anchor_ + kReanchorAfter, size - 1);  // the source precedes the suffix
+    for (int32_t n = std::min(3, size); n >= 1; --n) {
+        const int32_t* suffix = history.data() + size - n;
+        int32_t best = -1;
+        // Candidate continuation positions c: history[c - n, c) equals the suffix.
+        for (int32_t c = std::max(lo, n); c <= hi; ++c) {
+            if (!std::equal(suffix, suffix + n, history.data() + c - n) || failed_.count(c)) continue;
+            if (best < 0 || std::abs(c - anchor_) < std::abs(best - anchor_)) best = c;
+        }
+        if (best >= 0) {
+            *m = n;
+            return best;
+        }
+    }
+    return -1;
+}
+
 DraftPlan NgramDrafter::plan(const std::vector<int32_t>& history) {
-    int32_t match_len = 0;
-    planned_at_ = find(history, &match_len);
+    follow(history);
+    DraftPlan p;
+    p.source = DraftSource::kNgram;
+    int32_t from = -1;
+    if (cursor_ >= 0) {
+        from = cursor_;
+        p.match_len = run_;
+    } else {
+        int32_t m = 0;
+        reanchored_ = anchor_ >= 0 && (from = reanchor(history, &m)) >= 0;
+        if (!reanchored_) from = find(history, &m);
+        if (from >= 0) {
+            cursor_ = from;  // follow it from now on
+            run_ = m;
+        }
+        p.match_len = from >= 0 ? m : 0;
+    }
+    p.near_copy = from >= 0 && reanchored_;  // until the copy diverges again
+    p.next_guess = from >= 0 ? history[static_cast<size_t>(from)] : -1;
+    planned_from_ = from;
     planned_size_ = history.size();
-    return {DraftSource::kNgram, match_len};
+    return p;
 }
 
 DraftPlan NgramDrafter::choose(const std::vector<int32_t>& history, const LengthFor& length_for) {
@@ -78,9 +149,9 @@ int32_t NgramDrafter::draft(const std::vector<int32_t>& history, int32_t max_n, 
                             std::vector<Distribution>& q, DraftStopRule*) {
     // No stop rule is asked: a lookup's one-hot q carries no belief (drafter.h).
     tokens.clear();
-    int32_t match_len = 0;
-    const int32_t at = planned_size_ == history.size() ? planned_at_ : find(history, &match_len);
+    if (planned_size_ != history.size()) plan(history);
     planned_size_ = 0;
+    const int32_t at = planned_from_;
     if (at < 0) return 0;
     const int32_t size = static_cast<int32_t>(history.size());
     for (int32_t i = 0; i < max_n; ++i) {
@@ -91,6 +162,9 @@ int32_t NgramDrafter::draft(const std::vector<int32_t>& history, int32_t max_n, 
         q[static_cast<size_t>(i)].set_one_hot(tok, n_vocab_);
         tokens.push_back(tok);
     }
+    proposed_ = tokens;
+    proposed_at_size_ = history.size();
+    proposed_from_ = at;
     return static_cast<int32_t>(tokens.size());
 }
 

@@ -20,6 +20,10 @@ struct RoundReport {
     int32_t accepted = 0;
     double draft_s = 0;    // drafter time of this round (its catch-up on `plan.lag` tokens included)
     double verify_s = 0;   // target time of this round's batch (drafted + 1 tokens)
+    // A plain round of a plan with a next_guess: whether the target's token was that
+    // guess (1) or not (0), which is what accepting a one-token draft would have
+    // shown (P = p(guess) either way); -1 otherwise.
+    int32_t guess_hit = -1;
 };
 
 // A length policy is also the draft's stop rule (drafter.h says what a stop

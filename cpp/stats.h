@@ -31,6 +31,9 @@ struct GenerationStats {
     int32_t ngram_rounds = 0;          // rounds drafted by n-gram lookup (hybrid/ngram drafters)
     int32_t ngram_drafted = 0;         // ... their drafted tokens
     int32_t ngram_accepted = 0;        // ... and accepted ones
+    int32_t ngram_reanchored = 0;      // n-gram rounds that drafted from a copy re-anchored after an edit
+    int32_t ngram_guesses = 0;         // plain rounds that checked the n-gram's guess for free
+    int32_t ngram_guess_hits = 0;      // ... and found it right
     int32_t stops_before = 0;          // drafts the stop rule ended before drawing a token
     int32_t stops_after = 0;           // ... and right after a token it kept, short of the length asked
 
@@ -44,6 +47,8 @@ struct GenerationStats {
     // Count one round: what was drafted from where, and how much the target accepted.
     void count_round(const RoundReport& r) {
         ++rounds;
+        ngram_guesses += r.guess_hit >= 0;
+        ngram_guess_hits += r.guess_hit > 0;
         policy_plain += r.plan.length == 0;
         drafted += r.drafted;
         accepted += r.accepted;
@@ -58,6 +63,7 @@ struct GenerationStats {
             ++ngram_rounds;
             ngram_drafted += r.drafted;
             ngram_accepted += r.accepted;
+            ngram_reanchored += r.plan.near_copy;
         }
     }
 };

@@ -107,3 +107,21 @@ def test_bench_command_end_to_end(target_path, tmp_path):
     assert rows["llama-cpp-python"]["ratio"] == pytest.approx(1.0)
     assert "[translation]" in run.stdout and "vs plain" in run.stdout
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_simulator_replays_copying_and_finds_no_gain_without_it():
+    """The replay simulator on synthetic outputs with GPU-like costs: a copied
+    output gains under auto and more under the oracle; an output with nothing
+    to copy (the control) gains nothing under the oracle and loses little under auto."""
+    import random
+
+    from pyspec.bench.simulate import simulate
+
+    costs = {n: 1.0 + 0.05 * (n - 1) for n in range(1, 18)}
+    source = list(range(10, 210))
+    copied = simulate([1] + source + [2], source[:150], costs, n_vocab=1000)
+    assert copied["auto"] > 2.0 and copied["oracle"] >= copied["auto"] * 0.95
+    rng = random.Random(0)
+    noise = [rng.randrange(300, 1000) for _ in range(150)]
+    control = simulate([1] + source + [2], noise, costs, n_vocab=1000)
+    assert control["oracle"] == pytest.approx(1.0) and 0.85 < control["auto"] <= 1.0 + 1e-9

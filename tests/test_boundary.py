@@ -13,6 +13,7 @@ import pytest
 
 import pyspec
 from pyspec import _core
+from pyspec import sampling as py_sampling
 from pyspec.results import GenerationStats
 from pyspec.speculative import DRAFTERS, POLICIES
 
@@ -78,7 +79,7 @@ def test_python_reads_names_and_defaults_from_the_core():
     for name, info in POLICIES.items():
         assert _core.make_policy(_core.PolicyParams(name=name)).draft_max == info["default_draft_max"]
     assert GenerationStats.FIELDS[:-1] == tuple(_core.GenerationStats.FIELDS)
-    assert pyspec.sampling.VARIANTS == tuple(_core.sampling.VARIANTS)
+    assert py_sampling.VARIANTS == tuple(_core.sampling.VARIANTS)
 
 
 def _readme_table(heading: str):

@@ -86,6 +86,43 @@ def test_ngram_index_is_incremental():
     assert d.propose(history, 2) == [3, 4]
 
 
+def _replay(d, prompt, output, k=4):
+    """Feed `output` token by token; the proposals made before each token."""
+    d.begin(prompt)
+    history, proposals = list(prompt), []
+    for t in output:
+        proposals.append(d.propose(history, k))
+        history.append(t)
+    return proposals
+
+
+def test_copy_cursor_follows_the_source_not_the_latest_occurrence():
+    # A run longer than the longest n-gram (16) occurs twice, followed by 6, then by 7.
+    run = list(range(200, 217))
+    prompt = [100, 1, 2, 3] + run + [6] + [101] + run + [7] + [102]
+    out = [1, 2, 3] + run + [6]
+    d = _core.NgramDrafter(1000, 1, 16)
+    assert _replay(d, prompt, out)[-1][0] == 6  # the copy being followed goes on with 6
+    # Control: a lookup from scratch sees only the last 16 tokens and takes the latest occurrence.
+    fresh = _core.NgramDrafter(1000, 1, 16)
+    fresh.begin(prompt)
+    assert fresh.propose(prompt + out[:-1], 4)[0] == 7
+
+
+def test_copy_cursor_reanchors_near_the_edit():
+    prompt = [100] + list(range(1, 21)) + [101, 12, 50, 102]  # "12" also occurs later, followed by 50
+    d = _core.NgramDrafter(1000, 1, 16)
+    # Copy 1..9, then an edit: "10 11" becomes "77", then the copy goes on from 12.
+    out = [1, 2, 3, 4, 5, 6, 7, 8, 9, 77, 12, 13, 14, 15]
+    proposals = _replay(d, prompt, out)
+    after_edit = proposals[out.index(12) + 1]
+    assert after_edit == [13, 14, 15, 16]  # re-anchored on "12" near the old cursor, not the later "12 50"
+    # Control: a lookup from scratch takes the latest "12", followed by 50.
+    fresh = _core.NgramDrafter(1000, 1, 16)
+    fresh.begin(prompt)
+    assert fresh.propose(prompt + [77, 12], 1) == [50]
+
+
 def test_invalid_ngram_sizes():
     with pytest.raises(ValueError):
         _core.NgramDrafter(1000, 0, 4)

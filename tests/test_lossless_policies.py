@@ -194,6 +194,8 @@ def test_ngram_and_hybrid_are_lossless(gemma_models, ngram_case, drafter, policy
     stat, df, pv = pooled_chisquare(counts, exact, n)
     print(f"{drafter}/{policy}: N={n} chi2={stat:.2f} df={df} p={pv:.3g} {totals} drafting={drafting}")
     assert totals["ngram_rounds"] > 0 and drafting >= n // 2
+    if drafter == "ngram":  # the copy cursor's re-anchoring after a rejected token drafted too
+        assert totals["ngram_reanchored"] > 0, totals
     if drafter == "hybrid":
         model_rounds = totals["rounds"] - totals["length_hist"][0] - totals["ngram_rounds"]
         assert model_rounds > 0, "the hybrid drafter never fell back to the model"
@@ -207,7 +209,32 @@ def test_negative_control_ngram_broken_residual_two_tokens(gemma_models, ngram_c
     counts, totals, _ = run(spec, tokens, n, _variant="residual_is_p")
     stat, df, pv = pooled_chisquare(counts, exact, n)
     print(f"NEGATIVE CONTROL ngram residual=p, draft_max=2: N={n} chi2={stat:.2f} df={df} p={pv:.3g}")
+    assert totals["ngram_reanchored"] > 0, "the re-anchoring path did not run under the control"
     assert pv < ALPHA
+
+
+def pin_cpu_costs(spec) -> None:
+    """auto with CPU-shaped costs (a 2-token batch costs 1.9 steps): it decodes
+    plainly unless the n-gram's guesses, checked for free on plain rounds, have
+    shown the lookup to be right nearly always."""
+    spec.policy_object().calibrated([1, 2, 3], [100.0, 190.0, 230.0])
+
+
+def test_ngram_guess_path_is_lossless(gemma_models, ngram_case):
+    """Plain rounds check the n-gram's guess and feed auto; lengths then follow
+    that evidence (both paths must run). The output law must not move. (The
+    broken-residual control on this configuration drafts in too few samples to
+    be caught at this N, p = 0.2 measured; the drafts themselves are the n-gram
+    path that test_negative_control_ngram_broken_residual_two_tokens covers.)"""
+    target, _ = gemma_models
+    tokens, exact, _, n = ngram_case
+    spec = pyspec.SpeculativeDecoder(target, drafter="ngram", policy="auto", draft_max=2)
+    counts, totals, _ = run(spec, tokens, n, pin=pin_cpu_costs)
+    stat, df, pv = pooled_chisquare(counts, exact, n)
+    print(f"ngram guesses: N={n} chi2={stat:.2f} df={df} p={pv:.3g} guesses={totals['ngram_guesses']} "
+          f"hits={totals['ngram_guess_hits']} drafted rounds={totals['ngram_rounds']}")
+    assert totals["ngram_guesses"] > 0 and totals["ngram_rounds"] > 0, "the guess path or drafting did not run"
+    assert pv > ALPHA, f"samples differ from the target distribution (p={pv:.3g})"
 
 
 def test_hybrid_model_rounds_accept_nearly_everything_when_q_equals_p(gemma_models):

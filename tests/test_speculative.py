@@ -50,7 +50,7 @@ def _plain_logits(model, tokens):
 
 
 @pytest.mark.pair
-@pytest.mark.parametrize("k", [1, pytest.param(4, marks=pytest.mark.slow), 8])
+@pytest.mark.parametrize("k", [1, pytest.param(4, marks=pytest.mark.slow), pytest.param(8, marks=pytest.mark.slow)])
 def test_greedy_equals_plain(pair, k):
     target, spec = pair
     report = []

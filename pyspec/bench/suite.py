@@ -1,6 +1,7 @@
 """The benchmark prompt suite, in the spirit of Spec-Bench: a few chat prompts
-per category. Code editing is deliberately copy-heavy (the answer repeats most
-of the prompt), which is where cheap drafters shine."""
+per category. Code editing and document correction are deliberately copy-heavy
+(the answer repeats most of the prompt with a few edits), which is where cheap
+drafters shine; math and creative writing are where drafting must not cost."""
 
 from __future__ import annotations
 
@@ -75,6 +76,47 @@ _ARTICLE = (
     "vote on the plan next month after a public consultation."
 )
 
+_TYPO_PARAGRAPH = (
+    "Our team has recieved many questions about the new schedule. Starting next month, the "
+    "office will open at eight in the morning and close at six in the evening. Employes who "
+    "prefer to work remotly can do so on Mondays and Fridays, but they must be availble for "
+    "meetings between ten and twelve. Please adress any concerns to your manager before the "
+    "end of the week, so that we can acommodate everyone's needs. Thank you for your "
+    "patience during this transition."
+)
+
+_MODULE = '''import json
+
+
+def load_users(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def find_user(users, name):
+    for user in users:
+        if user["name"] == name:
+            return user
+    return None
+
+
+def average_age(users):
+    total = 0
+    for user in users:
+        total += user["age"]
+    return total / len(users)
+
+
+def save_users(users, path):
+    with open(path, "w") as f:
+        json.dump(users, f, indent=2)
+'''
+
+_SCHEMA = (
+    "Tables: customers(id, name, city, created_at), orders(id, customer_id, total, placed_at), "
+    "order_items(order_id, product_id, quantity, price), products(id, name, category)."
+)
+
 PROMPTS: Dict[str, List[str]] = {
     "code": [
         "Write a Python function that returns the n-th Fibonacci number iteratively, with a docstring.",
@@ -87,6 +129,20 @@ PROMPTS: Dict[str, List[str]] = {
         "Add type hints to these functions and return the complete code, unchanged otherwise:\n\n" + _FUNC,
         "Rename the parameter `currency` to `currencyCode` everywhere in this code and return the "
         "complete code:\n\n" + _JS,
+        "Change `average_age` so that it returns 0 for an empty list, and return the whole file with "
+        "only that function changed:\n\n" + _MODULE,
+    ],
+    "doc_correction": [
+        "Correct the spelling mistakes in this paragraph and return the full corrected text, "
+        "unchanged otherwise:\n\n" + _TYPO_PARAGRAPH,
+        "Replace every mention of 'Mondays and Fridays' with 'Tuesdays and Thursdays' in this text and "
+        "return the full text:\n\n" + _TYPO_PARAGRAPH,
+    ],
+    "sql": [
+        _SCHEMA + " Write a SQL query that returns the ten customers with the highest total order "
+        "value in 2024, with their city.",
+        _SCHEMA + " Write a SQL query that lists, for each product category, the number of orders "
+        "and the revenue, sorted by revenue.",
     ],
     "math": [
         "A train travels 180 km in 2.5 hours. What is its average speed in km/h? Explain step by step.",

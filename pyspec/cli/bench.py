@@ -9,13 +9,14 @@ import click
 
 from ..errors import PyspecError
 from ..speculative import POLICIES
+from ..bench.suite import CATEGORIES
 from .options import DEFAULT_DRAFT, DEFAULT_MODEL, flash_attn_option, load_model
+
 
 @click.command()
 @click.option("--model", "-m", default=DEFAULT_MODEL, show_default=True, help="Target model (path or default name).")
-@click.option("--category", "categories", multiple=True,
-              help="Only these prompt categories (repeatable): code, code_editing, math, qa, summarization, "
-                   "translation, creative.")
+@click.option("--category", "categories", multiple=True, type=click.Choice(CATEGORIES),
+              help="Only these prompt categories (repeatable).")
 @click.option("--per-category", type=click.IntRange(min=1), default=None,
               help="Use only the first N prompts of each category.")
 @click.option("--max-tokens", "-n", default=128, show_default=True, type=click.IntRange(min=2))
@@ -137,5 +138,63 @@ def bench(model, categories, per_category, max_tokens, temperature, reps, thread
         click.echo(result["table"])
 
 
+
+@click.command()
+@click.option("--model", "-m", default=DEFAULT_MODEL, show_default=True, help="Target model (path or default name).")
+@click.option("--category", "categories", multiple=True, type=click.Choice(CATEGORIES),
+              help="Only these prompt categories (repeatable).")
+@click.option("--per-category", type=click.IntRange(min=1), default=None,
+              help="Use only the first N prompts of each category.")
+@click.option("--max-tokens", "-n", default=256, show_default=True, type=click.IntRange(min=2))
+@click.option("--draft-max", "-k", default=16, show_default=True, type=click.IntRange(1, 63),
+              help="Longest draft (auto's cap, and the oracle's).")
+@click.option("--threads", default=None, type=click.IntRange(min=1), help="CPU threads [default: physical cores].")
+@click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
+def simulate(model, categories, per_category, max_tokens, draft_max, threads, as_json) -> None:
+    """The oracle gap of n-gram drafting on the bench prompts.
+
+    Generates each prompt's greedy output once, then replays it: the n-gram
+    drafter (copy cursor included) under the real auto policy, and under a
+    myopic oracle that knows how many drafts each round would keep. Target
+    batch costs are timed once, so the figures carry no timing noise. Prints
+    the speed-up over plain decoding of both, per prompt and per category.
+    """
+    from ..bench.simulate import batch_costs
+    from ..bench.simulate import simulate as replay
+    from ..bench.suite import prompts
+
+    try:
+        target = load_model(model, n_ctx=4096, n_threads=threads)
+        costs = batch_costs(target, draft_max + 1)
+        rows = []
+        chosen = prompts(categories or None, per_category)
+        with click.progressbar(chosen, label="greedy outputs and replays", file=sys.stderr) as bar:
+            for p in bar:
+                tokens = target.prompt_tokens(p.text)
+                out = target.generate(tokens, max_tokens=max_tokens, temperature=0)
+                r = replay(tokens, out.tokens, costs, target.n_vocab, draft_max)
+                rows.append({"prompt": p.id, "category": p.category, "n_generated": len(out.tokens), **r})
+    except KeyboardInterrupt:
+        click.echo("\ninterrupted", err=True)
+        sys.exit(130)
+    except (PyspecError, ValueError, OSError) as e:
+        raise click.ClickException(str(e)) from e
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    click.echo("speed-up over plain (greedy replay, timed batch costs): auto | myopic oracle | gap")
+    for r in rows:
+        click.echo(f"  {r['prompt']:<18} {r['auto']:5.2f}x  {r['oracle']:5.2f}x  {r['oracle'] / r['auto']:5.2f}")
+    cats = sorted({r["category"] for r in rows}, key=[r["category"] for r in rows].index)
+    for c in cats + ["all"]:
+        rs = [r for r in rows if c in ("all", r["category"])]
+        # Pooled like the bench: total plain time over total simulated time.
+        plain = sum(r["plain_s"] for r in rs)
+        auto = plain / sum(r["plain_s"] / r["auto"] for r in rs)
+        oracle = plain / sum(r["plain_s"] / r["oracle"] for r in rs)
+        click.echo(f"[{c}] auto {auto:.2f}x, oracle {oracle:.2f}x, gap {oracle / auto:.2f}")
+
+
 def register(main: click.Group) -> None:
     main.add_command(bench)
+    main.add_command(simulate)

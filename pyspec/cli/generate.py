@@ -130,7 +130,7 @@ def _stats_summary(out, flash_attn: Optional[str] = None, requested: Optional[st
                      f"{calib}")
         hist = " ".join(f"{k}:{n}" for k, n in enumerate(s.length_hist) if n)
         lines.append(f"draft lengths (length:rounds) {hist}; policy chose plain {s.policy_plain} times; "
-                     f"n-gram drafted {s.ngram_rounds} rounds")
+                     f"n-gram drafted {s.ngram_rounds} rounds ({s.ngram_reanchored} re-anchored after an edit)")
     return "\n".join(lines)
 
 
