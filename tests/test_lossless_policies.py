@@ -213,7 +213,7 @@ def test_negative_control_ngram_broken_residual_two_tokens(gemma_models, ngram_c
     assert pv < ALPHA
 
 
-def pin_cpu_costs(spec) -> None:
+def pin_guess_costs(spec) -> None:
     """auto with CPU-shaped costs (a 2-token batch costs 1.9 steps): it decodes
     plainly unless the n-gram's guesses, checked for free on plain rounds, have
     shown the lookup to be right nearly always."""
@@ -229,7 +229,7 @@ def test_ngram_guess_path_is_lossless(gemma_models, ngram_case):
     target, _ = gemma_models
     tokens, exact, _, n = ngram_case
     spec = pyspec.SpeculativeDecoder(target, drafter="ngram", policy="auto", draft_max=2)
-    counts, totals, _ = run(spec, tokens, n, pin=pin_cpu_costs)
+    counts, totals, _ = run(spec, tokens, n, pin=pin_guess_costs)
     stat, df, pv = pooled_chisquare(counts, exact, n)
     print(f"ngram guesses: N={n} chi2={stat:.2f} df={df} p={pv:.3g} guesses={totals['ngram_guesses']} "
           f"hits={totals['ngram_guess_hits']} drafted rounds={totals['ngram_rounds']}")
