@@ -88,6 +88,9 @@ def test_greedy_equals_plain_exactly_with_small_batches(gemma_path):
 def test_rollback_leaves_exactly_the_accepted_sequence(pair, target_path):
     target, spec = pair
     tokens = target.prompt_tokens("Write a limerick about a cat.")
+    # Start from empty caches: a prompt prefix kept from an earlier call was computed
+    # in another batch split, whose kernels round differently than the fresh model's.
+    spec.clear_cache()
     # Hot draft settings make rejections frequent; k = 2 keeps batches <= 3 tokens
     # so that the rolled-back cache can be compared bit for bit with a fresh one.
     out = spec.generate(tokens, max_tokens=40, temperature=0.9, top_k=20, seed=3, draft_max=2,
