@@ -60,7 +60,7 @@ int32_t NgramDrafter::find(const std::vector<int32_t>& history, int32_t* match_l
         if (it == m.end()) continue;
         const int32_t next = it->second;
         // Guard against hash collisions: the tokens must really match.
-        if (next >= n && std::equal(suffix, suffix + n, history.data() + next - n)) {
+        if (next >= n && next < size && std::equal(suffix, suffix + n, history.data() + next - n)) {
             *match_len = n;
             return next;
         }
@@ -71,7 +71,10 @@ int32_t NgramDrafter::find(const std::vector<int32_t>& history, int32_t* match_l
 
 void NgramDrafter::follow(const std::vector<int32_t>& history) {
     const size_t size = history.size();
-    if (followed_ > size) followed_ = size;  // a shorter history: a new sequence without begin()
+    if (followed_ > size) {  // a shorter history: a new sequence without begin(); start over on it
+        begin(history, SamplingParams{}, false);
+        return;
+    }
     // What became of the last proposal: rejected at its first token means that
     // source position does not continue this text.
     if (!proposed_.empty() && proposed_at_size_ < size && proposed_at_size_ >= followed_ &&

@@ -123,6 +123,13 @@ def test_copy_cursor_reanchors_near_the_edit():
     assert fresh.propose(prompt + [77, 12], 1) == [50]
 
 
+def test_a_shorter_history_without_begin_forgets_the_copy():
+    d = _core.NgramDrafter(1000, 1, 16)
+    prompt = [100] + list(range(1, 21))
+    _replay(d, prompt, list(range(1, 15)))  # the cursor now points far into the history
+    assert d.propose([100, 1, 2, 3, 1, 2], 2) == [3, 1]  # a new, short sequence: no stale cursor, a plain lookup
+
+
 def test_invalid_ngram_sizes():
     with pytest.raises(ValueError):
         _core.NgramDrafter(1000, 0, 4)
