@@ -216,14 +216,22 @@ void AutoPolicy::observe(const RoundReport& r) {
     } else if (v1_ > 0 && n < static_cast<int32_t>(ratio_.size())) {
         ratio_[static_cast<size_t>(n)] = ema(ratio_[static_cast<size_t>(n)], r.verify_s / v1_, kCostRate);
     }
-    if (r.drafted == 0) {
-        if (r.guess_hit >= 0) learn(buckets_[static_cast<size_t>(bucket_of(r.plan))], r.guess_hit);
-        return;
-    }
     const int bi = bucket_of(r.plan);
     Bucket& b = buckets_[static_cast<size_t>(bi)];
     // A catch-up on many tokens (after plain rounds) is not a per-token drafting cost.
-    if (r.plan.source == DraftSource::kNgram || r.plan.lag <= 2) b.cost = ema(b.cost, r.draft_s / r.drafted, kCostRate);
+    const bool in_step = r.plan.source == DraftSource::kNgram || r.plan.lag <= 2;
+    if (r.drafted == 0) {
+        if (r.guess_hit >= 0) learn(b, r.guess_hit);
+        // A planned draft that stopped before its first token still ran the draft
+        // model once (for q_0): that is its per-token cost as well. Counting it
+        // lets a draft model that cannot pay be dropped on its first round, not
+        // after many rounds of paid-for stops.
+        if (planned_k_ > 0 && r.plan.source == DraftSource::kModel && in_step && r.draft_s > 0) {
+            b.cost = ema(b.cost, r.draft_s, kCostRate);
+        }
+        return;
+    }
+    if (in_step) b.cost = ema(b.cost, r.draft_s / r.drafted, kCostRate);
     b.probe_hit = b.probing && r.accepted == r.drafted;
     // Positions reached: 0..min(accepted, drafted - 1); all but a rejected last one accepted.
     const bool beliefs = bi == kModelBucket && static_cast<int32_t>(beliefs_.size()) == r.drafted;
@@ -279,6 +287,11 @@ double AutoPolicy::draft_cost(DraftSource source) const {
     plan.source = source;
     plan.match_len = 1;  // every n-gram bucket shares one lookup cost; report the first
     return buckets_[static_cast<size_t>(bucket_of(plan))].cost;
+}
+
+void AutoPolicy::recorded_draft_cost(double seconds) {
+    Bucket& b = buckets_[kModelBucket];
+    if (b.cost < 0 && seconds > 0 && std::isfinite(seconds)) b.cost = seconds;
 }
 
 double AutoPolicy::acceptance(const DraftPlan& plan) const {

@@ -21,7 +21,9 @@
 //            other text cannot outweigh what this text shows);
 //   c_b      drafter seconds per drafted token (n-gram lookup: ~0), measured on
 //            rounds where the drafter was in step (a catch-up after plain rounds
-//            is a one-off, not a per-token cost);
+//            is a one-off, not a per-token cost), a draft that stopped before its
+//            first token included (it ran the draft model once); the draft
+//            model's is kept on disk per machine (pyspec/calibration.py);
 //   V(n)     target seconds to evaluate n tokens in one batch, V(n) = v1 * r(n):
 //            v1 the current single-token step, r(n) a running ratio. Sizes 1, 2,
 //            4, 8, 16, 32, 64 (up to the cap) are timed before the first round (the
@@ -85,6 +87,10 @@ public:
     // Introspection for tests and tools.
     double verify_cost(int32_t batch) const;    // V(n) in seconds, -1 if not measured
     double draft_cost(DraftSource source) const;  // c_b of the model / of n-gram lookups, -1 unknown
+    // The draft model's c_b as an earlier process measured it (kept on disk per
+    // model and machine): used until this process measures its own, so that a
+    // draft model that cannot pay here is not prefilled or probed once per process.
+    void recorded_draft_cost(double seconds);
     double acceptance(const DraftPlan& plan) const;  // alpha_b, this generation's blend
     int32_t probe_interval(const DraftPlan& plan) const;
     // The batch timings calibrated() was given (size, seconds): what is worth keeping on disk.

@@ -342,6 +342,8 @@ PYBIND11_MODULE(_core, m) {
              "Estimated seconds for an n-token target batch (-1: not measured).")
         .def("draft_cost", [](const AutoPolicy& p, const std::string& s) { return p.draft_cost(parse_source(s)); },
              py::arg("source"), "Estimated drafter seconds per token (-1: not measured).")
+        .def("recorded_draft_cost", &AutoPolicy::recorded_draft_cost, py::arg("seconds"),
+             "The draft model's seconds per token from an earlier process; used until measured here.")
         .def("acceptance",
              [](const AutoPolicy& p, const std::string& s, int32_t match_len) {
                  return p.acceptance(make_plan(s, match_len, 0));

@@ -1,10 +1,13 @@
-"""Timings of the target's verification batches, kept on disk so that the
-``auto`` policy times them once per model and machine, not once per process.
+"""Timings the ``auto`` policy needs, kept on disk so that it measures them once
+per model and machine, not once per process: the target's verification batches
+and the draft model's cost per drafted token. Without the latter, every new
+process would prefill the draft model and probe it once only to learn that it
+cannot pay on this machine.
 
 The policy object owns the numbers (it asks the engine to time batch sizes on
-first use, and refines them online); this module only persists them:
-:func:`prepare` hands a policy the timings on record before a generation,
-:func:`keep` records new ones after it.
+first use, measures the draft model when it drafts, and refines both online);
+this module only persists them: :func:`prepare` hands a policy the timings on
+record before a generation, :func:`keep` records new ones after it.
 
 The file is ``$PYSPEC_CACHE/calibration.json`` (default ``~/.cache/pyspec``).
 An entry is keyed by everything the timings depend on: the model file (path,
@@ -40,20 +43,36 @@ def machine_key(core_model) -> str:
     ])
 
 
-def prepare(policy: "_core.LengthPolicy", core_model) -> None:
-    """Give ``policy`` the timings on record if it still wants some and all are known."""
+DRAFT_TOKEN = "draft_token_s"  # a draft model's entry: seconds per drafted token (beside its batch sizes)
+
+
+def prepare(policy: "_core.LengthPolicy", core_model, draft_model=None) -> None:
+    """Give ``policy`` the timings on record that it still wants: the target's
+    batch sizes (if all are known) and the draft model's cost per token."""
     sizes = policy.calibration_sizes(policy.draft_max + 1)
-    if not sizes:
+    if sizes:
+        known = load(core_model)
+        if all(n in known for n in sizes):
+            policy.calibrated(sizes, [known[n] for n in sizes])
+    if draft_model is not None and isinstance(policy, _core.AutoPolicy) and policy.draft_cost("model") < 0:
+        cost = _entry(draft_model).get(DRAFT_TOKEN)
+        if isinstance(cost, (int, float)) and cost > 0:
+            policy.recorded_draft_cost(float(cost))
+
+
+def keep(policy: "_core.LengthPolicy", core_model, stats, draft_model=None) -> None:
+    """Record the timings a generation just measured: new batch timings
+    (``stats.calibrate_s > 0``), and the draft model's cost when it moved by more
+    than a tenth from the one on record (not a file write per generation)."""
+    if not isinstance(policy, _core.AutoPolicy):
         return
-    known = load(core_model)
-    if all(n in known for n in sizes):
-        policy.calibrated(sizes, [known[n] for n in sizes])
-
-
-def keep(policy: "_core.LengthPolicy", core_model, stats) -> None:
-    """Record the timings a generation just measured (``stats.calibrate_s > 0``)."""
-    if stats.calibrate_s > 0 and isinstance(policy, _core.AutoPolicy):
+    if stats.calibrate_s > 0:
         save(core_model, policy.calibration)
+    cost = policy.draft_cost("model")
+    if draft_model is not None and cost > 0:
+        recorded = _entry(draft_model).get(DRAFT_TOKEN)
+        if not isinstance(recorded, (int, float)) or abs(cost - recorded) > 0.1 * recorded:
+            _update(draft_model, {DRAFT_TOKEN: cost})
 
 
 def _read() -> Dict[str, Dict[str, float]]:
@@ -64,27 +83,34 @@ def _read() -> Dict[str, Dict[str, float]]:
         return {}
 
 
+def _entry(core_model) -> Dict[str, object]:
+    entry = _read().get(machine_key(core_model), {})
+    return entry if isinstance(entry, dict) else {}
+
+
 def load(core_model) -> Dict[int, float]:
     """Seconds per target batch size on record for this model and machine ({} if none)."""
-    entry = _read().get(machine_key(core_model), {})
     out: Dict[int, float] = {}
-    if isinstance(entry, dict):
-        for n, s in entry.items():
-            try:
-                n, s = int(n), float(s)
-            except (TypeError, ValueError):
-                continue
-            if n > 0 and s > 0:
-                out[n] = s
+    for n, s in _entry(core_model).items():
+        try:
+            n, s = int(n), float(s)
+        except (TypeError, ValueError):
+            continue  # other fields of the entry (DRAFT_TOKEN), or a foreign value
+        if n > 0 and s > 0:
+            out[n] = s
     return out
 
 
 def save(core_model, timings: Dict[int, float]) -> None:
-    """Record timings (best effort: a read-only cache only costs a recalibration)."""
+    """Record batch timings (best effort: a read-only cache only costs a recalibration)."""
+    _update(core_model, {str(n): float(s) for n, s in timings.items() if s > 0})
+
+
+def _update(core_model, fields: Dict[str, float]) -> None:
     data = _read()
     key = machine_key(core_model)
     entry = data.get(key) if isinstance(data.get(key), dict) else {}
-    entry.update({str(n): float(s) for n, s in timings.items() if s > 0})
+    entry.update(fields)
     data[key] = entry
     target = cache_file()
     try:

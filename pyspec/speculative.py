@@ -47,14 +47,15 @@ class SpeculativeDecoder(Generator):
     ) -> None:
         params = _core.DrafterParams(name=drafter or "", ngram_min=ngram_min, ngram_max=ngram_max)
         self.drafter = _core.drafter_name(params, draft is not None)
-        self._policy_params(policy, draft_max)  # fail now on a bad policy, not at the first call
         self.target = target
         self.draft = draft if DRAFTERS[self.drafter]["needs_draft_model"] else None
         self.policy = policy
         self.draft_max = draft_max
+        self._policies: Dict[Tuple, "_core.LengthPolicy"] = {}
+        if draft_max != 0:  # fail now on a bad policy, not at the first call (0: plain, no policy)
+            self.policy_object()
         self._core_drafter = _core.make_drafter(params, target._core, self.draft._core if self.draft else None)
         self._engine = _core.Engine(target._core, self._core_drafter)
-        self._policies: Dict[Tuple, "_core.LengthPolicy"] = {}
 
     def __repr__(self) -> str:
         draft = f", draft={self.draft.path!r}" if self.draft is not None else ""
@@ -75,6 +76,7 @@ class SpeculativeDecoder(Generator):
         params = self._policy_params(policy or self.policy, self.draft_max if draft_max is None else draft_max,
                                      p_min, svip_gamma, svip_h)
         # One object per setting, kept across calls: adaptive policies remember.
+        # Building it is where the core validates the settings (ValueError).
         key = tuple(getattr(params, f) for f in params.FIELDS)
         if key not in self._policies:
             self._policies[key] = _core.make_policy(params)
@@ -85,11 +87,8 @@ class SpeculativeDecoder(Generator):
                        h: float = 0.3) -> "_core.PolicyParams":
         if draft_max is not None and draft_max < 0:  # the core reads -1 as "the policy's default"
             raise ValueError(f"draft_max must be >= 0, got {draft_max}")
-        params = _core.PolicyParams(name=name, draft_max=-1 if draft_max is None else draft_max, p_min=p_min,
-                                    gamma=gamma, h=h)
-        if draft_max != 0:  # 0 means plain decoding: no policy is built
-            _core.make_policy(params)  # the core validates (ValueError)
-        return params
+        return _core.PolicyParams(name=name, draft_max=-1 if draft_max is None else draft_max, p_min=p_min,
+                                  gamma=gamma, h=h)
 
     def _draft_args(
         self,
@@ -120,7 +119,7 @@ class SpeculativeDecoder(Generator):
             policy_obj = self.policy_object(policy, draft_max=draft_max, p_min=p_min, svip_gamma=svip_gamma,
                                             svip_h=svip_h)
             params.draft_max = policy_obj.draft_max
-            calibration.prepare(policy_obj, self.target._core)
+            calibration.prepare(policy_obj, self.target._core, self.draft._core if self.draft else None)
         # TEST-ONLY negative controls: a wrong acceptance rule (_variant), or a stop
         # rule that discards drawn draft tokens below a belief (_discard_below).
         params.variant = _variant
@@ -132,4 +131,4 @@ class SpeculativeDecoder(Generator):
 
     def _after_run(self, policy: Optional["_core.LengthPolicy"], stats) -> None:
         if policy is not None:
-            calibration.keep(policy, self.target._core, stats)
+            calibration.keep(policy, self.target._core, stats, self.draft._core if self.draft else None)

@@ -231,6 +231,33 @@ def test_auto_times_batches_once_per_machine(gemma_path, tmp_path, monkeypatch):
     assert third.stats.calibrate_s > 0 and third.n_generated_tokens == 4
 
 
+def test_auto_keeps_the_draft_models_cost_across_processes(gemma_path, tmp_path, monkeypatch):
+    """A draft model that cannot pay on this machine is measured once per machine:
+    a new process (new models, new decoder) reads its cost from disk and neither
+    prefills nor runs it. Control: the first process, with nothing on record,
+    prefills it and measures it (one draft decode: auto stops before the first
+    token, and that decode is what it costs)."""
+    from pyspec import calibration
+
+    monkeypatch.setenv("PYSPEC_CACHE", str(tmp_path))
+    target = pyspec.Model(gemma_path, n_ctx=512)
+    prompt = "The weather today is sunny and"
+
+    draft = pyspec.Model(gemma_path, n_ctx=512)
+    first = pyspec.SpeculativeDecoder(target, draft, drafter="model", policy="auto")
+    out = first.generate(prompt, chat=False, max_tokens=8, temperature=0)
+    assert len(draft._core.cached()) > 0 and out.stats.draft_s > 0, "the control did not prefill and run the draft"
+    assert calibration._entry(draft._core).get(calibration.DRAFT_TOKEN, 0) > 0, "the draft cost was not kept"
+    # The same model as its own draft costs a target step per token: it cannot pay on a CPU.
+    assert not first.policy_object().may_draft("model")
+
+    draft = pyspec.Model(gemma_path, n_ctx=512)
+    again = pyspec.SpeculativeDecoder(target, draft, drafter="model", policy="auto")
+    out = again.generate(prompt, chat=False, max_tokens=8, temperature=0)
+    assert again.policy_object().draft_cost("model") > 0
+    assert out.stats.drafted == 0 and draft._core.cached() == [], "the draft model was prefilled or probed again"
+
+
 @pytest.mark.pair
 def test_hybrid_uses_both_sources(target_path, draft_path):
     target = pyspec.Model(target_path, n_ctx=1024)

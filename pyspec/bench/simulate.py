@@ -55,7 +55,8 @@ def simulate(prompt: List[int], output: List[int], costs: Dict[int, float], n_vo
     plain = len(output) * costs[1]
     sizes = sorted(n for n in costs if n <= draft_max + 1)
 
-    def run(choose) -> float:
+    def run(choose, observer=None) -> float:
+        """`observer`: a policy that sees every round, as the engine reports them."""
         drafter = _core.NgramDrafter(n_vocab, 1, 16)
         drafter.begin(prompt)
         pos, seconds = 0, 0.0
@@ -67,10 +68,10 @@ def simulate(prompt: List[int], output: List[int], costs: Dict[int, float], n_vo
             drafts = drafter.propose(history, k) if k > 0 else []
             acc = _accepted(drafts, output, pos)
             cost = costs[len(drafts) + 1]
-            if policy is not None:  # as the engine reports a round, a plain round's checked guess included
+            if observer is not None:  # a plain round's checked guess included
                 guess_hit = int(output[pos] == plan["next_guess"]) if not drafts and plan["next_guess"] >= 0 else -1
-                policy.observe(len(drafts), acc, 0.0, cost, "ngram", plan["match_len"], 0, plan["near_copy"],
-                               plan["next_guess"], guess_hit)
+                observer.observe(len(drafts), acc, 0.0, cost, "ngram", plan["match_len"], 0, plan["near_copy"],
+                                 plan["next_guess"], guess_hit)
             seconds += cost
             pos += acc + 1
         return plain / seconds
@@ -78,8 +79,8 @@ def simulate(prompt: List[int], output: List[int], costs: Dict[int, float], n_vo
     policy = _core.make_policy(_core.PolicyParams(name="auto", draft_max=draft_max))
     policy.calibrated(sizes, [costs[n] for n in sizes])
     auto = run(lambda d, h, plan, round_max, pos: policy.next_length(round_max, "ngram", plan["match_len"], 0,
-                                                                     plan["near_copy"], plan["next_guess"]))
-    policy = None
+                                                                     plan["near_copy"], plan["next_guess"]),
+               observer=policy)
 
     def oracle(drafter, history, plan, round_max, pos):
         # What the drafter would propose at full length decides how much any length keeps;

@@ -7,18 +7,12 @@ import sys
 
 import click
 
-from ..errors import PyspecError
 from ..speculative import POLICIES
-from ..bench.suite import CATEGORIES
-from .options import DEFAULT_DRAFT, DEFAULT_MODEL, flash_attn_option, load_model
+from .options import DEFAULT_DRAFT, command_errors, flash_attn_option, load_model, suite_options
 
 
 @click.command()
-@click.option("--model", "-m", default=DEFAULT_MODEL, show_default=True, help="Target model (path or default name).")
-@click.option("--category", "categories", multiple=True, type=click.Choice(CATEGORIES),
-              help="Only these prompt categories (repeatable).")
-@click.option("--per-category", type=click.IntRange(min=1), default=None,
-              help="Use only the first N prompts of each category.")
+@suite_options
 @click.option("--max-tokens", "-n", default=128, show_default=True, type=click.IntRange(min=2))
 @click.option("--temperature", "-t", default=0.0, show_default=True, type=float,
               help="0 = greedy (the default, so every runner produces comparable text).")
@@ -74,7 +68,7 @@ def bench(model, categories, per_category, max_tokens, temperature, reps, thread
     except ValueError:
         raise click.BadParameter("--draft-max takes comma-separated integers, e.g. 1,2,4") from None
     n_threads = threads or physical_cores()
-    try:
+    with command_errors():
         load = dict(n_ctx=n_ctx, n_threads=n_threads, flash_attn=flash_attn)
         target = load_model(model, **load)
         # llama-cpp-python takes a bool: give it what pyspec's context runs.
@@ -116,11 +110,6 @@ def bench(model, categories, per_category, max_tokens, temperature, reps, thread
             per_category=per_category,
             reps=reps,
         )
-    except KeyboardInterrupt:
-        click.echo("\ninterrupted", err=True)
-        sys.exit(130)
-    except (PyspecError, ValueError, OSError) as e:
-        raise click.ClickException(str(e)) from e
     result["threads"] = n_threads
     result["flash_attn"] = target.flash_attn  # what both pyspec and llama-cpp-python ran
     result["flash_attn_requested"] = flash_attn
@@ -140,11 +129,7 @@ def bench(model, categories, per_category, max_tokens, temperature, reps, thread
 
 
 @click.command()
-@click.option("--model", "-m", default=DEFAULT_MODEL, show_default=True, help="Target model (path or default name).")
-@click.option("--category", "categories", multiple=True, type=click.Choice(CATEGORIES),
-              help="Only these prompt categories (repeatable).")
-@click.option("--per-category", type=click.IntRange(min=1), default=None,
-              help="Use only the first N prompts of each category.")
+@suite_options
 @click.option("--max-tokens", "-n", default=256, show_default=True, type=click.IntRange(min=2))
 @click.option("--draft-max", "-k", default=16, show_default=True, type=click.IntRange(1, 63),
               help="Longest draft (auto's cap, and the oracle's).")
@@ -163,7 +148,7 @@ def simulate(model, categories, per_category, max_tokens, draft_max, threads, as
     from ..bench.simulate import simulate as replay
     from ..bench.suite import prompts
 
-    try:
+    with command_errors():
         target = load_model(model, n_ctx=4096, n_threads=threads)
         costs = batch_costs(target, draft_max + 1)
         rows = []
@@ -174,11 +159,6 @@ def simulate(model, categories, per_category, max_tokens, draft_max, threads, as
                 out = target.generate(tokens, max_tokens=max_tokens, temperature=0)
                 r = replay(tokens, out.tokens, costs, target.n_vocab, draft_max)
                 rows.append({"prompt": p.id, "category": p.category, "n_generated": len(out.tokens), **r})
-    except KeyboardInterrupt:
-        click.echo("\ninterrupted", err=True)
-        sys.exit(130)
-    except (PyspecError, ValueError, OSError) as e:
-        raise click.ClickException(str(e)) from e
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return

@@ -8,9 +8,8 @@ from typing import Optional
 
 import click
 
-from ..errors import PyspecError
 from ..speculative import DRAFTERS, POLICIES
-from .options import DEFAULT_DRAFT, DEFAULT_MODEL, load_model, model_options, sampling_options
+from .options import DEFAULT_DRAFT, DEFAULT_MODEL, command_errors, load_model, model_options, sampling_options
 
 @click.command()
 @click.argument("prompt")
@@ -67,7 +66,7 @@ def generate(prompt, model, draft, no_draft, draft_max, drafter, policy, p_min, 
         drafter = "ngram"  # no draft model: prompt lookup, which auto uses only where it pays
     model = model or DEFAULT_MODEL
     colour = show_drafts and sys.stdout.isatty() and not as_json
-    try:
+    with command_errors():
         load = dict(n_ctx=n_ctx, n_threads=threads, n_gpu_layers=n_gpu_layers, flash_attn=flash_attn,
                     strict=strict)
         target = load_model(model, **load)
@@ -95,11 +94,6 @@ def generate(prompt, model, draft, no_draft, draft_max, drafter, policy, p_min, 
             on_token=None if as_json else echo,
             **kwargs,
         )
-    except KeyboardInterrupt:
-        click.echo("\ninterrupted", err=True)
-        sys.exit(130)
-    except (PyspecError, ValueError, OSError) as e:
-        raise click.ClickException(str(e)) from e
     if as_json:
         d = out.to_dict()
         d["flash_attn"] = target.flash_attn  # as the target's context runs it ("on"/"off")

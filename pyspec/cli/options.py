@@ -2,14 +2,48 @@
 
 from __future__ import annotations
 
+import sys
 import warnings
+from contextlib import contextmanager
 
 import click
 
+from ..errors import PyspecError
 from ..generation import SAMPLING_DEFAULTS
 from ..models import DEFAULT_DRAFT, DEFAULT_TARGET as DEFAULT_MODEL
 
-__all__ = ["DEFAULT_DRAFT", "DEFAULT_MODEL", "flash_attn_option", "load_model", "model_options", "sampling_options"]
+__all__ = ["DEFAULT_DRAFT", "DEFAULT_MODEL", "command_errors", "flash_attn_option", "load_model", "model_options",
+           "sampling_options", "suite_options"]
+
+
+@contextmanager
+def command_errors(interrupted: str = "interrupted", errors: tuple = (PyspecError, ValueError, OSError)):
+    """A command's failure as users should see it: Ctrl-C exits 130 with one line,
+    a known error becomes click's one-line `Error: ...` (exit 1), not a traceback."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        click.echo(f"\n{interrupted}", err=True)
+        sys.exit(130)
+    except errors as e:
+        raise click.ClickException(str(e)) from e
+
+
+def suite_options(f):
+    """The target model and the bench prompts to use (bench, simulate)."""
+    from ..bench.suite import CATEGORIES
+
+    opts = [
+        click.option("--model", "-m", default=DEFAULT_MODEL, show_default=True,
+                     help="Target model (path or default name)."),
+        click.option("--category", "categories", multiple=True, type=click.Choice(CATEGORIES),
+                     help="Only these prompt categories (repeatable)."),
+        click.option("--per-category", type=click.IntRange(min=1), default=None,
+                     help="Use only the first N prompts of each category."),
+    ]
+    for opt in reversed(opts):
+        f = opt(f)
+    return f
 
 
 def sampling_options(f):

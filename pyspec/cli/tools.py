@@ -7,6 +7,8 @@ import sys
 
 import click
 
+from .options import command_errors
+
 @click.command()
 @click.option("--full", is_flag=True, help="The long version: more cases, 10x the rounds (minutes).")
 @click.option("--seed", default=20240601, show_default=True, type=int)
@@ -88,13 +90,8 @@ def models_pull(names, force) -> None:
     """Download, assemble and verify default models (all of them by default)."""
     from ..models import ModelFetchError, UnknownModelError, pull
 
-    try:
+    with command_errors("interrupted; nothing partial was kept", (ModelFetchError, UnknownModelError)):
         paths = pull(list(names) or None, progress=True, force=force)
-    except KeyboardInterrupt:
-        click.echo("\ninterrupted; nothing partial was kept", err=True)
-        sys.exit(130)
-    except (ModelFetchError, UnknownModelError) as e:
-        raise click.ClickException(str(e)) from e
     for name, path in paths.items():
         click.echo(f"{name}\t{path}")
 
