@@ -16,6 +16,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <tuple>
 
 #include "errors.h"
 #include "engine.h"
@@ -24,6 +25,7 @@
 #include "bind_struct.h"
 #include "drafters.h"
 #include "ngram_drafter.h"
+#include "consensus_drafter.h"
 #include "policy.h"
 
 namespace py = pybind11;
@@ -68,15 +70,24 @@ struct CancelToken {
 // Streams to an optional Python callable and checks for Ctrl-C between tokens.
 // A Python exception (KeyboardInterrupt included) stops generation; it is
 // re-raised once the C++ loop has unwound and the model is in a clean state.
+// Calls callback(token, text, drafted), or callback(seq, token, text, drafted)
+// for a batch; also where Ctrl-C reaches a generation.
 struct PyTokenSink {
     py::object callback;
     std::unique_ptr<py::error_already_set> error;
 
-    bool operator()(int32_t token, const std::string& text, bool drafted) {
+    bool operator()(int32_t token, const std::string& text, bool drafted) { return call(-1, token, text, drafted); }
+    bool operator()(int32_t seq, int32_t token, const std::string& text, bool drafted) {
+        return call(seq, token, text, drafted);
+    }
+
+private:
+    bool call(int32_t seq, int32_t token, const std::string& text, bool drafted) {
         py::gil_scoped_acquire gil;
         try {
             if (!callback.is_none()) {
-                py::object r = callback(token, py::bytes(text), drafted);
+                py::object r = seq < 0 ? callback(token, py::bytes(text), drafted)
+                                       : callback(seq, token, py::bytes(text), drafted);
                 // None or anything truthy goes on; a falsy value stops (Python's own rule).
                 if (!r.is_none()) {
                     const int truth = PyObject_IsTrue(r.ptr());
@@ -111,6 +122,15 @@ DraftPlan make_plan(const std::string& source, int32_t match_len, int32_t lag, b
 }
 
 void bind_stats(py::module_& m) {
+    Struct<BatchStats>(m, "BatchStats", "What a batch of sequences measured (engine.h documents each field).")
+        .field("n_seq", &BatchStats::n_seq)
+        .field("rounds", &BatchStats::rounds)
+        .field("rows", &BatchStats::rows)
+        .field("max_rows", &BatchStats::max_rows)
+        .field("prompt_s", &BatchStats::prompt_s)
+        .field("decode_s", &BatchStats::decode_s)
+        .field("n_generated", &BatchStats::n_generated)
+        .field("aggregate_tok_s", &BatchStats::aggregate_tok_s);
     Struct<GenerationStats>(m, "GenerationStats", "What one generation measured (stats.h documents each field).")
         .field("n_prompt_tokens", &GenerationStats::n_prompt_tokens)
         .field("n_generated", &GenerationStats::n_generated)
@@ -160,7 +180,7 @@ PYBIND11_MODULE(_core, m) {
 
     py::class_<Model>(m, "Model")
         .def(py::init([](const std::string& path, int32_t n_ctx, int32_t n_threads, int32_t n_gpu_layers,
-                         int32_t n_batch, bool verbose, int32_t flash_attn) {
+                         int32_t n_batch, bool verbose, int32_t flash_attn, int32_t n_seq_max) {
                  ModelParams p;
                  p.path = path;
                  p.n_ctx = n_ctx;
@@ -169,16 +189,18 @@ PYBIND11_MODULE(_core, m) {
                  p.n_batch = n_batch;
                  p.verbose = verbose;
                  p.flash_attn = flash_attn;
+                 p.n_seq_max = n_seq_max;
                  py::gil_scoped_release release;
                  return std::make_unique<Model>(p);
              }),
              py::arg("path"), py::arg("n_ctx") = 4096, py::arg("n_threads") = 0, py::arg("n_gpu_layers") = 0,
              py::arg("n_batch") = 512, py::arg("verbose") = false,
-             py::arg("flash_attn") = -1)
+             py::arg("flash_attn") = -1, py::arg("n_seq_max") = 1)
         .def_property_readonly("path", [](const Model& m) { return m.params().path; })
         .def_property_readonly("n_vocab", &Model::n_vocab)
         .def_property_readonly("n_ctx", &Model::n_ctx)
         .def_property_readonly("n_batch", &Model::n_batch)
+        .def_property_readonly("n_seq", &Model::n_seq, "sequences the context holds (one unified KV cache)")
         .def_property_readonly("n_threads", [](const Model& m) { return m.params().n_threads; })
         .def_property_readonly("n_gpu_layers", [](const Model& m) { return m.params().n_gpu_layers; })
         .def_property_readonly("flash_attn", &Model::flash_attn, "as run: 1 on, 0 off, -1 auto and unreported")
@@ -205,12 +227,22 @@ PYBIND11_MODULE(_core, m) {
         .def("apply_chat_template", &Model::apply_chat_template, py::arg("messages"),
              py::arg("add_assistant") = true)
         .def("decode",
-             [](Model& m, const std::vector<int32_t>& tokens, int32_t pos0, int32_t n_logits) {
+             [](Model& m, const std::vector<int32_t>& tokens, int32_t pos0, int32_t n_logits, int32_t seq) {
                  py::gil_scoped_release release;
-                 m.decode(tokens.data(), static_cast<int32_t>(tokens.size()), pos0, n_logits);
+                 m.decode(tokens.data(), static_cast<int32_t>(tokens.size()), pos0, n_logits, seq);
              },
-             py::arg("tokens"), py::arg("pos0"), py::arg("n_logits") = 1,
-             "Decode tokens at positions pos0.. keeping logits for the last n_logits (tests, tools).")
+             py::arg("tokens"), py::arg("pos0"), py::arg("n_logits") = 1, py::arg("seq") = 0,
+             "Decode tokens at positions pos0.. of a sequence, keeping logits for the last n_logits (tests, tools).")
+        .def("decode_rows",
+             [](Model& m, const std::vector<std::tuple<int32_t, int32_t, int32_t, bool>>& rows) {
+                 std::vector<Model::Row> rs;
+                 for (const auto& [seq, pos, token, logits] : rows) rs.push_back(Model::Row{seq, pos, token, logits});
+                 py::gil_scoped_release release;
+                 m.decode_rows(rs.data(), static_cast<int32_t>(rs.size()));
+             },
+             py::arg("rows"),
+             "One llama_decode over rows (seq, pos, token, logits) of any sequences; logits(i) is the i-th row "
+             "that asked for logits.")
         .def("logits",
              [](const Model& m, int32_t row) {
                  std::vector<float> copy;  // for tests and tools, not the hot loop
@@ -223,17 +255,21 @@ PYBIND11_MODULE(_core, m) {
                  return py::array_t<float>(static_cast<py::ssize_t>(copy.size()), copy.data());
              },
              py::arg("row") = 0)
-        .def("truncate", &Model::truncate, py::arg("pos"), py::call_guard<py::gil_scoped_release>())
-        .def("pos_max", &Model::pos_max, py::call_guard<py::gil_scoped_release>())
-        .def("cached", [](const Model& m) {
+        .def("truncate", &Model::truncate, py::arg("pos"), py::arg("seq") = 0,
+             py::call_guard<py::gil_scoped_release>())
+        .def("copy_prefix", &Model::copy_prefix, py::arg("src"), py::arg("dst"), py::arg("n"),
+             py::call_guard<py::gil_scoped_release>(),
+             "Make sequence dst hold the first n tokens of sequence src (shared cells, no copy).")
+        .def("pos_max", &Model::pos_max, py::arg("seq") = 0, py::call_guard<py::gil_scoped_release>())
+        .def("cached", [](const Model& m, int32_t seq) {
             std::vector<int32_t> out;
             {
                 py::gil_scoped_release release;
                 const auto held = m.lock();
-                out = m.cached();
+                out = m.cached(seq);
             }
             return out;
-        }, "The token ids the KV cache holds, by position.");
+        }, py::arg("seq") = 0, "The token ids the KV cache holds for a sequence, by position.");
 
     py::class_<CancelToken>(m, "CancelToken")
         .def(py::init<>())
@@ -269,6 +305,32 @@ PYBIND11_MODULE(_core, m) {
                  return tokens;
              },
              py::arg("history"), py::arg("max_n"));
+    py::class_<ConsensusPool, std::shared_ptr<ConsensusPool>>(m, "ConsensusPool",
+                                                              "The siblings' texts that consensus drafters share.")
+        .def(py::init<int32_t, int32_t, int32_t>(), py::arg("n_seq"), py::arg("n_min") = 2, py::arg("n_max") = 8)
+        .def_property_readonly("n_seq", &ConsensusPool::n_seq);
+    py::class_<ConsensusDrafter, Drafter>(m, "ConsensusDrafter")
+        .def(py::init<std::shared_ptr<ConsensusPool>, int32_t, int32_t, int32_t, int32_t>(), py::arg("pool"),
+             py::arg("seq"), py::arg("n_vocab"), py::arg("n_min") = 1, py::arg("n_max") = 16)
+        .def("begin",
+             [](ConsensusDrafter& d, const std::vector<int32_t>& prompt) { d.begin(prompt, SamplingParams{}, true); })
+        .def("plan",
+             [](ConsensusDrafter& d, const std::vector<int32_t>& history) {
+                 const DraftPlan p = d.plan(history);
+                 return py::dict("match_len"_a = p.match_len, "next_guess"_a = p.next_guess);
+             },
+             py::arg("history"))
+        .def("propose",
+             [](ConsensusDrafter& d, const std::vector<int32_t>& history, int32_t max_n) {
+                 Rng rng(0);
+                 std::vector<int32_t> tokens;
+                 std::vector<Distribution> q(static_cast<size_t>(std::max(max_n, 1)));
+                 d.draft(history, max_n, rng, tokens, q, nullptr);
+                 return tokens;
+             },
+             py::arg("history"), py::arg("max_n"))
+        .def_property_readonly("sibling_drafts", &ConsensusDrafter::sibling_drafts,
+                               "rounds whose draft came from a sibling since begin()");
     Struct<DrafterParams>(m, "DrafterParams", "Which drafter to build, and its settings.")
         .field("name", &DrafterParams::name)
         .field("ngram_min", &DrafterParams::ngram_min)
@@ -372,6 +434,7 @@ PYBIND11_MODULE(_core, m) {
         .property("variant", [](const GenerateParams& p) { return verify_variant_names()[static_cast<size_t>(p.variant)]; },
                   [](GenerateParams& p, const std::string& v) { p.variant = parse_verify_variant(v); })
         .field("test_discard_below", &GenerateParams::test_discard_below)
+        .field("test_shared_stream", &GenerateParams::test_shared_stream)
         .field("parallel_prefill", &GenerateParams::parallel_prefill)
         .done();
     bind_stats(m);
@@ -399,7 +462,39 @@ PYBIND11_MODULE(_core, m) {
                  return r;
              },
              py::arg("prompt"), py::arg("params"), py::arg("policy") = nullptr, py::arg("on_token") = py::none(),
-             py::arg("cancel") = nullptr, "One generation (the C++ loop, without the GIL).");
+             py::arg("cancel") = nullptr, "One generation (the C++ loop, without the GIL).")
+        .def("generate_batch",
+             [](Engine& e, const std::vector<std::vector<int32_t>>& prompts, GenerateParams params,
+                const std::vector<Drafter*>& drafters, const std::vector<LengthPolicy*>& policies,
+                py::object on_token, CancelToken* cancel) {
+                 if ((!drafters.empty() && drafters.size() != prompts.size()) ||
+                     (!policies.empty() && policies.size() != prompts.size())) {
+                     throw std::invalid_argument("drafters and policies: one per prompt (or none)");
+                 }
+                 std::vector<SequenceSpec> specs;
+                 for (size_t j = 0; j < prompts.size(); ++j) {
+                     specs.push_back({prompts[j], drafters.empty() ? nullptr : drafters[j],
+                                      policies.empty() ? nullptr : policies[j]});
+                 }
+                 params.cancel = cancel ? &cancel->flag : nullptr;
+                 PyTokenSink sink;
+                 sink.callback = std::move(on_token);
+                 std::vector<GenerateResult> r;
+                 BatchStats bs;
+                 {
+                     py::gil_scoped_release release;
+                     r = e.generate_batch(specs, params, std::ref(sink), &bs);
+                 }
+                 if (sink.error) throw std::move(*sink.error);
+                 return std::make_pair(std::move(r), bs);
+             },
+             py::arg("prompts"), py::arg("params"), py::arg("drafters") = std::vector<Drafter*>{},
+             py::arg("policies") = std::vector<LengthPolicy*>{}, py::arg("on_token") = py::none(),
+             py::arg("cancel") = nullptr,
+             "Many sequences, one target decode per round; each its own drafter and policy (engine.h). "
+             "on_token(seq, token, text, drafted). Returns (results in order, BatchStats).");
+    m.def("sequence_seed", &sequence_seed, py::arg("seed"), py::arg("j"),
+          "The seed of sequence j of a batch seeded with `seed`.");
 
     bind_info(m);
 }

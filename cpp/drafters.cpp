@@ -2,6 +2,7 @@
 
 #include <stdexcept>
 
+#include "consensus_drafter.h"
 #include "hybrid_drafter.h"
 #include "model_drafter.h"
 #include "ngram_drafter.h"
@@ -13,6 +14,7 @@ const std::vector<DrafterInfo>& drafter_catalog() {
         {"model", true, "a smaller model with the target's vocabulary"},
         {"ngram", false, "prompt lookup: continue the longest earlier n-gram match (no draft model)"},
         {"hybrid", true, "n-gram lookup on a match of >= 2 tokens, else the draft model"},
+        {"consensus", false, "parallel samples draft what their siblings wrote (n > 1; alone: n-gram lookup)"},
     };
     return catalog;
 }
@@ -35,6 +37,10 @@ std::string drafter_name(const DrafterParams& params, bool have_draft_model) {
 std::unique_ptr<Drafter> make_drafter(const DrafterParams& params, const Model& target, Model* draft) {
     const std::string name = drafter_name(params, draft != nullptr);
     if (name == "ngram") return std::make_unique<NgramDrafter>(target.n_vocab(), params.ngram_min, params.ngram_max);
+    if (name == "consensus") {  // a batch gives each sample its own, over one pool (pyspec/speculative.py)
+        return std::make_unique<ConsensusDrafter>(std::make_shared<ConsensusPool>(1), 0, target.n_vocab(),
+                                                  params.ngram_min, params.ngram_max);
+    }
     check_compatible(target, *draft);
     auto model = std::make_unique<ModelDrafter>(*draft);
     if (name == "model") return model;

@@ -1,14 +1,23 @@
-// The generation loop, plain and speculative alike: prefill, then rounds of
-//   1. draft:    the drafter proposes up to k tokens (k = 0: a plain step),
-//   2. verify:   the target evaluates [last committed token, drafts] in ONE llama_decode,
-//   3. accept:   the sampling core accepts a prefix and draws the next token,
-//   4. roll back: the target's KV cache drops the rejected tail (the drafter syncs lazily),
-// each followed by emitting the new tokens. Runs without the GIL; Python sees it
-// through a per-token callback.
+// The generation loop, plain and speculative alike, for one sequence or many:
+// prefill, then rounds of
+//   1. draft:    each sequence's drafter proposes up to k tokens (k = 0: a plain step),
+//   2. verify:   the target evaluates every sequence's [last committed token, drafts]
+//                in ONE llama_decode (rows tagged with the sequence's id),
+//   3. accept:   per sequence, the sampling core accepts a prefix and draws the next token,
+//   4. roll back: per sequence, the target's KV cache drops the rejected tail,
+// each followed by emitting the new tokens. A single generation is the batch of
+// one: there is one loop. Runs without the GIL; Python sees it through a
+// per-token callback.
+//
+// Sequence j of a batch is sequence j of the target's context and draws from its
+// own random stream, derived from (seed, j) (j = 0 uses the seed itself, so a
+// batch of one is the single-sequence generation): its output does not depend on
+// which other sequences share the batch, apart from the kernels' rounding.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <string>
 #include <vector>
@@ -32,6 +41,9 @@ struct GenerateParams {
     // TEST-ONLY negative control (0 = off): end a model draft by DISCARDING a drawn
     // token whose belief is below this, the biased rule drafter.h forbids.
     double test_discard_below = 0;
+    // TEST-ONLY negative control: every sequence of a batch draws from the one
+    // stream of `seed` (correlated samples) instead of its own.
+    bool test_shared_stream = false;
     // Let the drafter process the prompt on its own thread while the target does.
     // Worth it when the models run on different devices (GPU target, CPU draft);
     // on a CPU alone both would fight over the same cores.
@@ -52,6 +64,32 @@ struct GenerateResult {
 // (token -1 carries the final flush). `drafted` tells whether the token was a
 // draft the target accepted. Return false to stop (stop_reason "cancelled").
 using TokenCallback = std::function<bool(int32_t token, const std::string& text, bool drafted)>;
+// The same for a batch: `seq` is the sequence's index in the batch. Returning
+// false stops that sequence only.
+using BatchTokenCallback = std::function<bool(int32_t seq, int32_t token, const std::string& text, bool drafted)>;
+
+// One sequence of a batch. Drafters and adaptive policies keep per-sequence
+// state, so each sequence has its own (null: plain decoding / no policy).
+struct SequenceSpec {
+    std::vector<int32_t> prompt;
+    Drafter* drafter = nullptr;
+    LengthPolicy* policy = nullptr;
+};
+
+// Figures of a whole batch (each sequence's own are in its GenerateResult).
+struct BatchStats {
+    int32_t n_seq = 0;
+    int32_t rounds = 0;          // target decodes of the loop: one per round for all active sequences
+    int64_t rows = 0;            // rows in those decodes
+    int32_t max_rows = 0;        // the largest of them
+    double prompt_s = 0;         // prefill of every sequence
+    double decode_s = 0;         // from the first emitted token of any sequence to the end
+    int64_t n_generated = 0;     // tokens, all sequences
+    double aggregate_tok_s = 0;  // tokens after each sequence's first, per second of decode_s
+};
+
+// Seed of sequence j of a batch seeded with `seed` (j = 0: the seed itself).
+uint64_t sequence_seed(uint64_t seed, int32_t j);
 
 class Engine {
 public:
@@ -65,39 +103,44 @@ public:
     GenerateResult generate(const std::vector<int32_t>& prompt, const GenerateParams& params,
                             const TokenCallback& on_token, LengthPolicy* policy = nullptr);
 
+    // Many sequences, one target decode per round. Sequences whose prompts are
+    // equal share one prefill (the cache cells are copied, not recomputed). The
+    // target needs n_seq >= seqs.size(). Results come back in the order given.
+    std::vector<GenerateResult> generate_batch(const std::vector<SequenceSpec>& seqs, const GenerateParams& params,
+                                               const BatchTokenCallback& on_token, BatchStats* batch_stats = nullptr);
+
 private:
     struct Sequence;
     class StopRule;
 
-    void check(const std::vector<int32_t>& prompt, const GenerateParams& params) const;
-    // Process the prompt (all but its last token) on the target and the drafter,
-    // and time the batch sizes the policy asks for.
-    void prefill(const std::vector<int32_t>& prompt, const GenerateParams& params, LengthPolicy* policy,
-                 int32_t draft_max, GenerationStats& st);
-    // Step 1 of a round: the drafter picks a source, the policy a length, and the
-    // drafter proposes up to that many tokens into drafts_ (and their q into q_).
-    DraftPlan draft(Sequence& s, LengthPolicy* policy, StopRule* stop, int32_t round_max);
-    // One round of speculative sampling: draft, verify, accept, roll back.
-    VerifyResult round(Sequence& s, const GenerateParams& params, LengthPolicy* policy, StopRule* stop,
-                       int32_t round_max);
-    // Commit and stream the round's tokens, stopping at EOG, a stop string,
+    void check(const std::vector<SequenceSpec>& seqs, const GenerateParams& params) const;
+    // Process each prompt (all but its last token) on the target and the drafters,
+    // and time the batch sizes the policies ask for.
+    void prefill(std::deque<Sequence>& seqs, const GenerateParams& params, int32_t draft_max);
+    // Step 1 of a round for one sequence: its drafter picks a source, its policy
+    // a length, and the drafter proposes up to that many tokens.
+    DraftPlan draft(Sequence& s, int32_t round_max);
+    // One round of speculative sampling for every active sequence: draft,
+    // verify (one batch), accept, roll back.
+    void round(std::vector<Sequence*>& active, const GenerateParams& params, int32_t draft_max, BatchStats& bs);
+    // Commit and stream a sequence's round, stopping at EOG, a stop string,
     // max_tokens or the callback's word.
-    void emit(Sequence& s, const VerifyResult& vr, const TokenCallback& on_token);
+    void emit(Sequence& s, const BatchTokenCallback& on_token);
 
-    // Decode the uncommitted tail of `history` plus `drafts` on the target in
-    // one batch, keeping logits for the last token of history and every draft.
-    void decode_verification_batch(const std::vector<int32_t>& history, const std::vector<int32_t>& drafts);
-    // p[i] = the target's sampling distribution at logits row i.
-    void target_distributions(int32_t n_rows, const SamplingParams& sampling);
+    // One target batch: for each sequence, the uncommitted tail of its history
+    // plus its drafts, keeping logits for the last token of history and every draft.
+    int32_t decode_verification_batch(const std::vector<Sequence*>& active);
+    // p[i] = the target's sampling distribution at logits row first_row + i.
+    void target_distributions(int32_t first_row, int32_t n_rows, const SamplingParams& sampling);
     // Time the target batch sizes the policy asks for (none once it knows them:
     // Python hands it timings kept from earlier runs). Returns the seconds spent.
-    double calibrate(LengthPolicy& policy, int32_t max_batch, int32_t filler);
+    double calibrate(LengthPolicy& policy, int32_t max_batch, int32_t filler, int32_t seq);
 
     Model& target_;
-    Drafter* drafter_;
-    std::vector<int32_t> batch_;       // scratch: the verification batch
-    std::vector<int32_t> drafts_;
-    std::vector<Distribution> p_, q_;
+    Drafter* drafter_;                 // sequence 0's, for generate()
+    std::vector<Model::Row> rows_;     // scratch: the verification batch
+    std::vector<int32_t> batch_;       // scratch: calibration batches
+    std::vector<Distribution> p_;
     SamplingWorkspace ws_;
 };
 

@@ -115,6 +115,10 @@ void ModelParams::validate() const {
     if (flash_attn < -1 || flash_attn > 1) {
         throw std::invalid_argument("flash_attn must be -1 (auto), 0 (off) or 1 (on), got " + std::to_string(flash_attn));
     }
+    if (n_seq_max < 1 || n_seq_max > kMaxSequences) {
+        throw std::invalid_argument("n_seq_max must be in [1, " + std::to_string(kMaxSequences) + "], got " +
+                                    std::to_string(n_seq_max));
+    }
 }
 
 Model::Model(const ModelParams& params) : params_(params), verbose_(params.verbose) {
@@ -145,7 +149,10 @@ Model::Model(const ModelParams& params) : params_(params), verbose_(params.verbo
     cp.n_ctx = static_cast<uint32_t>(std::max(params.n_ctx, 16));
     cp.n_batch = static_cast<uint32_t>(std::max(params.n_batch, 1));
     cp.n_ubatch = cp.n_batch;
-    cp.n_seq_max = 1;
+    cp.n_seq_max = static_cast<uint32_t>(params.n_seq_max);
+    // One cache for all sequences: a prompt copied to n samples shares its cells,
+    // and sequences of uneven length split n_ctx as they grow.
+    cp.kv_unified = true;
     cp.n_threads = n_threads;
     cp.n_threads_batch = n_threads;
     cp.no_perf = true;
@@ -162,6 +169,8 @@ Model::Model(const ModelParams& params) : params_(params), verbose_(params.verbo
     n_vocab_ = llama_vocab_n_tokens(vocab_);
     n_ctx_ = static_cast<int32_t>(llama_n_ctx(ctx_.get()));
     n_batch_ = static_cast<int32_t>(llama_n_batch(ctx_.get()));
+    n_seq_ = static_cast<int32_t>(llama_n_seq_max(ctx_.get()));  // what the context really holds
+    cached_.assign(static_cast<size_t>(n_seq_), {});
     batch_.reset(new BatchStorage(n_batch_));
 }
 
@@ -170,6 +179,14 @@ Model::~Model() = default;
 bool Model::abort_requested(void* self) {
     const std::atomic<bool>* flag = static_cast<Model*>(self)->abort_flag_.load();
     return flag != nullptr && flag->load(std::memory_order_relaxed);
+}
+
+size_t Model::checked_seq(int32_t seq) const {
+    if (seq < 0 || seq >= n_seq_) {
+        throw std::out_of_range("sequence " + std::to_string(seq) + " is outside [0, " + std::to_string(n_seq_) +
+                                ") (raise n_seq_max)");
+    }
+    return static_cast<size_t>(seq);
 }
 
 void Model::check_token(int32_t token) const {
@@ -275,7 +292,7 @@ std::string Model::token_text(int32_t token) const {
 
 // ---------------------------------------------------------------- decoding
 
-void Model::decode(const int32_t* tokens, int32_t n, int32_t pos0, int32_t n_logits) {
+void Model::decode(const int32_t* tokens, int32_t n, int32_t pos0, int32_t n_logits, int32_t seq) {
     if (n <= 0) throw std::invalid_argument("decode needs at least one token");
     if (n_logits < 0 || n_logits > n || n_logits > n_batch_) {
         throw std::invalid_argument("n_logits must be in [0, min(n, n_batch)]");
@@ -284,11 +301,12 @@ void Model::decode(const int32_t* tokens, int32_t n, int32_t pos0, int32_t n_log
         throw ContextOverflowError("context overflow: " + std::to_string(pos0 + n) + " tokens do not fit in n_ctx=" +
                                    std::to_string(n_ctx_));
     }
+    std::vector<int32_t>& cached = cached_[checked_seq(seq)];
     const auto held = lock();
-    if (pos0 > static_cast<int32_t>(cached_.size())) {
+    if (pos0 > static_cast<int32_t>(cached.size())) {
         throw std::invalid_argument("decode would leave a gap in the KV cache (pos0 past the cached tokens)");
     }
-    truncate(pos0);
+    truncate(pos0, seq);
     llama_batch& b = batch_->batch;
     // Chunk so that the last chunk holds every token whose logits we keep.
     int32_t done = 0;
@@ -303,48 +321,120 @@ void Model::decode(const int32_t* tokens, int32_t n, int32_t pos0, int32_t n_log
             b.token[i] = tokens[g];
             b.pos[i] = pos0 + g;
             b.n_seq_id[i] = 1;
-            b.seq_id[i][0] = 0;
+            b.seq_id[i][0] = seq;
             b.logits[i] = g >= first_logit ? 1 : 0;
         }
         const int32_t rc = abort_requested(this) ? 2 : llama_decode(ctx_.get(), b);
         if (rc != 0) {
             // Leave the cache exactly as it was before this call.
-            truncate(pos0);
+            truncate(pos0, seq);
             if (rc == 2 && abort_requested(this)) throw Cancelled("cancelled");
             if (rc == 1) {
                 throw ContextOverflowError(with_llama_reason("no KV-cache slot for the batch (context full)"));
             }
             throw DecodeError(with_llama_reason("llama_decode failed with code " + std::to_string(rc)));
         }
-        cached_.insert(cached_.end(), tokens + done, tokens + done + chunk);
+        cached.insert(cached.end(), tokens + done, tokens + done + chunk);
         if (done + chunk == n) {
-            logits_first_row_ = chunk - n_logits;
-            logits_count_ = n_logits;
+            logit_rows_.clear();
+            for (int32_t r = chunk - n_logits; r < chunk; ++r) logit_rows_.push_back(r);
         }
         done += chunk;
     }
 }
 
+void Model::decode_rows(const Row* rows, int32_t n) {
+    if (n <= 0) throw std::invalid_argument("decode_rows needs at least one row");
+    if (n > n_batch_) {
+        throw std::invalid_argument(std::to_string(n) + " rows do not fit one batch (n_batch " +
+                                    std::to_string(n_batch_) + ")");
+    }
+    const auto held = lock();
+    // Each sequence's rows must continue its cache in order: where it starts,
+    // to restore it on failure, and where the next row must go.
+    std::vector<int32_t> start(static_cast<size_t>(n_seq_), -1), next(static_cast<size_t>(n_seq_), -1);
+    for (int32_t i = 0; i < n; ++i) {
+        const Row& r = rows[i];
+        const size_t s = checked_seq(r.seq);
+        check_token(r.token);
+        if (next[s] < 0) start[s] = next[s] = static_cast<int32_t>(cached_[s].size());
+        if (r.pos != next[s]) {
+            throw std::invalid_argument("row " + std::to_string(i) + " of sequence " + std::to_string(r.seq) +
+                                        " is at position " + std::to_string(r.pos) + ", expected " +
+                                        std::to_string(next[s]) + " (rows must continue the cached tokens)");
+        }
+        if (r.pos >= n_ctx_) {
+            throw ContextOverflowError("context overflow: sequence " + std::to_string(r.seq) + " would reach " +
+                                       std::to_string(r.pos + 1) + " tokens; n_ctx=" + std::to_string(n_ctx_));
+        }
+        ++next[s];
+    }
+    llama_batch& b = batch_->batch;
+    b.n_tokens = n;
+    std::vector<int32_t> logit_rows;
+    for (int32_t i = 0; i < n; ++i) {
+        b.token[i] = rows[i].token;
+        b.pos[i] = rows[i].pos;
+        b.n_seq_id[i] = 1;
+        b.seq_id[i][0] = rows[i].seq;
+        b.logits[i] = rows[i].logits ? 1 : 0;
+        if (rows[i].logits) logit_rows.push_back(i);
+    }
+    const int32_t rc = abort_requested(this) ? 2 : llama_decode(ctx_.get(), b);
+    if (rc != 0) {
+        for (int32_t s = 0; s < n_seq_; ++s) {
+            if (start[static_cast<size_t>(s)] >= 0) truncate(start[static_cast<size_t>(s)], s);
+        }
+        if (rc == 2 && abort_requested(this)) throw Cancelled("cancelled");
+        if (rc == 1) throw ContextOverflowError(with_llama_reason("no KV-cache slot for the batch (context full)"));
+        throw DecodeError(with_llama_reason("llama_decode failed with code " + std::to_string(rc)));
+    }
+    for (int32_t i = 0; i < n; ++i) cached_[static_cast<size_t>(rows[i].seq)].push_back(rows[i].token);
+    logit_rows_ = std::move(logit_rows);
+}
+
 const float* Model::logits(int32_t row) const {
-    if (row < 0 || row >= logits_count_) throw std::out_of_range("no logits kept for that row");
-    const float* p = llama_get_logits_ith(ctx_.get(), logits_first_row_ + row);
+    if (row < 0 || row >= static_cast<int32_t>(logit_rows_.size())) {
+        throw std::out_of_range("no logits kept for that row");
+    }
+    const float* p = llama_get_logits_ith(ctx_.get(), logit_rows_[static_cast<size_t>(row)]);
     if (!p) throw DecodeError("llama.cpp returned no logits for row " + std::to_string(row));
     return p;
 }
 
-void Model::truncate(int32_t pos) {
+void Model::truncate(int32_t pos, int32_t seq) {
+    std::vector<int32_t>& cached = cached_[checked_seq(seq)];
     const auto held = lock();
     pos = std::max(pos, 0);
-    if (pos < static_cast<int32_t>(cached_.size())) cached_.resize(static_cast<size_t>(pos));
-    if (!llama_memory_seq_rm(llama_get_memory(ctx_.get()), 0, pos, -1)) {
-        throw DecodeError("llama.cpp could not remove positions >= " + std::to_string(pos) +
-                          " from the cache of " + params_.path);
+    if (pos < static_cast<int32_t>(cached.size())) cached.resize(static_cast<size_t>(pos));
+    if (!llama_memory_seq_rm(llama_get_memory(ctx_.get()), seq, pos, -1)) {
+        throw DecodeError("llama.cpp could not remove positions >= " + std::to_string(pos) + " of sequence " +
+                          std::to_string(seq) + " from the cache of " + params_.path);
     }
 }
 
-int32_t Model::pos_max() const {
+void Model::copy_prefix(int32_t src, int32_t dst, int32_t n) {
+    const std::vector<int32_t>& from = cached_[checked_seq(src)];
+    checked_seq(dst);
     const auto held = lock();
-    return llama_memory_seq_pos_max(llama_get_memory(ctx_.get()), 0);
+    if (n < 0 || n > static_cast<int32_t>(from.size())) {
+        throw std::invalid_argument("sequence " + std::to_string(src) + " holds " + std::to_string(from.size()) +
+                                    " tokens; cannot copy " + std::to_string(n));
+    }
+    if (src == dst) {
+        truncate(n, dst);
+        return;
+    }
+    truncate(0, dst);
+    if (n == 0) return;
+    llama_memory_seq_cp(llama_get_memory(ctx_.get()), src, dst, 0, n);
+    cached_[static_cast<size_t>(dst)].assign(from.begin(), from.begin() + n);
+}
+
+int32_t Model::pos_max(int32_t seq) const {
+    checked_seq(seq);
+    const auto held = lock();
+    return llama_memory_seq_pos_max(llama_get_memory(ctx_.get()), seq);
 }
 
 }  // namespace pyspec

@@ -1,7 +1,11 @@
-// RAII wrapper over one llama_model + llama_context (sequence 0 only), through
-// the public llama.h API. Owns: loading, tokenizer, chat template, batched
-// decode with chosen logit rows, KV-cache truncation, vocabulary facts, and the
-// context's lock.
+// RAII wrapper over one llama_model + llama_context, through the public llama.h
+// API. Owns: loading, tokenizer, chat template, batched decode with chosen logit
+// rows, KV-cache truncation, vocabulary facts, and the context's lock.
+//
+// Sequences: the context holds n_seq_max of them in one unified KV cache (they
+// share its n_ctx cells), so a prefix copied from one sequence to another costs
+// no memory, and one llama_decode may carry rows of several sequences. Calls
+// without a sequence id act on sequence 0, which is all a single generation uses.
 #pragma once
 
 #include <atomic>
@@ -25,9 +29,13 @@ struct ModelParams {
     int32_t n_gpu_layers = 0;   // Metal/CUDA builds; -1 = all
     int32_t n_batch = 512;      // prompt chunk size and the largest verification batch
     int32_t flash_attn = -1;    // llama_flash_attn_type: -1 auto (llama.cpp decides per device), 0 off, 1 on
+    int32_t n_seq_max = 1;      // sequences the context holds (one unified KV cache of n_ctx cells)
     bool verbose = false;       // forward llama.cpp's info logs to stderr
 
-    // std::invalid_argument unless n_ctx >= 16, n_threads >= 0, n_batch >= 1 and flash_attn in {-1, 0, 1}.
+    static constexpr int32_t kMaxSequences = 256;  // llama.cpp's own limit
+
+    // std::invalid_argument unless n_ctx >= 16, n_threads >= 0, n_batch >= 1,
+    // flash_attn in {-1, 0, 1} and 1 <= n_seq_max <= kMaxSequences.
     void validate() const;
 };
 
@@ -44,6 +52,7 @@ public:
     int32_t n_vocab() const { return n_vocab_; }
     int32_t n_ctx() const { return n_ctx_; }
     int32_t n_batch() const { return n_batch_; }
+    int32_t n_seq() const { return n_seq_; }  // sequences, as the context reports them
     // Flash attention as the context runs it: 1 on, 0 off; -1 when params.flash_attn
     // was auto and llama.cpp did not say what it chose.
     int32_t flash_attn() const { return flash_attn_; }
@@ -80,24 +89,42 @@ public:
     // decode() throws Cancelled. Set and cleared by the lock holder.
     void set_abort_flag(const std::atomic<bool>* flag) { abort_flag_.store(flag); }
 
-    // Decode tokens at positions pos0.. in sequence 0, splitting into n_batch
+    // Decode tokens at positions pos0.. of sequence `seq`, splitting into n_batch
     // chunks. Logits are kept for the last n_logits tokens (n_logits <= n_batch),
     // read back with logits(0..n_logits-1). Throws ContextOverflowError when the
     // tokens do not fit, DecodeError when llama_decode fails.
-    void decode(const int32_t* tokens, int32_t n, int32_t pos0, int32_t n_logits);
+    void decode(const int32_t* tokens, int32_t n, int32_t pos0, int32_t n_logits, int32_t seq = 0);
+
+    // One row of a multi-sequence batch: `token` at position `pos` of sequence
+    // `seq`, with or without logits.
+    struct Row {
+        int32_t seq = 0;
+        int32_t pos = 0;
+        int32_t token = 0;
+        bool logits = false;
+    };
+    // Decode rows of any sequences in ONE llama_decode (so n <= n_batch). Each
+    // sequence's rows must be in order and continue its cached tokens (no gaps,
+    // no overwrites: truncate first). logits(i) is then the i-th row that asked
+    // for logits. On failure every sequence is left as it was.
+    void decode_rows(const Row* rows, int32_t n);
     const float* logits(int32_t row) const;
 
-    // Drop the KV cache from position pos on (pos = 0 clears it). Throws
+    // Drop sequence `seq` from position pos on (pos = 0 clears it). Throws
     // DecodeError if llama.cpp cannot remove that part of its memory.
-    void truncate(int32_t pos);
-    int32_t pos_max() const;   // -1 when empty
-    // The tokens the KV cache holds, by position. Everything that decodes with
-    // this context goes through decode()/truncate(), so this record is exact,
+    void truncate(int32_t pos, int32_t seq = 0);
+    // Make sequence dst hold the first n tokens of sequence src (a shared prompt:
+    // the cells are shared, not copied). dst's own tokens are dropped first.
+    void copy_prefix(int32_t src, int32_t dst, int32_t n);
+    int32_t pos_max(int32_t seq = 0) const;   // -1 when empty
+    // The tokens the KV cache holds for a sequence, by position. Everything that
+    // decodes with this context goes through this class, so the record is exact,
     // whichever engine (plain or speculative) used the context last.
-    const std::vector<int32_t>& cached() const { return cached_; }
+    const std::vector<int32_t>& cached(int32_t seq = 0) const { return cached_[checked_seq(seq)]; }
 
 private:
     void check_token(int32_t token) const;  // std::invalid_argument unless 0 <= token < n_vocab
+    size_t checked_seq(int32_t seq) const;  // std::out_of_range unless 0 <= seq < n_seq
     static bool abort_requested(void* self);
 
     struct ModelFree { void operator()(llama_model* m) const; };
@@ -122,12 +149,12 @@ private:
     int32_t n_vocab_ = 0;
     int32_t n_ctx_ = 0;
     int32_t n_batch_ = 0;
+    int32_t n_seq_ = 1;
     mutable std::recursive_mutex mutex_;
     std::atomic<const std::atomic<bool>*> abort_flag_{nullptr};
     int32_t flash_attn_ = -1;       // flash attention as run: 1 on, 0 off, -1 unknown
-    std::vector<int32_t> cached_;
-    int32_t logits_first_row_ = 0;   // batch row of logits(0) in the last decode
-    int32_t logits_count_ = 0;
+    std::vector<std::vector<int32_t>> cached_;  // per sequence
+    std::vector<int32_t> logit_rows_;            // batch row of logits(i) in the last decode
 };
 
 // Route llama.cpp/ggml logging: errors are remembered (and appear in our

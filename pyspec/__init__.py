@@ -33,7 +33,7 @@ from .errors import (
 )
 from .model import Model
 from .speculative import SpeculativeDecoder
-from .results import Completion, GenerationStats
+from .results import BatchStats, Completion, Completions, GenerationStats
 
 #: Set from another thread to stop a generation (``generate(..., cancel=token)``).
 CancelToken = _core.CancelToken
@@ -49,7 +49,9 @@ __all__ = [
     "Model",
     "SpeculativeDecoder",
     "Completion",
+    "Completions",
     "GenerationStats",
+    "BatchStats",
     "CancelToken",
     "PyspecError",
     "ModelLoadError",

@@ -15,10 +15,10 @@ from __future__ import annotations
 import queue
 import secrets
 import threading
-from typing import TYPE_CHECKING, Callable, Iterator, Mapping, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Callable, Iterator, List, Mapping, Optional, Sequence, Union
 
 from . import _core
-from .results import Completion, GenerationStats
+from .results import BatchStats, Completion, Completions, GenerationStats
 
 if TYPE_CHECKING:
     from .model import Model
@@ -30,6 +30,8 @@ Prompt = Union[str, Sequence[Message], Sequence[int]]
 TextCallback = Callable[[str], Optional[bool]]
 #: Like TextCallback, plus whether the token came from an accepted draft.
 TokenTextCallback = Callable[[str, bool], Optional[bool]]
+#: For batches: (sequence index, text, drafted). Returning False stops that sequence.
+BatchTokenCallback = Callable[[int, str, bool], Optional[bool]]
 
 
 def sampling_params(temperature: float, top_k: int, top_p: float, min_p: float) -> "_core.SamplingParams":
@@ -82,11 +84,17 @@ class Generator:
         """Forget the processed prompt, so the next call processes all of it."""
         raise NotImplementedError
 
-    def _draft_args(self, params: "_core.GenerateParams", **kwargs) -> Optional["_core.LengthPolicy"]:
-        """Fill the drafting fields of ``params`` from per-call arguments (subclasses)."""
+    def _draft_args(self, params: "_core.GenerateParams", _slots: int = 1,
+                    **kwargs) -> List[Optional["_core.LengthPolicy"]]:
+        """Fill the drafting fields of ``params`` from per-call arguments, and
+        return each sequence's length policy (subclasses; None: plain)."""
         if kwargs:
             raise TypeError(f"unexpected arguments for plain generation: {', '.join(sorted(kwargs))}")
-        return None
+        return [None] * _slots
+
+    def _batch_drafters(self, n: int) -> List["_core.Drafter"]:
+        """One drafter per sequence of a batch (subclasses)."""
+        return []
 
     def _after_run(self, policy: Optional["_core.LengthPolicy"], stats: "_core.GenerationStats") -> None:
         """Hook for subclasses (the speculative decoder keeps batch timings)."""
@@ -109,9 +117,17 @@ class Generator:
         on_text: Optional[TextCallback] = None,
         on_token: Optional[TokenTextCallback] = None,
         cancel: Optional["_core.CancelToken"] = None,
+        n: int = 1,
         **draft_kwargs,
-    ) -> Completion:
+    ) -> Union[Completion, Completions]:
         """Generate a continuation of ``prompt``.
+
+        With ``n`` > 1, ``n`` independent samples of the prompt are generated
+        together, one target decode per round for all of them (the prompt is
+        processed once), and a :class:`~pyspec.Completions` is returned: its
+        ``choices`` in order, each as a single generation with the seed in its
+        ``stats.seed`` would give. ``on_token`` then receives ``(index, text,
+        drafted)``. See :meth:`generate_batch`.
 
         ``prompt`` is a string (wrapped as one user message in the model's chat
         template unless ``chat=False``), a list of ``{"role", "content"}``
@@ -127,6 +143,12 @@ class Generator:
         Ctrl-C stops it within about a graph node, even in a long prompt, and
         raises KeyboardInterrupt; the model stays usable.
         """
+        if n != 1:
+            if on_text is not None:
+                raise TypeError("with n > 1 use on_token(index, text, drafted): on_text cannot tell samples apart")
+            return self.generate_batch([prompt] * n, max_tokens=max_tokens, temperature=temperature, top_k=top_k,
+                                       top_p=top_p, min_p=min_p, seed=seed, stop=stop, chat=chat,
+                                       on_token=on_token, cancel=cancel, **draft_kwargs)
         tokens = self.prompt_tokens(prompt, chat=chat)
         callback = None
         if on_text is not None or on_token is not None:
@@ -139,6 +161,62 @@ class Generator:
 
         return self._run(tokens, max_tokens, temperature, top_k, top_p, min_p, seed, stop, callback, cancel,
                          draft_kwargs)
+
+    def generate_batch(
+        self,
+        prompts: Sequence[Prompt],
+        *,
+        max_tokens: int = 256,
+        temperature: float = SAMPLING_DEFAULTS["temperature"],
+        top_k: int = SAMPLING_DEFAULTS["top_k"],
+        top_p: float = SAMPLING_DEFAULTS["top_p"],
+        min_p: float = SAMPLING_DEFAULTS["min_p"],
+        seed: Optional[int] = None,
+        stop: Optional[Sequence[str]] = None,
+        chat: bool = True,
+        on_token: Optional[BatchTokenCallback] = None,
+        cancel: Optional["_core.CancelToken"] = None,
+        **draft_kwargs,
+    ) -> Completions:
+        """Generate a continuation of every prompt together: each round is one
+        target decode over all unfinished sequences. The target must be loaded
+        with ``n_seq_max`` >= ``len(prompts)``. Sequence j samples from its own
+        random stream (``stats.seed`` of choice j reproduces it alone); equal
+        prompts are processed once. Settings as in :meth:`generate`;
+        ``on_token(index, text, drafted)`` streams every sequence, and returning
+        False from it stops that sequence only."""
+        if not prompts:
+            raise ValueError("generate_batch needs at least one prompt")
+        n_seq = self.target.n_seq_max
+        if len(prompts) > n_seq:
+            raise ValueError(f"{len(prompts)} sequences in one batch need a target loaded with n_seq_max >= "
+                             f"{len(prompts)} (this one holds {n_seq}): pyspec.Model(..., n_seq_max={len(prompts)})")
+        token_lists = [self.prompt_tokens(p, chat=chat) for p in prompts]
+        callback = None
+        if on_token is not None:
+
+            def callback(j: int, token: int, piece: bytes, drafted: bool):
+                return on_token(j, piece.decode("utf-8", errors="replace"), drafted) if piece else True
+
+        if seed is None:
+            seed = self._next_seed()
+        params = self._params(max_tokens, temperature, top_k, top_p, min_p, seed, stop)
+        policies = self._draft_args(params, _slots=len(token_lists), **draft_kwargs)
+        drafters = self._batch_drafters(len(token_lists)) if policies[0] is not None else []
+        cancel = cancel if cancel is not None else _core.CancelToken()
+
+        def call():
+            return self._engine.generate_batch(token_lists, params, drafters=drafters,
+                                               policies=policies if drafters else [], on_token=callback,
+                                               cancel=cancel)
+
+        on_main = threading.current_thread() is threading.main_thread()
+        outs, batch = _interruptible(call, cancel) if on_main else call()
+        choices = []
+        for j, (tokens, out) in enumerate(zip(token_lists, outs)):
+            self._after_run(policies[j], out.stats)
+            choices.append(self._completion(tokens, out, _core.sequence_seed(seed, j)))
+        return Completions(choices, BatchStats(batch, seed, tuple(o.stats.ttft_s for o in outs)))
 
     def stream(self, prompt: Prompt, **kwargs) -> Iterator[str]:
         """Like :meth:`generate`, but yields text pieces as they are produced.
@@ -174,16 +252,30 @@ class Generator:
             worker.join()
 
     # ------------------------------------------------------------ internals
+    @staticmethod
+    def _params(max_tokens, temperature, top_k, top_p, min_p, seed, stop) -> "_core.GenerateParams":
+        if not 0 <= seed < 2**64:  # Python's ints are unbounded; the core's seed is 64-bit
+            raise ValueError(f"seed must be in [0, 2**64), got {seed}")
+        sampling = sampling_params(temperature, top_k, top_p, min_p)
+        return _core.GenerateParams(max_tokens=max_tokens, sampling=sampling, draft_sampling=sampling, seed=seed,
+                                    stop=list(stop or []))
+
+    @staticmethod
+    def _completion(tokens, out: "_core.GenerateResult", seed: int) -> Completion:
+        return Completion(
+            text=out.text.decode("utf-8", errors="replace"),
+            tokens=list(out.tokens),
+            n_prompt_tokens=len(tokens),
+            stop_reason=out.stop_reason,
+            stats=GenerationStats(out.stats, seed=seed),
+        )
+
     def _run(self, tokens, max_tokens, temperature, top_k, top_p, min_p, seed, stop, callback, cancel,
              draft_kwargs):
         if seed is None:
             seed = self._next_seed()
-        elif not 0 <= seed < 2**64:  # Python's ints are unbounded; the core's seed is 64-bit
-            raise ValueError(f"seed must be in [0, 2**64), got {seed}")
-        sampling = sampling_params(temperature, top_k, top_p, min_p)
-        params = _core.GenerateParams(max_tokens=max_tokens, sampling=sampling, draft_sampling=sampling, seed=seed,
-                                      stop=list(stop or []))
-        policy = self._draft_args(params, **draft_kwargs)
+        params = self._params(max_tokens, temperature, top_k, top_p, min_p, seed, stop)
+        policy = self._draft_args(params, **draft_kwargs)[0]
         cancel = cancel if cancel is not None else _core.CancelToken()
 
         def call() -> "_core.GenerateResult":
@@ -192,13 +284,7 @@ class Generator:
         on_main = threading.current_thread() is threading.main_thread()
         out = _interruptible(call, cancel) if on_main else call()
         self._after_run(policy, out.stats)
-        return Completion(
-            text=out.text.decode("utf-8", errors="replace"),
-            tokens=list(out.tokens),
-            n_prompt_tokens=len(tokens),
-            stop_reason=out.stop_reason,
-            stats=GenerationStats(out.stats, seed=seed),
-        )
+        return self._completion(tokens, out, seed)
 
     def _next_seed(self) -> int:
         """A fresh seed per call, or the next one of the model's seeded sequence."""

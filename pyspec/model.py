@@ -80,6 +80,7 @@ class Model(Generator):
         verbose: bool = False,
         flash_attn: str = "auto",
         strict: bool = False,
+        n_seq_max: int = 1,
     ) -> None:
         # The core validates the numbers; here only what Python adds: None and names.
         if n_threads is not None and n_threads < 1:
@@ -96,6 +97,7 @@ class Model(Generator):
             n_batch=n_batch,
             verbose=verbose,
             flash_attn=FLASH_ATTN[flash_attn],
+            n_seq_max=n_seq_max,
         )
         self._engine = _core.Engine(self._core)
         # Seeds of generations that pass none: fresh entropy, or with `seed` a
@@ -122,6 +124,11 @@ class Model(Generator):
     @property
     def n_ctx(self) -> int:
         return self._core.n_ctx
+
+    @property
+    def n_seq_max(self) -> int:
+        """Sequences one batch may hold (``generate(n=...)``); they share the n_ctx cells."""
+        return self._core.n_seq
 
     @property
     def flash_attn(self) -> str:

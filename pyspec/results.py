@@ -83,3 +83,43 @@ class Completion:
             "stop_reason": self.stop_reason,
             "stats": self.stats.to_dict(),
         }
+
+
+class BatchStats:
+    """Figures of a batch of sequences as a whole (each sequence's own are in its
+    Completion.stats): rounds (one target decode each), rows decoded,
+    ``aggregate_tok_s`` (tokens after each sequence's first, per second of
+    decoding) and the rest of ``cpp/engine.h``'s BatchStats."""
+
+    FIELDS: Tuple[str, ...] = tuple(_core.BatchStats.FIELDS) + ("seed", "ttft_s")
+
+    def __init__(self, core: "_core.BatchStats", seed: int, ttft_s: Tuple[float, ...]) -> None:
+        self._core = core
+        self.seed = seed
+        self.ttft_s = ttft_s  # per sequence
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_") or name not in _core.BatchStats.FIELDS:
+            raise AttributeError(f"{type(self).__name__!s} has no attribute {name!r}")
+        return getattr(self._core, name)
+
+    def __repr__(self) -> str:
+        return f"BatchStats({', '.join(f'{k}={getattr(self, k)!r}' for k in self.FIELDS)})"
+
+    def to_dict(self) -> Dict[str, Any]:
+        return dict(self._core.to_dict(), seed=self.seed, ttft_s=list(self.ttft_s))
+
+
+@dataclass(frozen=True)
+class Completions:
+    """The result of ``generate(..., n=k)`` and ``generate_batch``: one
+    Completion per sequence, in the order asked for (OpenAI's ``choices``)."""
+
+    choices: List[Completion]
+    stats: BatchStats
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {
+            "choices": [dict(c.to_dict(), index=i) for i, c in enumerate(self.choices)],
+            "stats": self.stats.to_dict(),
+        }

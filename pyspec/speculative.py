@@ -8,7 +8,7 @@ one-line summaries come from the C++ core (:data:`DRAFTERS`, :data:`POLICIES`).
 
 from __future__ import annotations
 
-from typing import Dict, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from . import _core, calibration
 from .generation import Generator, sampling_params
@@ -47,6 +47,9 @@ class SpeculativeDecoder(Generator):
     ) -> None:
         params = _core.DrafterParams(name=drafter or "", ngram_min=ngram_min, ngram_max=ngram_max)
         self.drafter = _core.drafter_name(params, draft is not None)
+        # Batches of n samples draft by consensus unless the n-gram drafter was asked for by name.
+        self._batch_drafter = "ngram" if drafter == "ngram" else "consensus"
+        self._ngram_sizes = (ngram_min, ngram_max)
         self.target = target
         self.draft = draft if DRAFTERS[self.drafter]["needs_draft_model"] else None
         self.policy = policy
@@ -68,16 +71,17 @@ class SpeculativeDecoder(Generator):
             self.draft.clear_cache()
 
     def policy_object(self, policy: Optional[str] = None, *, draft_max: Optional[int] = None, p_min: float = 0.75,
-                      svip_gamma: float = 0.15, svip_h: float = 0.3) -> "_core.LengthPolicy":
+                      svip_gamma: float = 0.15, svip_h: float = 0.3, slot: int = 0) -> "_core.LengthPolicy":
         """The live length-policy object that generations with these settings use
-        (one per setting, kept across calls). ``auto`` returns a
-        :class:`_core.AutoPolicy`, which exposes its cost model's estimates:
-        ``verify_cost(n)``, ``draft_cost(source)``, ``acceptance(source, match_len)``."""
+        (one per setting, kept across calls; sequence ``slot`` of a batch has its
+        own). ``auto`` returns a :class:`_core.AutoPolicy`, which exposes its cost
+        model's estimates: ``verify_cost(n)``, ``draft_cost(source)``,
+        ``acceptance(source, match_len)``."""
         params = self._policy_params(policy or self.policy, self.draft_max if draft_max is None else draft_max,
                                      p_min, svip_gamma, svip_h)
         # One object per setting, kept across calls: adaptive policies remember.
         # Building it is where the core validates the settings (ValueError).
-        key = tuple(getattr(params, f) for f in params.FIELDS)
+        key = tuple(getattr(params, f) for f in params.FIELDS) + (slot,)
         if key not in self._policies:
             self._policies[key] = _core.make_policy(params)
         return self._policies[key]
@@ -105,8 +109,11 @@ class SpeculativeDecoder(Generator):
         draft_min_p: Optional[float] = None,
         _variant: str = "correct",
         _discard_below: float = 0.0,
-    ) -> Optional["_core.LengthPolicy"]:
-        """Fill the drafting fields of ``params``; return the policy to run with."""
+        _shared_stream: bool = False,
+        _slots: int = 1,
+    ) -> List[Optional["_core.LengthPolicy"]]:
+        """Fill the drafting fields of ``params``; return the policy of each of
+        the ``_slots`` sequences (None: plain decoding)."""
         s = params.sampling
         params.draft_sampling = sampling_params(
             s.temperature if draft_temperature is None else draft_temperature,
@@ -114,20 +121,33 @@ class SpeculativeDecoder(Generator):
             s.top_p if draft_top_p is None else draft_top_p,
             s.min_p if draft_min_p is None else draft_min_p,
         )
-        policy_obj = None
+        policies: List[Optional["_core.LengthPolicy"]] = [None] * _slots
         if (self.draft_max if draft_max is None else draft_max) != 0:  # 0: plain decoding
-            policy_obj = self.policy_object(policy, draft_max=draft_max, p_min=p_min, svip_gamma=svip_gamma,
-                                            svip_h=svip_h)
-            params.draft_max = policy_obj.draft_max
-            calibration.prepare(policy_obj, self.target._core, self.draft._core if self.draft else None)
+            for j in range(_slots):
+                policies[j] = self.policy_object(policy, draft_max=draft_max, p_min=p_min, svip_gamma=svip_gamma,
+                                                 svip_h=svip_h, slot=j)
+                calibration.prepare(policies[j], self.target._core, self.draft._core if self.draft else None)
+            params.draft_max = policies[0].draft_max
         # TEST-ONLY negative controls: a wrong acceptance rule (_variant), or a stop
         # rule that discards drawn draft tokens below a belief (_discard_below).
         params.variant = _variant
         params.test_discard_below = _discard_below
+        params.test_shared_stream = _shared_stream  # a batch's samples on one stream
         # Prefill both models at once only when they do not share the CPU cores.
         on_gpu = [m._core.n_gpu_layers != 0 for m in (self.target, self.draft) if m is not None]
         params.parallel_prefill = len(on_gpu) == 2 and on_gpu[0] != on_gpu[1]
-        return policy_obj
+        return policies
+
+    def _batch_drafters(self, n: int) -> List["_core.Drafter"]:
+        """One drafter per sequence of a batch (drafters keep per-sequence state)."""
+        if self.draft is not None:
+            raise ValueError("a draft model drafts one sequence at a time (for now): for n > 1 use "
+                             "SpeculativeDecoder(target, drafter='consensus') or drafter='ngram'")
+        n_min, n_max = self._ngram_sizes
+        if self._batch_drafter == "ngram":
+            return [_core.NgramDrafter(self.target.n_vocab, n_min, n_max) for _ in range(n)]
+        pool = _core.ConsensusPool(n)
+        return [_core.ConsensusDrafter(pool, j, self.target.n_vocab, n_min, n_max) for j in range(n)]
 
     def _after_run(self, policy: Optional["_core.LengthPolicy"], stats) -> None:
         if policy is not None:

@@ -42,13 +42,17 @@ from .options import DEFAULT_DRAFT, DEFAULT_MODEL, command_errors, load_model, m
 @click.option("--stats", "show_stats", is_flag=True, help="Print a summary of speed and acceptance on stderr.")
 @click.option("--show-drafts", is_flag=True,
               help="On a terminal, colour accepted draft tokens (green) apart from tokens the target sampled.")
+@click.option("--n", "n_samples", default=1, show_default=True, type=click.IntRange(1, 256),
+              help="Independent samples of PROMPT, generated together (one target pass per round for all; "
+                   "drafted by consensus among them, without a draft model). Printed one after another; "
+                   "--json gives a `choices` list and batch `stats`.")
 @click.option("--strict", is_flag=True,
               help="Fail instead of warning when --n-gpu-layers asks for GPU offload on a build that has no "
                    "GPU backend.")
 @sampling_options
 @model_options
 def generate(prompt, model, draft, no_draft, draft_max, drafter, policy, p_min, svip_h, svip_gamma, raw, stop,
-             as_json, show_stats, show_drafts, strict, max_tokens, temperature, top_k, top_p, min_p, seed, n_ctx,
+             as_json, show_stats, show_drafts, n_samples, strict, max_tokens, temperature, top_k, top_p, min_p, seed, n_ctx,
              threads, n_gpu_layers, flash_attn) -> None:
     """Generate a continuation of PROMPT and stream it to stdout.
 
@@ -60,20 +64,22 @@ def generate(prompt, model, draft, no_draft, draft_max, drafter, policy, p_min, 
     """
     from ..speculative import SpeculativeDecoder
 
-    if draft is None and model is None and not no_draft and drafter != "ngram":
+    # A draft model drafts one sequence at a time (for now): samples draft by consensus.
+    if draft is None and model is None and not no_draft and drafter not in ("ngram", "consensus") and n_samples == 1:
         draft = DEFAULT_DRAFT
     if draft is None and drafter is None:
-        drafter = "ngram"  # no draft model: prompt lookup, which auto uses only where it pays
+        # No draft model: prompt lookup (samples: consensus), which auto uses only where it pays.
+        drafter = "consensus" if n_samples > 1 else "ngram"
     model = model or DEFAULT_MODEL
     colour = show_drafts and sys.stdout.isatty() and not as_json
     with command_errors():
         load = dict(n_ctx=n_ctx, n_threads=threads, n_gpu_layers=n_gpu_layers, flash_attn=flash_attn,
                     strict=strict)
-        target = load_model(model, **load)
+        target = load_model(model, n_seq_max=n_samples, **load)
         gen = target
         kwargs = {}
         if not no_draft:
-            draft_model = load_model(draft, **load) if draft and drafter != "ngram" else None
+            draft_model = load_model(draft, **load) if draft and drafter not in ("ngram", "consensus") else None
             gen = SpeculativeDecoder(target, draft_model, drafter=drafter, policy=policy, draft_max=draft_max)
             kwargs.update(p_min=p_min, svip_h=svip_h, svip_gamma=svip_gamma)
 
@@ -81,6 +87,13 @@ def generate(prompt, model, draft, no_draft, draft_max, drafter, policy, p_min, 
             sys.stdout.write(click.style(text, fg="green") if colour and drafted else text)
             sys.stdout.flush()
 
+        if n_samples > 1:
+            batch = gen.generate(prompt, n=n_samples, max_tokens=max_tokens, temperature=temperature, top_k=top_k,
+                                 top_p=top_p, min_p=min_p, seed=seed, stop=list(stop), chat=not raw, **kwargs)
+    if n_samples > 1:
+        _print_samples(batch, as_json, show_stats, target.flash_attn)
+        return
+    with command_errors():
         out = gen.generate(
             prompt,
             max_tokens=max_tokens,
@@ -103,6 +116,25 @@ def generate(prompt, model, draft, no_draft, draft_max, drafter, policy, p_min, 
     if show_stats:
         sys.stdout.flush()
         click.echo(_stats_summary(out, flash_attn=target.flash_attn, requested=flash_attn), err=True)
+
+
+def _print_samples(batch, as_json: bool, show_stats: bool, flash_attn: str) -> None:
+    if as_json:
+        d = batch.to_dict()
+        d["flash_attn"] = flash_attn
+        click.echo(json.dumps(d, indent=2, ensure_ascii=False))
+    else:
+        for i, c in enumerate(batch.choices):
+            click.echo(click.style(f"--- sample {i + 1} of {len(batch.choices)} "
+                                   f"({c.n_generated_tokens} tokens, {c.stop_reason}, seed {c.stats.seed}) ---",
+                                   bold=True))
+            click.echo(c.text)
+    if show_stats:
+        s = batch.stats
+        ttft = ", ".join(f"{t:.2f}" for t in s.ttft_s)
+        click.echo(f"{s.n_seq} samples, {s.n_generated} tokens in {s.rounds} target passes "
+                   f"({s.rows} rows, at most {s.max_rows} in one); aggregate {s.aggregate_tok_s:.1f} tok/s "
+                   f"after each sample's first token; time to first token {ttft} s (seed {s.seed})", err=True)
 
 
 def _stats_summary(out, flash_attn: Optional[str] = None, requested: Optional[str] = None) -> str:
