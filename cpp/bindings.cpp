@@ -130,7 +130,8 @@ void bind_stats(py::module_& m) {
         .field("prompt_s", &BatchStats::prompt_s)
         .field("decode_s", &BatchStats::decode_s)
         .field("n_generated", &BatchStats::n_generated)
-        .field("aggregate_tok_s", &BatchStats::aggregate_tok_s);
+        .field("aggregate_tok_s", &BatchStats::aggregate_tok_s)
+        .done();
     Struct<GenerationStats>(m, "GenerationStats", "What one generation measured (stats.h documents each field).")
         .field("n_prompt_tokens", &GenerationStats::n_prompt_tokens)
         .field("n_generated", &GenerationStats::n_generated)

@@ -62,7 +62,8 @@ class Model(Generator):
     still draws a new sample); by default every such call is freshly random.
     A Model may be shared by threads and decoders: they take turns on its context.
 
-    ``flash_attn`` is "auto" (llama.cpp enables it where the device supports it),
+    ``flash_attn`` is "auto" (llama.cpp enables it where the device supports it;
+    off with ``n_seq_max`` > 1, see ``cpp/model.cpp``),
     "on" or "off"; :attr:`flash_attn` tells what the context runs. ``n_gpu_layers``
     on a build without a GPU backend warns (the model runs on the CPU), or with
     ``strict=True`` raises :class:`~pyspec.GPUOffloadUnavailableError`.
