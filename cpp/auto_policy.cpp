@@ -13,6 +13,7 @@ constexpr double kCostRate = 0.1;     // ... in the cost estimates
 constexpr double kOptimistic = 0.9;   // acceptance per position a probe must be able to pay at
 constexpr double kTieMargin = 1.0001;    // prefer the shorter draft on (near) ties
 constexpr int32_t kFirstInterval = 8;
+constexpr int32_t kFreshCap = 3;        // longest first draft of a newly found n-gram source
 constexpr int32_t kMaxInterval = 256;
 constexpr int32_t kCalibration[] = {1, 2, 4, 8, 16, 32, 64};
 
@@ -112,7 +113,12 @@ int32_t AutoPolicy::next_length(int32_t round_max, const DraftPlan& plan) {
     planned_k_ = 0;
     beliefs_.clear();
     reach_.clear();
-    const int32_t longest = std::min({draft_max_, round_max, kMaxDraft});
+    // A match found this round has not shown that the copy goes on: a long
+    // prompt match (a schema, a signature) often stops after a few tokens, and
+    // a failed 15-token draft costs ~5 steps on a CPU. Its first draft stays
+    // short; once a token of it is confirmed, the copy may draft long.
+    const int32_t cap = plan.source == DraftSource::kNgram && plan.fresh ? kFreshCap : kMaxDraft;
+    const int32_t longest = std::min({draft_max_, round_max, cap});
     if (longest <= 0 || v1_ <= 0) return 0;  // a plain step measures v1 first
     Bucket& b = buckets_[static_cast<size_t>(planned_bucket_)];
     if (b.cost < 0) {  // the drafter's cost is unknown: one short draft measures it

@@ -111,8 +111,9 @@ DraftSource parse_source(const std::string& name) {
 }
 
 DraftPlan make_plan(const std::string& source, int32_t match_len, int32_t lag, bool near_copy = false,
-                    int32_t next_guess = -1) {
+                    int32_t next_guess = -1, bool fresh = false) {
     DraftPlan p;
+    p.fresh = fresh;
     p.source = parse_source(source);
     p.match_len = match_len;
     p.lag = lag;
@@ -286,10 +287,10 @@ PYBIND11_MODULE(_core, m) {
              [](NgramDrafter& d, const std::vector<int32_t>& history) {
                  const DraftPlan p = d.plan(history);
                  return py::dict("match_len"_a = p.match_len, "near_copy"_a = p.near_copy,
-                                 "next_guess"_a = p.next_guess);
+                                 "next_guess"_a = p.next_guess, "fresh"_a = p.fresh);
              },
              py::arg("history"),
-             "What the next proposal rests on: {match_len, near_copy, next_guess} (match_len 0: none).")
+             "What the next proposal rests on: {match_len, near_copy, next_guess, fresh} (match_len 0: none).")
         .def("find",
              [](NgramDrafter& d, const std::vector<int32_t>& history) {
                  int32_t len = 0;
@@ -375,11 +376,11 @@ PYBIND11_MODULE(_core, m) {
         // The engine's side of the conversation, for tests and tools that drive a policy directly.
         .def("next_length",
              [](LengthPolicy& p, int32_t round_max, const std::string& source, int32_t match_len, int32_t lag,
-                bool near_copy, int32_t next_guess) {
-                 return p.next_length(round_max, make_plan(source, match_len, lag, near_copy, next_guess));
+                bool near_copy, int32_t next_guess, bool fresh) {
+                 return p.next_length(round_max, make_plan(source, match_len, lag, near_copy, next_guess, fresh));
              },
              py::arg("round_max"), py::arg("source") = "model", py::arg("match_len") = 0, py::arg("lag") = 1,
-             py::arg("near_copy") = false, py::arg("next_guess") = -1)
+             py::arg("near_copy") = false, py::arg("next_guess") = -1, py::arg("fresh") = false)
         .def("stop_before", &LengthPolicy::stop_before, py::arg("i"), py::arg("belief"), py::arg("known") = -1,
              "Whether the draft ends before token i is drawn (known: the token a greedy draft will propose, "
              "else -1).")

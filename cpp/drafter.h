@@ -57,6 +57,9 @@ struct DraftPlan {
     int32_t lag = 0;
     int32_t length = -1;
     bool near_copy = false;  // an n-gram draft re-anchored near where a copy diverged
+    // An n-gram source found this round: the copy has not yet shown that it
+    // continues (no token of it followed since it was found).
+    bool fresh = false;
     // The token a draft from this plan would start with, where that is known
     // without drafting (deterministic drafters); -1 otherwise. A plain round then
     // still learns, for free, whether the draft would have been accepted.

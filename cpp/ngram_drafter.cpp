@@ -133,6 +133,7 @@ DraftPlan NgramDrafter::plan(const std::vector<int32_t>& history) {
             cursor_ = from;  // follow it from now on
             run_ = m;
         }
+        p.fresh = from >= 0;
         p.match_len = from >= 0 ? m : 0;
     }
     p.near_copy = from >= 0 && reanchored_;  // until the copy diverges again

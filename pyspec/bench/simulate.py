@@ -79,7 +79,8 @@ def simulate(prompt: List[int], output: List[int], costs: Dict[int, float], n_vo
     policy = _core.make_policy(_core.PolicyParams(name="auto", draft_max=draft_max))
     policy.calibrated(sizes, [costs[n] for n in sizes])
     auto = run(lambda d, h, plan, round_max, pos: policy.next_length(round_max, "ngram", plan["match_len"], 0,
-                                                                     plan["near_copy"], plan["next_guess"]),
+                                                                     plan["near_copy"], plan["next_guess"],
+                                                                     plan["fresh"]),
                observer=policy)
 
     def oracle(drafter, history, plan, round_max, pos):
