@@ -151,3 +151,25 @@ def test_heuristic_grows_to_its_cap(name):
         assert chosen[:3] == [4, 6, 8] and max(chosen) == 16
     else:
         assert set(chosen) == {16}
+
+
+def test_a_newly_found_match_drafts_short_until_the_copy_is_confirmed():
+    """A long prompt match (a schema, a signature) often stops after a few
+    tokens; its first draft stays at <= 3 tokens (a failed 15-token draft costs
+    ~5 steps here). Control: the same plan, once followed (not fresh), drafts
+    the long cheap batch."""
+    p = calibrated_policy(CPU_STEPS)
+    play(p, 30, accept=lambda i: True, source="ngram", match_len=16)  # credit long copies
+    fresh = p.next_length(16, "ngram", 16, 0, False, 5, True)
+    followed = p.next_length(16, "ngram", 16, 0, False, 5, False)
+    assert 0 < fresh <= 3
+    assert followed == 15
+
+
+def test_the_ngram_drafter_marks_a_source_fresh_until_it_is_followed():
+    d = _core.NgramDrafter(1000)
+    history = [1, 2, 3, 4, 5, 9, 1, 2, 3]
+    d.begin(history)
+    assert d.plan(history)["fresh"] is True            # found by lookup this round
+    history.append(4)                                  # the copy continued as proposed
+    assert d.plan(history)["fresh"] is False
