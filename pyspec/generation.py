@@ -52,25 +52,43 @@ def _interruptible(call: Callable[[], "_core.GenerateResult"], cancel: "_core.Ca
     (llama.cpp's abort callback stops even a long prompt within a graph node),
     wait for it to unwind, and re-raise."""
     box: dict = {}
+    finished = threading.Event()
 
     def work() -> None:
         try:
             box["out"] = call()
         except BaseException as e:  # handed to the calling thread
             box["err"] = e
+        finally:
+            finished.set()
 
     worker = threading.Thread(target=work, name="pyspec-generate", daemon=True)
     worker.start()
     try:
-        while worker.is_alive():
-            worker.join(0.1)
+        while not finished.wait(0.1):  # polled: Windows does not interrupt an untimed wait
+            pass
     except KeyboardInterrupt:
         cancel.set()
-        worker.join()
+        _wait_through_interrupts(finished)
         raise
     if "err" in box:
         raise box["err"]
     return box["out"]
+
+
+def _wait_through_interrupts(finished: threading.Event) -> None:
+    """Wait until a cancelled worker is out of the C++ core, even through more
+    Ctrl-C. Not Thread.join(): on CPython <= 3.12 a KeyboardInterrupt inside
+    join() can mark a running thread as stopped (the bpo-45274 fix), so a second
+    join() returns at once; the interpreter may then exit while the worker is in
+    C++, and finalization kills it with a forced unwind that aborts the process."""
+    while True:
+        try:
+            while not finished.wait(0.1):
+                pass
+            return
+        except KeyboardInterrupt:
+            continue
 
 
 class Generator:
@@ -229,12 +247,16 @@ class Generator:
             pieces.put(text)
             return not cancel.is_set
 
+        finished = threading.Event()
+
         def work() -> None:
             try:
                 self.generate(prompt, on_text=on_text, cancel=cancel, **kwargs)
                 pieces.put(done)
             except BaseException as e:  # handed to the consuming thread
                 pieces.put(e)
+            finally:
+                finished.set()
 
         worker = threading.Thread(target=work, name="pyspec-stream", daemon=True)
         worker.start()
@@ -249,7 +271,7 @@ class Generator:
                     yield item
         finally:
             cancel.set()
-            worker.join()
+            _wait_through_interrupts(finished)
 
     # ------------------------------------------------------------ internals
     @staticmethod

@@ -84,6 +84,8 @@ def test_ctrl_c_exits_cleanly(gemma_path):
         [*cmd, "generate", "Count from one to a thousand:", "-m", gemma_path, "--raw", "--max-tokens", "4000",
          "--temperature", "0", "--n-ctx", "4096"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        # A C++ frame killed at exit aborts at once instead of first forking gdb for a backtrace.
+        env=dict(os.environ, GGML_NO_BACKTRACE="1"),
     )
     first = proc.stdout.read(1)  # generation has started
     assert first
@@ -94,9 +96,9 @@ def test_ctrl_c_exits_cleanly(gemma_path):
     except subprocess.TimeoutExpired:
         proc.kill()
         pytest.fail("pyspec did not stop on Ctrl-C")
-    assert proc.returncode == 130
+    assert proc.returncode == 130, err
     assert "interrupted" in err
-    assert "Traceback" not in err
+    assert "Traceback" not in err and "terminate" not in err
 
 
 def test_models_list(monkeypatch, tmp_path):

@@ -7,6 +7,7 @@ ran llama_decode on one context at once and the process aborted within seconds
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -143,3 +144,32 @@ def test_ctrl_c_stops_a_long_prompt_and_leaves_the_model_usable(gemma_path, tmp_
     assert latency < 3.0, f"Ctrl-C took {latency:.2f} s to stop the prompt"
     assert "USABLE 4" in rest, rest + err
     assert proc.returncode == 0, err
+
+
+EXIT_AFTER_INTERRUPT = textwrap.dedent("""
+    import os, signal, sys, threading
+    import pyspec
+    target = pyspec.Model(sys.argv[1], n_ctx=4096)
+    first = threading.Event()
+    threading.Thread(target=lambda: first.wait() and os.kill(os.getpid(), signal.SIGINT), daemon=True).start()
+    try:
+        target.generate("Count from one to a thousand:", chat=False, max_tokens=4000, temperature=0,
+                        on_token=lambda text, drafted: first.set())
+        print("FINISHED", flush=True)
+    except KeyboardInterrupt:
+        print("INTERRUPTED", flush=True)
+    # The interpreter exits right away: the generation must be out of the C++ core by now.
+""")
+
+
+def test_the_interpreter_can_exit_right_after_ctrl_c(gemma_path, tmp_path):
+    """KeyboardInterrupt is raised only once the cancelled generation has left
+    the core. (A worker still in C++ when the interpreter finalizes is killed by
+    a forced unwind, and the process aborts: the CLI's exit 130 became -6.)"""
+    script = tmp_path / "exit_after_interrupt.py"
+    script.write_text(EXIT_AFTER_INTERRUPT)
+    out = subprocess.run([sys.executable, str(script), gemma_path], capture_output=True, text=True, timeout=120,
+                         cwd=str(tmp_path), env=dict(os.environ, GGML_NO_BACKTRACE="1"))
+    assert out.stdout.strip() == "INTERRUPTED", out.stdout + out.stderr
+    assert out.returncode == 0, out.stderr
+
