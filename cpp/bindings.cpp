@@ -104,6 +104,24 @@ private:
     }
 };
 
+// A BatchSession as Python holds it: the callback it calls, and the drafters
+// and policies of its live sequences (kept alive until their results are taken).
+struct PySession {
+    GenerateParams params;
+    PyTokenSink sink;
+    std::map<int32_t, py::object> refs;
+    std::unique_ptr<BatchSession> session;
+
+    BatchSession& get() {
+        if (!session) throw std::runtime_error("the batch session is closed");
+        return *session;
+    }
+    ~PySession() {
+        py::gil_scoped_release release;  // closing may wait for the models' locks
+        session.reset();
+    }
+};
+
 DraftSource parse_source(const std::string& name) {
     if (name == "model") return DraftSource::kModel;
     if (name == "ngram") return DraftSource::kNgram;
@@ -128,6 +146,7 @@ void bind_stats(py::module_& m) {
         .field("rounds", &BatchStats::rounds)
         .field("rows", &BatchStats::rows)
         .field("max_rows", &BatchStats::max_rows)
+        .field("prompt_rows", &BatchStats::prompt_rows)
         .field("prompt_s", &BatchStats::prompt_s)
         .field("decode_s", &BatchStats::decode_s)
         .field("n_generated", &BatchStats::n_generated)
@@ -438,6 +457,7 @@ PYBIND11_MODULE(_core, m) {
         .field("test_discard_below", &GenerateParams::test_discard_below)
         .field("test_shared_stream", &GenerateParams::test_shared_stream)
         .field("parallel_prefill", &GenerateParams::parallel_prefill)
+        .field("prefill_chunk", &GenerateParams::prefill_chunk)
         .done();
     bind_stats(m);
     py::class_<GenerateResult>(m, "GenerateResult")
@@ -494,7 +514,100 @@ PYBIND11_MODULE(_core, m) {
              py::arg("policies") = std::vector<LengthPolicy*>{}, py::arg("on_token") = py::none(),
              py::arg("cancel") = nullptr,
              "Many sequences, one target decode per round; each its own drafter and policy (engine.h). "
-             "on_token(seq, token, text, drafted). Returns (results in order, BatchStats).");
+             "on_token(seq, token, text, drafted). Returns (results in order, BatchStats).")
+        .def("session",
+             [](Engine& e, const GenerateParams& params, py::object on_token, CancelToken* cancel,
+                const std::vector<Model*>& draft_models) {
+                 auto ps = std::make_unique<PySession>();
+                 ps->params = params;
+                 ps->params.cancel = cancel ? &cancel->flag : nullptr;
+                 ps->sink.callback = std::move(on_token);
+                 PyTokenSink* sink = &ps->sink;
+                 BatchTokenCallback cb = [sink](int32_t seq, int32_t token, const std::string& text, bool drafted) {
+                     return (*sink)(seq, token, text, drafted);
+                 };
+                 py::gil_scoped_release release;
+                 ps->session = std::make_unique<BatchSession>(e, ps->params, cb, draft_models, false);
+                 return ps;
+             },
+             py::arg("params"), py::arg("on_token") = py::none(), py::arg("cancel") = nullptr,
+             py::arg("draft_models") = std::vector<Model*>{}, py::keep_alive<0, 1>(), py::keep_alive<0, 4>(),
+             py::keep_alive<0, 5>(),
+             "A BatchSession on this engine's target: draft_max, variant and prefill_chunk come from params; "
+             "each add() brings its own sampling settings. on_token(handle, token, text, drafted).");
+    py::class_<PySession>(m, "BatchSession",
+                          "Continuous batching (engine.h): sequences join with add() and leave when they finish "
+                          "or are cancelled; each step() is one round with one target decode. Use it from one "
+                          "thread at a time; close() (or the with-block) releases the models.")
+        .def("add",
+             [](PySession& ps, const std::vector<int32_t>& prompt, const GenerateParams& params, py::object drafter,
+                py::object policy, int32_t stream) {
+                 SequenceSpec spec{prompt, drafter.is_none() ? nullptr : drafter.cast<Drafter*>(),
+                                   policy.is_none() ? nullptr : policy.cast<LengthPolicy*>(), params, stream};
+                 int32_t h;
+                 {
+                     py::gil_scoped_release release;
+                     h = ps.get().add(spec);
+                 }
+                 ps.refs[h] = py::make_tuple(drafter, policy);  // alive while the sequence is
+                 return h;
+             },
+             py::arg("prompt"), py::arg("params"), py::arg("drafter") = py::none(), py::arg("policy") = py::none(),
+             py::arg("stream") = 0,
+             "Queue a sequence (its own max_tokens, sampling, seed, stop); returns its handle. "
+             "ValueError when every slot is taken (see free_slots).")
+        .def("step",
+             [](PySession& ps) {
+                 bool more;
+                 {
+                     py::gil_scoped_release release;
+                     more = ps.get().step();
+                 }
+                 if (ps.sink.error) {
+                     auto e = std::move(ps.sink.error);
+                     throw std::move(*e);
+                 }
+                 return more;
+             },
+             "One round; False when nothing is waiting or generating.")
+        .def("cancel",
+             [](PySession& ps, int32_t handle) {
+                 py::gil_scoped_release release;
+                 ps.get().cancel(handle);
+             },
+             py::arg("handle"), "End a sequence at the next step (stop_reason 'cancelled').")
+        .def("take_finished",
+             [](PySession& ps) {
+                 std::vector<std::pair<int32_t, GenerateResult>> done;
+                 {
+                     py::gil_scoped_release release;
+                     done = ps.get().take_finished();
+                 }
+                 for (const auto& d : done) ps.refs.erase(d.first);
+                 return done;
+             },
+             "[(handle, GenerateResult)] of the sequences finished since the last call.")
+        .def("release_cache",
+             [](PySession& ps) {
+                 py::gil_scoped_release release;
+                 ps.get().release_cache();
+             },
+             "Empty the cells kept for finished sequences (their prefix cache).")
+        .def_property_readonly("free_slots", [](PySession& ps) { return ps.get().free_slots(); })
+        .def_property_readonly("n_active", [](PySession& ps) { return ps.get().n_active(); })
+        .def_property_readonly("n_waiting", [](PySession& ps) { return ps.get().n_waiting(); })
+        .def_property_readonly("stats", [](PySession& ps) { return ps.get().stats(); })
+        .def("close",
+             [](PySession& ps) {
+                 py::gil_scoped_release release;
+                 ps.session.reset();
+             },
+             "Release the models (idempotent).")
+        .def("__enter__", [](py::object self) { return self; })
+        .def("__exit__", [](PySession& ps, py::args) {
+            py::gil_scoped_release release;
+            ps.session.reset();
+        });
     m.def("sequence_seed", &sequence_seed, py::arg("seed"), py::arg("j"),
           "The seed of sequence j of a batch seeded with `seed`.");
 

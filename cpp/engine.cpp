@@ -22,7 +22,7 @@ double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock:
 
 // The policy as the drafter sees it: counts the drafts it ends, and in the
 // test-only control mode replaces it by the forbidden discard-by-value rule.
-class Engine::StopRule : public DraftStopRule {
+class BatchSession::StopRule : public DraftStopRule {
 public:
     StopRule(LengthPolicy* policy, double discard_below, GenerationStats& st)
         : policy_(policy), discard_below_(discard_below), st_(st) {}
@@ -50,25 +50,6 @@ private:
     int32_t length_ = 0;
 };
 
-namespace {
-
-// Points the models' abort callbacks at a cancel flag for one call.
-class AbortScope {
-public:
-    AbortScope(const std::atomic<bool>* flag, std::vector<Model*> models) : models_(std::move(models)) {
-        for (Model* m : models_) m->set_abort_flag(flag);
-    }
-    ~AbortScope() {
-        for (Model* m : models_) m->set_abort_flag(nullptr);
-    }
-    AbortScope(const AbortScope&) = delete;
-    AbortScope& operator=(const AbortScope&) = delete;
-
-private:
-    std::vector<Model*> models_;
-};
-
-}  // namespace
 
 uint64_t sequence_seed(uint64_t seed, int32_t j) {
     if (j == 0) return seed;
@@ -88,25 +69,34 @@ Engine::Engine(Model& target, Drafter* drafter) : target_(target), drafter_(draf
 
 // One generation in flight: the committed sequence, what it produced, and the
 // round being verified.
-struct Engine::Sequence {
-    Sequence(const SequenceSpec& spec, int32_t id_, const GenerateParams& params)
-        : id(id_), drafter(spec.drafter), policy(spec.policy), history(spec.prompt),
-          rng(params.test_shared_stream ? params.seed : sequence_seed(params.seed, id_)), stream(params.stop),
-          max_tokens(params.max_tokens),
-          stop_rule(spec.policy, params.test_discard_below, result.stats) {}
+struct BatchSession::Sequence {
+    Sequence(const SequenceSpec& spec, int32_t handle_, int32_t slot_)
+        : handle(handle_), id(slot_), drafter(spec.drafter), policy(spec.policy), params(spec.params),
+          history(spec.prompt),
+          rng(spec.params.test_shared_stream ? spec.params.seed : sequence_seed(spec.params.seed, spec.stream)),
+          stream(spec.params.stop), max_tokens(spec.params.max_tokens),
+          stop_rule(spec.policy, spec.params.test_discard_below, result.stats) {}
 
-    int32_t id;                    // index in the batch = sequence id in the target's context
+    int32_t handle;                // what the caller knows it by
+    int32_t id;                    // its slot = sequence id in the target's context
     Drafter* drafter;
     LengthPolicy* policy;
+    GenerateParams params;
     std::vector<int32_t> history;  // prompt + emitted tokens
     GenerateResult result;
     Rng rng;
     TextStream stream;
     int32_t max_tokens;
+    bool started = false;          // its prompt is in the cache: it generates
     bool done = false;
+    bool cancel_requested = false;
     bool callback_stopped = false;
+    bool prompt_begun = false;     // a chunk of its prompt was scheduled (or copied)
     Clock::time_point t_start = Clock::now(), t_first{};
     StopRule stop_rule;
+    // The drafter processing the prompt on its own thread (parallel_prefill).
+    std::thread drafter_prefill;
+    std::exception_ptr drafter_error;
 
     // The round in flight.
     DraftPlan plan;
@@ -118,171 +108,287 @@ struct Engine::Sequence {
 
     GenerationStats& stats() { return result.stats; }
     int32_t generated() const { return static_cast<int32_t>(result.tokens.size()); }
+    int32_t n_prompt() const { return result.stats.n_prompt_tokens; }
     StopRule* stop() { return stop_rule.active() ? &stop_rule : nullptr; }
+    bool uses_drafter(int32_t draft_max) const { return drafter && draft_max > 0; }
+    void join_drafter() {
+        if (drafter_prefill.joinable()) drafter_prefill.join();
+    }
 };
 
-int32_t Engine::decode_verification_batch(const std::vector<Sequence*>& active) {
-    rows_.clear();
-    int32_t n_logits = 0;
-    for (Sequence* s : active) {
-        // The cache holds the committed tokens but the last, which is (re)evaluated
-        // with the drafts. (A longer uncommitted tail, which only a cache changed
-        // behind the engine's back could leave, is caught up on its own first.)
-        const size_t last = s->history.size() - 1;
-        const size_t keep = std::min(common_prefix(target_.cached(s->id), s->history), last);
-        if (keep < last) {
-            target_.decode(s->history.data() + keep, static_cast<int32_t>(last - keep), static_cast<int32_t>(keep), 0,
-                           s->id);
-        }
-        target_.truncate(static_cast<int32_t>(last), s->id);
-        int32_t pos = static_cast<int32_t>(last);
-        rows_.push_back({s->id, pos++, s->history[last], true});
-        for (int32_t t : s->drafts) rows_.push_back({s->id, pos++, t, true});
-        s->first_row = n_logits;
-        n_logits += static_cast<int32_t>(s->drafts.size()) + 1;
-    }
-    target_.decode_rows(rows_.data(), static_cast<int32_t>(rows_.size()));
-    return static_cast<int32_t>(rows_.size());
-}
-
-void Engine::target_distributions(int32_t first_row, int32_t n_rows, const SamplingParams& sampling) {
-    const int32_t n_vocab = target_.n_vocab();
-    if (static_cast<int32_t>(p_.size()) < n_rows) p_.resize(static_cast<size_t>(n_rows));
-    for (int32_t i = 0; i < n_rows; ++i) {
-        try {
-            compute_distribution(target_.logits(first_row + i), n_vocab, sampling, p_[static_cast<size_t>(i)], ws_);
-        } catch (const std::invalid_argument& e) {
-            throw DecodeError(std::string("the target model produced invalid logits: ") + e.what());
-        }
-    }
-}
-
-double Engine::calibrate(LengthPolicy& policy, int32_t max_batch, int32_t filler, int32_t seq) {
-    const std::vector<int32_t> sizes = policy.calibration_sizes(max_batch);
-    if (sizes.empty()) return 0;
-    // Time each batch size twice (the faster run counts: noise only adds time)
-    // at the position the first verification batch will use, then drop it again.
-    const auto t0 = Clock::now();
-    std::vector<double> best(sizes.size(), -1.0);
-    const int32_t pos = static_cast<int32_t>(target_.cached(seq).size());
-    for (int rep = 0; rep < 2; ++rep) {
-        for (size_t i = 0; i < sizes.size(); ++i) {
-            const int32_t n = sizes[i];
-            if (n < 1 || pos + n > target_.n_ctx() || n > target_.n_batch()) continue;
-            batch_.assign(static_cast<size_t>(n), filler);
-            const auto t1 = Clock::now();
-            target_.decode(batch_.data(), n, pos, n, seq);
-            const double t = since(t1);
-            target_.truncate(pos, seq);
-            if (best[i] < 0 || t < best[i]) best[i] = t;
-        }
-    }
-    policy.calibrated(sizes, best);
-    return since(t0);
-}
-
-void Engine::check(const std::vector<SequenceSpec>& seqs, const GenerateParams& params) const {
-    params.sampling.validate();
-    params.draft_sampling.validate();
-    if (params.max_tokens < 0) throw std::invalid_argument("max_tokens must be >= 0");
-    if (params.draft_max < 0) throw std::invalid_argument("draft_max must be >= 0");
-    if (seqs.empty()) throw std::invalid_argument("no sequences to generate");
-    if (static_cast<int32_t>(seqs.size()) > std::min(target_.n_seq(), target_.n_batch())) {
-        throw std::invalid_argument(std::to_string(seqs.size()) + " sequences, but the target's context holds " +
-                                    std::to_string(target_.n_seq()) + " (load it with n_seq_max >= " +
-                                    std::to_string(seqs.size()) + ")");
-    }
-    if (params.draft_max > 0 && target_.n_batch() < 2) {
+BatchSession::BatchSession(Engine& engine, const GenerateParams& shared, BatchTokenCallback on_token,
+                           std::vector<Model*> draft_models, bool hold_locks)
+    : e_(engine), target_(engine.target_), shared_(shared), on_token_(std::move(on_token)), hold_locks_(hold_locks) {
+    if (shared_.draft_max < 0) throw std::invalid_argument("draft_max must be >= 0");
+    if (shared_.prefill_chunk < 0) throw std::invalid_argument("prefill_chunk must be >= 0");
+    if (shared_.draft_max > 0 && target_.n_batch() < 2) {
         throw std::invalid_argument("speculative decoding needs the target's n_batch >= 2 (one batch holds the "
                                     "last token and the drafts); n_batch is " + std::to_string(target_.n_batch()));
     }
-    for (const SequenceSpec& spec : seqs) {
-        if (params.draft_max > 0 && !spec.drafter) throw std::invalid_argument("draft_max > 0 needs a drafter");
-        if (spec.drafter && spec.drafter->model() == &target_) {
+    models_.push_back(&target_);
+    for (Model* m : draft_models) {
+        if (m == &target_) {
             throw std::invalid_argument("the draft model must be a separate Model from the target (its own context)");
         }
+        if (m && std::find(models_.begin(), models_.end(), m) == models_.end()) models_.push_back(m);
+    }
+    std::sort(models_.begin(), models_.end());
+    Locks held = lock_models();
+    size_t claimed = 0;
+    try {
+        for (; claimed < models_.size(); ++claimed) models_[claimed]->claim(this);
+    } catch (...) {
+        while (claimed > 0) models_[--claimed]->unclaim(this);
+        throw;
+    }
+    for (Model* m : models_) m->set_abort_flag(shared_.cancel);
+    slot_owner_.assign(static_cast<size_t>(target_.n_seq()), -1);
+    if (hold_locks_) locks_ = std::move(held);
+}
+
+BatchSession::~BatchSession() {
+    Locks held = hold();
+    for (Sequence& s : seqs_) s.join_drafter();
+    for (Model* m : models_) {
+        m->set_abort_flag(nullptr);
+        m->unclaim(this);
+    }
+}
+
+BatchSession::Locks BatchSession::lock_models() const {
+    // One order (by address), so that sessions sharing models cannot deadlock.
+    Locks locks;
+    for (Model* m : models_) locks.emplace_back(m->mutex());
+    return locks;
+}
+
+BatchSession::Locks BatchSession::hold() const { return hold_locks_ ? Locks{} : lock_models(); }
+
+BatchSession::Sequence* BatchSession::find(int32_t handle) {
+    for (Sequence& s : seqs_) {
+        if (s.handle == handle && !s.done) return &s;
+    }
+    return nullptr;
+}
+
+void BatchSession::check(const SequenceSpec& spec) const {
+    const GenerateParams& p = spec.params;
+    p.sampling.validate();
+    p.draft_sampling.validate();
+    if (p.max_tokens < 0) throw std::invalid_argument("max_tokens must be >= 0");
+    if (spec.stream < 0) throw std::invalid_argument("stream must be >= 0");
+    if (shared_.draft_max > 0 && !spec.drafter) throw std::invalid_argument("draft_max > 0 needs a drafter");
+    if (spec.drafter && shared_.draft_max > 0) {
+        Model* m = spec.drafter->model();
+        if (m == &target_) {
+            throw std::invalid_argument("the draft model must be a separate Model from the target (its own context)");
+        }
+        if (m && std::find(models_.begin(), models_.end(), m) == models_.end()) {
+            throw std::invalid_argument("the drafter's model was not given to the session (it must be locked)");
+        }
         // A model drafter decodes sequence 0 of its own context: one sequence at a time.
-        if (seqs.size() > 1 && params.draft_max > 0 && spec.drafter->model()) {
-            throw std::invalid_argument("a draft model drafts one sequence at a time (for now): use the n-gram "
-                                        "drafter for batches");
-        }
-        const std::vector<int32_t>& prompt = spec.prompt;
-        if (prompt.empty()) throw std::invalid_argument("the prompt is empty (no tokens)");
-        const int32_t n_prompt = static_cast<int32_t>(prompt.size());
-        if (n_prompt >= target_.n_ctx()) {
-            throw ContextOverflowError("prompt has " + std::to_string(n_prompt) + " tokens but the context holds " +
-                                       std::to_string(target_.n_ctx()) + " (raise n_ctx or shorten the prompt)");
-        }
-        for (int32_t t : prompt) {
-            if (t < 0 || t >= target_.n_vocab()) {
-                throw std::invalid_argument("prompt token " + std::to_string(t) + " is outside the vocabulary");
+        if (m) {
+            for (const Sequence& o : seqs_) {
+                if (!o.done && o.drafter && o.drafter->model()) {
+                    throw std::invalid_argument("a draft model drafts one sequence at a time (for now): use the "
+                                                "n-gram or consensus drafter for batches");
+                }
             }
+        }
+    }
+    const std::vector<int32_t>& prompt = spec.prompt;
+    if (prompt.empty()) throw std::invalid_argument("the prompt is empty (no tokens)");
+    const int32_t n_prompt = static_cast<int32_t>(prompt.size());
+    if (n_prompt >= target_.n_ctx()) {
+        throw ContextOverflowError("prompt has " + std::to_string(n_prompt) + " tokens but the context holds " +
+                                   std::to_string(target_.n_ctx()) + " (raise n_ctx or shorten the prompt)");
+    }
+    for (int32_t t : prompt) {
+        if (t < 0 || t >= target_.n_vocab()) {
+            throw std::invalid_argument("prompt token " + std::to_string(t) + " is outside the vocabulary");
         }
     }
 }
 
-void Engine::prefill(std::deque<Sequence>& seqs, const GenerateParams& params, int32_t draft_max) {
-    const auto t0 = Clock::now();
-    // Sequences this call does not use give their cells back (the cache is shared).
-    for (int32_t j = static_cast<int32_t>(seqs.size()); j < target_.n_seq(); ++j) {
-        if (!target_.cached(j).empty()) target_.truncate(0, j);
-    }
-    for (Sequence& s : seqs) {
-        const std::vector<int32_t>& prompt = s.history;
-        // The target's cache takes all of the prompt but the last token, which the
-        // first round evaluates together with the first drafts. A prefix the
-        // sequence already holds from the previous call (a chat's earlier turns)
-        // is reused; a prompt an earlier sequence of this batch has is copied.
-        size_t reuse = std::min(common_prefix(target_.cached(s.id), prompt), prompt.size() - 1);
-        for (const Sequence& o : seqs) {
-            if (o.id >= s.id) break;
-            if (o.history.size() == prompt.size() && o.history == prompt && reuse < prompt.size() - 1) {
-                target_.copy_prefix(o.id, s.id, static_cast<int32_t>(prompt.size() - 1));
-                reuse = prompt.size() - 1;
-                break;
-            }
+int32_t BatchSession::pick_slot(const std::vector<int32_t>& prompt) const {
+    // A free slot whose kept cells share the longest prefix with the prompt (a
+    // chat's next turn finds its own); else the one keeping the fewest cells.
+    int32_t best = -1;
+    size_t best_common = 0, best_cached = 0;
+    for (int32_t j = 0; j < static_cast<int32_t>(slot_owner_.size()); ++j) {
+        if (slot_owner_[static_cast<size_t>(j)] >= 0) continue;
+        const std::vector<int32_t>& c = target_.cached(j);
+        const size_t common = common_prefix(c, prompt);
+        if (best < 0 || common > best_common || (common == best_common && c.size() < best_cached)) {
+            best = j;
+            best_common = common;
+            best_cached = c.size();
         }
-        target_.truncate(static_cast<int32_t>(reuse), s.id);
-        const bool use_drafter = s.drafter && draft_max > 0;
+    }
+    return best;
+}
+
+int32_t BatchSession::add(const SequenceSpec& spec) {
+    const Locks held = hold();
+    check(spec);
+    const int32_t slot = pick_slot(spec.prompt);
+    if (slot < 0) {
+        throw std::length_error("all " + std::to_string(target_.n_seq()) + " sequences of the target's context are "
+                                "in use (load it with a larger n_seq_max)");
+    }
+    const int32_t handle = next_handle_++;
+    seqs_.emplace_back(spec, handle, slot);
+    Sequence& s = seqs_.back();
+    slot_owner_[static_cast<size_t>(slot)] = handle;
+    GenerationStats& st = s.stats();
+    st.n_prompt_tokens = static_cast<int32_t>(s.history.size());
+    st.reset_tables(shared_.draft_max);
+    s.history.reserve(static_cast<size_t>(std::min<int64_t>(
+        static_cast<int64_t>(s.history.size()) + s.max_tokens, target_.n_ctx())) + 1);
+    s.result.stop_reason = "max_tokens";
+    ++bs_.n_seq;
+    // Its slot keeps at most the shared prefix (never more than all but the last
+    // prompt token, which the first round evaluates with the first drafts).
+    target_.truncate(static_cast<int32_t>(std::min(common_prefix(target_.cached(slot), s.history),
+                                                   s.history.size() - 1)), slot);
+    if (s.max_tokens == 0) finish(s, "max_tokens");
+    return handle;
+}
+
+void BatchSession::cancel(int32_t handle) {
+    const Locks held = hold();
+    if (Sequence* s = find(handle)) s->cancel_requested = true;
+}
+
+void BatchSession::release_cache() {
+    const Locks held = hold();
+    for (int32_t j = 0; j < static_cast<int32_t>(slot_owner_.size()); ++j) {
+        if (slot_owner_[static_cast<size_t>(j)] < 0 && !target_.cached(j).empty()) target_.truncate(0, j);
+    }
+}
+
+int32_t BatchSession::free_slots() const {
+    return static_cast<int32_t>(std::count(slot_owner_.begin(), slot_owner_.end(), -1));
+}
+
+int32_t BatchSession::n_active() const {
+    int32_t n = 0;
+    for (const Sequence& s : seqs_) n += !s.done && s.started;
+    return n;
+}
+
+int32_t BatchSession::n_waiting() const {
+    int32_t n = 0;
+    for (const Sequence& s : seqs_) n += !s.done && !s.started;
+    return n;
+}
+
+BatchStats BatchSession::stats() const {
+    BatchStats bs = bs_;
+    if (any_token_) {
+        bs.decode_s = std::chrono::duration<double>(last_token_ - first_token_).count();
+        int64_t after_first = after_first_;
+        for (const Sequence& s : seqs_) {
+            if (!s.done) after_first += std::max(0, s.generated() - 1);
+        }
+        if (bs.decode_s > 0) bs.aggregate_tok_s = static_cast<double>(after_first) / bs.decode_s;
+    }
+    return bs;
+}
+
+void BatchSession::reuse_prefix(Sequence& s) {
+    const std::vector<int32_t>& prompt = s.history;
+    const size_t want = prompt.size() - 1;
+    size_t have = std::min(common_prefix(target_.cached(s.id), prompt), want);
+    int32_t src = -1;
+    for (int32_t j = 0; j < static_cast<int32_t>(slot_owner_.size()); ++j) {
+        if (j == s.id) continue;
+        const size_t c = std::min(common_prefix(target_.cached(j), prompt), want);
+        if (c > have) {
+            have = c;
+            src = j;
+        }
+    }
+    if (src >= 0) target_.copy_prefix(src, s.id, static_cast<int32_t>(have));
+}
+
+void BatchSession::start(Sequence& s) {
+    const std::vector<int32_t>& prompt = s.history;
+    const int32_t draft_max = shared_.draft_max;
+    if (s.drafter_prefill.joinable()) {
+        s.join_drafter();
+        if (s.drafter_error) std::rethrow_exception(s.drafter_error);
+    } else if (s.uses_drafter(draft_max)) {
         // A policy that will not draft from the model soon spares it the prompt.
         const bool prefill_draft = !s.policy || s.policy->may_draft(DraftSource::kModel);
-        std::exception_ptr drafter_error;
-        std::thread drafter_prefill;
-        if (use_drafter && params.parallel_prefill && prefill_draft) {
-            drafter_prefill = std::thread([&] {
-                try {
-                    s.drafter->begin(prompt, params.draft_sampling, true);
-                } catch (...) {
-                    drafter_error = std::current_exception();
-                }
-            });
-        }
-        try {
-            if (prompt.size() - 1 > reuse) {
-                target_.decode(prompt.data() + reuse, static_cast<int32_t>(prompt.size() - 1 - reuse),
-                               static_cast<int32_t>(reuse), 0, s.id);
-            }
-        } catch (...) {
-            if (drafter_prefill.joinable()) drafter_prefill.join();
-            throw;
-        }
-        if (drafter_prefill.joinable()) {
-            drafter_prefill.join();
-            if (drafter_error) std::rethrow_exception(drafter_error);
-        } else if (use_drafter) {
-            s.drafter->begin(prompt, params.draft_sampling, prefill_draft);
-        }
-        if (s.policy) s.policy->begin_generation();
-        if (use_drafter && s.policy) {
-            const int32_t room = target_.n_ctx() - static_cast<int32_t>(prompt.size()) + 1;
-            s.stats().calibrate_s = calibrate(*s.policy, std::min(draft_max + 1, room), prompt.back(), s.id);
-        }
+        s.drafter->begin(prompt, s.params.draft_sampling, prefill_draft);
     }
-    const double prompt_s = since(t0);
-    for (Sequence& s : seqs) s.stats().prompt_s = prompt_s;
+    if (s.policy) s.policy->begin_generation();
+    s.stats().prompt_s = since(s.t_start);
+    if (s.uses_drafter(draft_max) && s.policy) {
+        const int32_t room = target_.n_ctx() - static_cast<int32_t>(prompt.size()) + 1;
+        s.stats().calibrate_s = calibrate(*s.policy, std::min(draft_max + 1, room), prompt.back(), s.id);
+    }
+    s.started = true;
 }
 
-DraftPlan Engine::draft(Sequence& s, int32_t round_max) {
+bool BatchSession::waits_for_prefix(const Sequence& s) const {
+    // Worth a round's wait: a sequence ahead, still waiting itself, will hold
+    // more of this prompt than this slot has, and its cells are then copied
+    // instead of computed (n samples of one prompt prefill once). A short
+    // shared prefix (a BOS token, a chat header) is not worth the delay.
+    constexpr size_t kMinShared = 32;
+    const size_t want = s.history.size() - 1;
+    const size_t have = target_.cached(s.id).size();
+    for (const Sequence& o : seqs_) {
+        if (&o == &s) break;
+        if (o.done || o.started) continue;
+        const size_t c = std::min(common_prefix(o.history, s.history), want);
+        if (c > have && (c == want || c - have >= kMinShared)) return true;
+    }
+    return false;
+}
+
+void BatchSession::start_ready() {
+    for (Sequence& s : seqs_) {
+        if (s.done || s.started || waits_for_prefix(s)) continue;
+        reuse_prefix(s);
+        if (target_.cached(s.id).size() >= s.history.size() - 1) {
+            s.prompt_begun = true;
+            start(s);
+        }
+    }
+}
+
+void BatchSession::add_prompt_rows(int32_t budget) {
+    for (Sequence& s : seqs_) {
+        if (budget <= 0) break;
+        if (s.done || s.started || waits_for_prefix(s)) continue;
+        if (!s.prompt_begun) {
+            s.prompt_begun = true;
+            if (s.uses_drafter(shared_.draft_max) && shared_.parallel_prefill &&
+                (!s.policy || s.policy->may_draft(DraftSource::kModel))) {
+                Sequence* sp = &s;
+                s.drafter_prefill = std::thread([sp] {
+                    try {
+                        sp->drafter->begin(sp->history, sp->params.draft_sampling, true);
+                    } catch (...) {
+                        sp->drafter_error = std::current_exception();
+                    }
+                });
+            }
+        }
+        const int32_t want = static_cast<int32_t>(s.history.size()) - 1;
+        int32_t pos = static_cast<int32_t>(target_.cached(s.id).size());
+        const int32_t n = std::min(budget, want - pos);
+        for (int32_t i = 0; i < n; ++i, ++pos) {
+            e_.rows_.push_back({s.id, pos, s.history[static_cast<size_t>(pos)], false});
+        }
+        budget -= n;
+    }
+}
+
+DraftPlan BatchSession::draft(Sequence& s, int32_t round_max) {
     s.drafts.clear();
     if (round_max <= 0 || !s.drafter) return {};
     LengthPolicy* policy = s.policy;
@@ -299,44 +405,124 @@ DraftPlan Engine::draft(Sequence& s, int32_t round_max) {
     return plan;
 }
 
-// One round of Leviathan et al.'s Algorithm 1 (and Chen et al.'s) for every
-// active sequence: the only place the algorithm lives; everything around it
-// streams, counts and stops.
-void Engine::round(std::vector<Sequence*>& active, const GenerateParams& params, int32_t draft_max,
-                   BatchStats& bs) {
-    // 1. Draft: per sequence, the drafter picks a source, the policy a length
-    //    (0: a plain step), and the drafter proposes that many tokens x_i ~ q_i.
+int32_t BatchSession::add_verification_rows(const std::vector<Sequence*>& active) {
+    std::vector<Model::Row>& rows = e_.rows_;
+    int32_t n_logits = 0;
     for (Sequence* s : active) {
-        const auto t = Clock::now();
-        const int32_t room = target_.n_ctx() - static_cast<int32_t>(s->history.size());
-        const int32_t round_max = std::max(0, std::min({draft_max, room - 1, s->max_tokens - s->generated() - 1}));
-        s->plan = draft(*s, round_max);
-        s->draft_s = since(t);
+        // The cache holds the committed tokens but the last, which is (re)evaluated
+        // with the drafts. (A longer uncommitted tail, which only a cache changed
+        // behind the engine's back could leave, is caught up on its own first.)
+        const size_t last = s->history.size() - 1;
+        const size_t keep = std::min(common_prefix(target_.cached(s->id), s->history), last);
+        if (keep < last) {
+            target_.decode(s->history.data() + keep, static_cast<int32_t>(last - keep), static_cast<int32_t>(keep), 0,
+                           s->id);
+        }
+        target_.truncate(static_cast<int32_t>(last), s->id);
+        int32_t pos = static_cast<int32_t>(last);
+        rows.push_back({s->id, pos++, s->history[last], true});
+        for (int32_t t : s->drafts) rows.push_back({s->id, pos++, t, true});
+        s->first_row = n_logits;
+        n_logits += static_cast<int32_t>(s->drafts.size()) + 1;
     }
-    // 2. Verify: the target scores every sequence's [last committed token, drafts]
-    //    in one batch.
-    auto t = Clock::now();
-    const int32_t rows = decode_verification_batch(active);
-    const double verify_s = since(t);
-    ++bs.rounds;
-    bs.rows += rows;
-    bs.max_rows = std::max(bs.max_rows, rows);
-    for (Sequence* s : active) {
-        // 3. Accept draft i with probability min(1, p_i / q_i) until one fails, then
-        //    draw one more token: from (p - q)+ after a rejection, from p_n if all passed.
-        const int32_t n = static_cast<int32_t>(s->drafts.size());
-        target_distributions(s->first_row, n + 1, params.sampling);
-        s->vr = verify(p_.data(), s->q.data(), s->drafts.data(), n, s->rng, params.variant);
-        // 4. Roll back: the sequence's cache keeps its committed tokens and the accepted drafts.
-        target_.truncate(static_cast<int32_t>(s->history.size()) + s->vr.n_accepted, s->id);
-        const int32_t guess_hit = n == 0 && s->plan.next_guess >= 0 ? s->vr.next_token == s->plan.next_guess : -1;
-        const RoundReport report{s->plan, n, s->vr.n_accepted, s->draft_s, verify_s, guess_hit};
-        if (s->policy) s->policy->observe(report);
-        s->stats().count_round(report);
+    return static_cast<int32_t>(rows.size());
+}
+
+void BatchSession::decode_round(std::vector<Sequence*>& active) {
+    const int32_t n_batch = target_.n_batch();
+    while (true) {
+        e_.rows_.clear();
+        const int32_t verify_rows = add_verification_rows(active);
+        int32_t budget = n_batch - verify_rows;
+        if (!active.empty() && shared_.prefill_chunk > 0) budget = std::min(budget, shared_.prefill_chunk);
+        add_prompt_rows(budget);
+        const int32_t n = static_cast<int32_t>(e_.rows_.size());
+        if (n == 0) return;
+        try {
+            target_.decode_rows(e_.rows_.data(), n);
+            bs_.prompt_rows += n - verify_rows;
+            return;
+        } catch (const ContextOverflowError&) {
+            // The unified cache is full. Free cells in order of what they cost to
+            // lose: prefix caches of finished sequences, then this round's drafts
+            // and prompt rows, then the sequence holding the most cells ends
+            // ("context"); its cells go back to the others.
+            bool freed = false;
+            for (int32_t j = 0; j < static_cast<int32_t>(slot_owner_.size()); ++j) {
+                if (slot_owner_[static_cast<size_t>(j)] < 0 && !target_.cached(j).empty()) {
+                    target_.truncate(0, j);
+                    freed = true;
+                }
+            }
+            if (freed) continue;
+            bool had_drafts = false;
+            for (Sequence* s : active) {
+                had_drafts |= !s->drafts.empty();
+                s->drafts.clear();
+            }
+            if (had_drafts) continue;
+            Sequence* biggest = nullptr;
+            for (Sequence* s : active) {
+                if (!biggest || s->history.size() > biggest->history.size()) biggest = s;
+            }
+            if (!biggest) {
+                // Only prompt rows, and nothing else holds cells: a waiting prompt
+                // cannot fit beside the others; it ends.
+                for (Sequence& s : seqs_) {
+                    if (!s.done && !s.started) {
+                        finish(s, "context");
+                        break;
+                    }
+                }
+                if (n_waiting() == 0) return;
+                continue;
+            }
+            finish(*biggest, "context");
+            target_.truncate(0, biggest->id);
+            active.erase(std::find(active.begin(), active.end(), biggest));
+        }
     }
 }
 
-void Engine::emit(Sequence& s, const BatchTokenCallback& on_token) {
+void BatchSession::target_distributions(int32_t first_row, int32_t n_rows, const SamplingParams& sampling) {
+    std::vector<Distribution>& p = e_.p_;
+    const int32_t n_vocab = target_.n_vocab();
+    if (static_cast<int32_t>(p.size()) < n_rows) p.resize(static_cast<size_t>(n_rows));
+    for (int32_t i = 0; i < n_rows; ++i) {
+        try {
+            compute_distribution(target_.logits(first_row + i), n_vocab, sampling, p[static_cast<size_t>(i)], e_.ws_);
+        } catch (const std::invalid_argument& e) {
+            throw DecodeError(std::string("the target model produced invalid logits: ") + e.what());
+        }
+    }
+}
+
+double BatchSession::calibrate(LengthPolicy& policy, int32_t max_batch, int32_t filler, int32_t seq) {
+    const std::vector<int32_t> sizes = policy.calibration_sizes(max_batch);
+    if (sizes.empty()) return 0;
+    // Time each batch size twice (the faster run counts: noise only adds time)
+    // at the position the first verification batch will use, then drop it again.
+    const auto t0 = Clock::now();
+    std::vector<double> best(sizes.size(), -1.0);
+    const int32_t pos = static_cast<int32_t>(target_.cached(seq).size());
+    std::vector<int32_t>& batch = e_.batch_;
+    for (int rep = 0; rep < 2; ++rep) {
+        for (size_t i = 0; i < sizes.size(); ++i) {
+            const int32_t n = sizes[i];
+            if (n < 1 || pos + n > target_.n_ctx() || n > target_.n_batch()) continue;
+            batch.assign(static_cast<size_t>(n), filler);
+            const auto t1 = Clock::now();
+            target_.decode(batch.data(), n, pos, n, seq);
+            const double t = since(t1);
+            target_.truncate(pos, seq);
+            if (best[i] < 0 || t < best[i]) best[i] = t;
+        }
+    }
+    policy.calibrated(sizes, best);
+    return since(t0);
+}
+
+void BatchSession::emit(Sequence& s) {
     GenerateResult& r = s.result;
     const VerifyResult& vr = s.vr;
     for (int32_t i = 0; i <= vr.n_accepted && !s.done; ++i) {
@@ -344,26 +530,155 @@ void Engine::emit(Sequence& s, const BatchTokenCallback& on_token) {
         const int32_t token = drafted ? s.drafts[static_cast<size_t>(i)] : vr.next_token;
         s.history.push_back(token);
         r.tokens.push_back(token);
+        const auto now = Clock::now();
         if (r.tokens.size() == 1) {
-            s.t_first = Clock::now();
+            s.t_first = now;
             r.stats.ttft_s = std::chrono::duration<double>(s.t_first - s.t_start).count();
+            if (!any_token_) first_token_ = now;
+            any_token_ = true;
         }
+        last_token_ = now;
         if (target_.is_eog(token)) {
-            r.stop_reason = "eog";
-            s.done = true;
+            finish(s, "eog");
             break;
         }
         const std::string delta = s.stream.push(target_.token_to_piece(token));
-        const bool keep_going = !on_token || on_token(s.id, token, delta, drafted);
+        const bool keep_going = !on_token_ || on_token_(s.handle, token, delta, drafted);
         if (s.stream.stopped()) {
-            r.stop_reason = "stop";
-            s.done = true;
+            finish(s, "stop");
         } else if (!keep_going) {
-            r.stop_reason = "cancelled";
-            s.callback_stopped = s.done = true;
+            s.callback_stopped = true;
+            finish(s, "cancelled");
         } else if (s.generated() >= s.max_tokens) {
-            s.done = true;
+            finish(s, "max_tokens");
         }
+    }
+}
+
+void BatchSession::finish(Sequence& s, const char* reason) {
+    s.done = true;
+    s.result.stop_reason = reason;
+    s.join_drafter();
+    // A stop inside a round leaves drafts past the last emitted token in the
+    // cache; drop them so the cache holds exactly the committed sequence (all
+    // of the prompt is then kept: a retry or a chat's next turn reuses it).
+    target_.truncate(std::min(static_cast<int32_t>(s.history.size()) - 1,
+                              static_cast<int32_t>(target_.cached(s.id).size())), s.id);
+    const std::string tail = s.stream.finish();
+    // A callback that asked to stop is not called again.
+    if (!tail.empty() && on_token_ && !s.callback_stopped && s.result.stop_reason != "cancelled") {
+        on_token_(s.handle, -1, tail, false);
+    }
+    s.result.text = s.stream.text();
+    GenerationStats& st = s.stats();
+    st.n_generated = s.generated();
+    if (!s.started) st.prompt_s = since(s.t_start);
+    if (st.n_generated > 0) {
+        st.decode_s = since(s.t_first);
+        if (st.n_generated > 1 && st.decode_s > 0) st.decode_tok_s = (st.n_generated - 1) / st.decode_s;
+        bs_.n_generated += st.n_generated;
+        after_first_ += st.n_generated - 1;
+    }
+    slot_owner_[static_cast<size_t>(s.id)] = -1;
+    finished_.emplace_back(s.handle, std::move(s.result));
+}
+
+void BatchSession::cancel_all() {
+    // Every decode that was cut short restored its cache; keep what was committed.
+    for (Sequence& s : seqs_) {
+        if (!s.done) finish(s, "cancelled");
+    }
+}
+
+std::vector<std::pair<int32_t, GenerateResult>> BatchSession::take_finished() {
+    const Locks held = hold();
+    std::vector<std::pair<int32_t, GenerateResult>> out;
+    out.swap(finished_);
+    // Finished sequences are no longer needed (their results moved out).
+    while (!seqs_.empty() && seqs_.front().done) seqs_.pop_front();
+    return out;
+}
+
+// One round of Leviathan et al.'s Algorithm 1 (and Chen et al.'s) for every
+// active sequence: the only place the algorithm lives; everything around it
+// streams, counts, schedules prompts and stops.
+bool BatchSession::step() {
+    const Locks held = hold();
+    try {
+        if (shared_.cancel && shared_.cancel->load()) throw Cancelled("cancelled");
+        start_ready();
+        const int32_t n_ctx = target_.n_ctx();
+        std::vector<Sequence*> active;
+        bool waiting = false;
+        for (Sequence& s : seqs_) {
+            if (s.done) continue;
+            if (s.cancel_requested) {
+                finish(s, "cancelled");
+            } else if (!s.started) {
+                waiting = true;
+            } else if (static_cast<int32_t>(s.history.size()) >= n_ctx) {
+                finish(s, "context");  // room: positions up to n_ctx - 1
+            } else {
+                active.push_back(&s);
+            }
+        }
+        if (active.empty() && !waiting) return false;
+        const auto t = Clock::now();
+        double timed = 0;
+        for (Sequence* s : active) timed += s->stats().draft_s + s->stats().verify_s;
+        // 1. Draft: per sequence, the drafter picks a source, the policy a length
+        //    (0: a plain step), and the drafter proposes that many tokens x_i ~ q_i.
+        //    Every sequence's rows must fit one target batch.
+        const int32_t n_active = static_cast<int32_t>(active.size());
+        const int32_t draft_cap = n_active ? std::min(shared_.draft_max, target_.n_batch() / n_active - 2) : 0;
+        for (Sequence* s : active) {
+            const auto td = Clock::now();
+            const int32_t room = n_ctx - static_cast<int32_t>(s->history.size());
+            const int32_t round_max = std::max(0, std::min({draft_cap, room - 1, s->max_tokens - s->generated() - 1}));
+            s->plan = draft(*s, round_max);
+            s->draft_s = since(td);
+        }
+        // 2. Verify: the target scores every sequence's [last committed token,
+        //    drafts] in one batch (plus a chunk of waiting prompts).
+        const auto tv = Clock::now();
+        decode_round(active);
+        const double verify_s = since(tv);
+        if (active.empty()) {
+            bs_.prompt_s += verify_s;
+        } else {
+            int32_t rows = 0;
+            for (Sequence* s : active) rows += static_cast<int32_t>(s->drafts.size()) + 1;
+            ++bs_.rounds;
+            bs_.rows += rows;
+            bs_.max_rows = std::max(bs_.max_rows, rows);
+        }
+        for (Sequence* s : active) {
+            // 3. Accept draft i with probability min(1, p_i / q_i) until one fails, then
+            //    draw one more token: from (p - q)+ after a rejection, from p_n if all passed.
+            const int32_t n = static_cast<int32_t>(s->drafts.size());
+            target_distributions(s->first_row, n + 1, s->params.sampling);
+            s->vr = verify(e_.p_.data(), s->q.data(), s->drafts.data(), n, s->rng, shared_.variant);
+            // 4. Roll back: the sequence's cache keeps its committed tokens and the accepted drafts.
+            target_.truncate(static_cast<int32_t>(s->history.size()) + s->vr.n_accepted, s->id);
+            const int32_t guess_hit =
+                n == 0 && s->plan.next_guess >= 0 ? s->vr.next_token == s->plan.next_guess : -1;
+            const RoundReport report{s->plan, n, s->vr.n_accepted, s->draft_s, verify_s, guess_hit};
+            if (s->policy) s->policy->observe(report);
+            s->stats().count_round(report);
+        }
+        for (Sequence* s : active) emit(*s);
+        // Host work of the round (sampling, emitting), shared among its sequences.
+        if (!active.empty()) {
+            double now_timed = 0;
+            for (Sequence* s : active) now_timed += s->stats().draft_s + s->stats().verify_s;
+            const double overhead = since(t) - (now_timed - timed) / static_cast<double>(active.size());
+            for (Sequence* s : active) s->stats().overhead_s += overhead;
+        }
+        start_ready();
+        return true;
+    } catch (const Cancelled&) {
+        cancel_all();
+        return false;
     }
 }
 
@@ -380,106 +695,32 @@ GenerateResult Engine::generate(const std::vector<int32_t>& prompt, const Genera
 std::vector<GenerateResult> Engine::generate_batch(const std::vector<SequenceSpec>& specs,
                                                    const GenerateParams& params, const BatchTokenCallback& on_token,
                                                    BatchStats* batch_stats) {
-    check(specs, params);
-    // Every context this call decodes with is ours until it returns, locked in
-    // one order (by address) so that engines sharing models cannot deadlock.
-    std::vector<Model*> models{&target_};
-    for (const SequenceSpec& spec : specs) {
-        Model* m = spec.drafter && params.draft_max > 0 ? spec.drafter->model() : nullptr;
-        if (m && std::find(models.begin(), models.end(), m) == models.end()) models.push_back(m);
-    }
-    std::sort(models.begin(), models.end());
-    std::vector<std::unique_lock<std::recursive_mutex>> locks;
-    for (Model* m : models) locks.emplace_back(m->mutex());
-    const AbortScope abort_scope(params.cancel, models);
-
-    // The verification batch must fit in one llama_decode.
+    if (specs.empty()) throw std::invalid_argument("no sequences to generate");
     const int32_t n_seq = static_cast<int32_t>(specs.size());
-    const int32_t draft_max = std::max(0, std::min(params.draft_max, target_.n_batch() / n_seq - 2));
-    const int32_t n_ctx = target_.n_ctx();
-
-    std::deque<Sequence> seqs;  // never moved: each sequence's stop rule points into its stats
+    if (n_seq > std::min(target_.n_seq(), target_.n_batch())) {
+        throw std::invalid_argument(std::to_string(n_seq) + " sequences, but the target's context holds " +
+                                    std::to_string(target_.n_seq()) + " and one batch " +
+                                    std::to_string(target_.n_batch()) + " rows (load it with n_seq_max >= " +
+                                    std::to_string(n_seq) + ")");
+    }
+    std::vector<Model*> draft_models;
+    for (const SequenceSpec& spec : specs) {
+        if (spec.drafter && params.draft_max > 0 && spec.drafter->model()) draft_models.push_back(spec.drafter->model());
+    }
+    BatchSession session(*this, params, on_token, draft_models);
     for (int32_t j = 0; j < n_seq; ++j) {
-        seqs.emplace_back(specs[static_cast<size_t>(j)], j, params);
-        Sequence& s = seqs.back();
-        GenerationStats& st = s.stats();
-        st.n_prompt_tokens = static_cast<int32_t>(s.history.size());
-        st.reset_tables(draft_max);
-        s.history.reserve(static_cast<size_t>(std::min<int64_t>(
-            static_cast<int64_t>(s.history.size()) + params.max_tokens, n_ctx)) + 1);
-        s.result.stop_reason = "max_tokens";
-        s.done = params.max_tokens == 0;
+        SequenceSpec spec = specs[static_cast<size_t>(j)];
+        spec.params = params;
+        spec.stream = j;
+        session.add(spec);
     }
-    BatchStats bs;
-    bs.n_seq = n_seq;
-    const auto t0 = Clock::now();
-    std::vector<Sequence*> active;
-    try {
-        prefill(seqs, params, draft_max);
-        bs.prompt_s = since(t0);
-        while (true) {
-            if (params.cancel && params.cancel->load()) throw Cancelled("cancelled");
-            active.clear();
-            for (Sequence& s : seqs) {
-                // Room: positions up to n_ctx - 1 and at most max_tokens tokens in total.
-                if (!s.done && static_cast<int32_t>(s.history.size()) >= n_ctx) {
-                    s.result.stop_reason = "context";
-                    s.done = true;
-                }
-                if (!s.done) active.push_back(&s);
-            }
-            if (active.empty()) break;
-            const auto t = Clock::now();
-            double timed = 0;
-            for (Sequence* s : active) timed += s->stats().draft_s + s->stats().verify_s;
-            round(active, params, draft_max, bs);
-            for (Sequence* s : active) emit(*s, on_token);
-            // Host work of the round (sampling, emitting), shared among its sequences.
-            double now_timed = 0;
-            for (Sequence* s : active) now_timed += s->stats().draft_s + s->stats().verify_s;
-            const double overhead = (since(t) - (now_timed - timed) / static_cast<double>(active.size()));
-            for (Sequence* s : active) s->stats().overhead_s += overhead;
-        }
-    } catch (const Cancelled&) {
-        // Every decode that was cut short restored its cache; keep what was committed.
-        for (Sequence& s : seqs) {
-            if (!s.done) s.result.stop_reason = "cancelled";
-        }
+    // One call uses only its own sequences: the rest give their cells back.
+    session.release_cache();
+    while (session.step()) {
     }
-    std::vector<GenerateResult> out;
-    out.reserve(seqs.size());
-    Clock::time_point first_token{};
-    bool any_token = false;
-    for (Sequence& s : seqs) {
-        // A stop inside a round leaves drafts past the last emitted token in the
-        // cache; drop them so the cache holds exactly the committed sequence
-        // (all of the prompt is then kept: a retry reuses it).
-        target_.truncate(std::min(static_cast<int32_t>(s.history.size()) - 1,
-                                  static_cast<int32_t>(target_.cached(s.id).size())), s.id);
-        const std::string tail = s.stream.finish();
-        // A callback that asked to stop is not called again.
-        if (!tail.empty() && on_token && !s.callback_stopped && s.result.stop_reason != "cancelled") {
-            on_token(s.id, -1, tail, false);
-        }
-        s.result.text = s.stream.text();
-        GenerationStats& st = s.stats();
-        st.n_generated = s.generated();
-        if (st.n_generated > 0) {
-            st.decode_s = since(s.t_first);
-            if (st.n_generated > 1 && st.decode_s > 0) st.decode_tok_s = (st.n_generated - 1) / st.decode_s;
-            if (!any_token || s.t_first < first_token) first_token = s.t_first;
-            any_token = true;
-            bs.n_generated += st.n_generated;
-        }
-        out.push_back(std::move(s.result));
-    }
-    if (any_token) {
-        bs.decode_s = since(first_token);
-        int64_t after_first = 0;
-        for (const GenerateResult& r : out) after_first += std::max(0, r.stats.n_generated - 1);
-        if (bs.decode_s > 0) bs.aggregate_tok_s = static_cast<double>(after_first) / bs.decode_s;
-    }
-    if (batch_stats) *batch_stats = bs;
+    std::vector<GenerateResult> out(specs.size());
+    for (auto& [handle, result] : session.take_finished()) out[static_cast<size_t>(handle)] = std::move(result);
+    if (batch_stats) *batch_stats = session.stats();
     return out;
 }
 

@@ -16,9 +16,11 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -48,6 +50,10 @@ struct GenerateParams {
     // Worth it when the models run on different devices (GPU target, CPU draft);
     // on a CPU alone both would fight over the same cores.
     bool parallel_prefill = false;
+    // Most prompt tokens a round adds to its target decode while other sequences
+    // are generating (0: as many as the batch has room for). Bounds how long a
+    // newly added long prompt can hold up the others' next token.
+    int32_t prefill_chunk = 0;
     // Checked between tokens and inside every llama_decode; set from another
     // thread to stop (stop_reason "cancelled", caches left consistent).
     const std::atomic<bool>* cancel = nullptr;
@@ -64,8 +70,8 @@ struct GenerateResult {
 // (token -1 carries the final flush). `drafted` tells whether the token was a
 // draft the target accepted. Return false to stop (stop_reason "cancelled").
 using TokenCallback = std::function<bool(int32_t token, const std::string& text, bool drafted)>;
-// The same for a batch: `seq` is the sequence's index in the batch. Returning
-// false stops that sequence only.
+// The same for a batch: `seq` is the sequence's handle (its index in a
+// generate_batch call). Returning false stops that sequence only.
 using BatchTokenCallback = std::function<bool(int32_t seq, int32_t token, const std::string& text, bool drafted)>;
 
 // One sequence of a batch. Drafters and adaptive policies keep per-sequence
@@ -74,22 +80,32 @@ struct SequenceSpec {
     std::vector<int32_t> prompt;
     Drafter* drafter = nullptr;
     LengthPolicy* policy = nullptr;
+    // Its own settings (a server's requests differ): max_tokens, sampling,
+    // draft_sampling, seed, stop and the test-only controls are read from here;
+    // draft_max, variant, parallel_prefill, prefill_chunk and cancel are the session's.
+    GenerateParams params;
+    // Which random stream of `params.seed` it draws from (sequence_seed(seed, stream)):
+    // sample j of an n-sample request uses stream j.
+    int32_t stream = 0;
 };
 
 // Figures of a whole batch (each sequence's own are in its GenerateResult).
 struct BatchStats {
-    int32_t n_seq = 0;
-    int32_t rounds = 0;          // target decodes of the loop: one per round for all active sequences
-    int64_t rows = 0;            // rows in those decodes
+    int32_t n_seq = 0;           // sequences added
+    int32_t rounds = 0;          // target decodes that verified: one per round for all active sequences
+    int64_t rows = 0;            // verification rows in those decodes (prompt rows riding along not counted)
     int32_t max_rows = 0;        // the largest of them
-    double prompt_s = 0;         // prefill of every sequence
-    double decode_s = 0;         // from the first emitted token of any sequence to the end
+    int64_t prompt_rows = 0;     // prompt tokens decoded (copied prefixes not counted)
+    double prompt_s = 0;         // decodes that held only prompt rows
+    double decode_s = 0;         // from the first emitted token of any sequence to the last
     int64_t n_generated = 0;     // tokens, all sequences
     double aggregate_tok_s = 0;  // tokens after each sequence's first, per second of decode_s
 };
 
 // Seed of sequence j of a batch seeded with `seed` (j = 0: the seed itself).
 uint64_t sequence_seed(uint64_t seed, int32_t j);
+
+class BatchSession;
 
 class Engine {
 public:
@@ -103,45 +119,119 @@ public:
     GenerateResult generate(const std::vector<int32_t>& prompt, const GenerateParams& params,
                             const TokenCallback& on_token, LengthPolicy* policy = nullptr);
 
-    // Many sequences, one target decode per round. Sequences whose prompts are
-    // equal share one prefill (the cache cells are copied, not recomputed). The
-    // target needs n_seq >= seqs.size(). Results come back in the order given.
+    // Many sequences, one target decode per round: a session with these
+    // sequences, run to the end. Sequence j draws from stream j of params.seed.
+    // Sequences whose prompts are equal share one prefill (the cache cells are
+    // copied, not recomputed). The target needs n_seq >= seqs.size(). Results
+    // come back in the order given. (The specs' own params are replaced by `params`.)
     std::vector<GenerateResult> generate_batch(const std::vector<SequenceSpec>& seqs, const GenerateParams& params,
                                                const BatchTokenCallback& on_token, BatchStats* batch_stats = nullptr);
+
+    Model& target() { return target_; }
+
+private:
+    friend class BatchSession;
+
+    Model& target_;
+    Drafter* drafter_;                 // the drafter of generate()
+    // Scratch of the session running on this engine (one at a time: it holds the target's lock).
+    std::vector<Model::Row> rows_;     // the round's target batch
+    std::vector<int32_t> batch_;       // calibration batches
+    std::vector<Distribution> p_;
+    SamplingWorkspace ws_;
+};
+
+// A batch whose sequences join and leave between rounds: continuous batching.
+// Each step() is one round: every active sequence drafts, and ONE target
+// decode holds all their verification rows plus, where the batch has room, a
+// chunk of the prompts of sequences that are waiting to start; then each
+// active sequence is verified on its own rows and rolled back. A waiting
+// sequence whose prompt shares a prefix with a cached one copies those cells
+// instead of computing them. Finished sequences free their slot at once; their
+// cells stay as a prefix cache until the slot is reused, the cells are needed,
+// or release_cache().
+//
+// Uses the target and `draft_models` (those of the drafters it will be given)
+// only: with `hold_locks` it holds their locks for its lifetime (one call, one
+// thread: generate_batch); without, each method takes them for its duration and
+// the session claims the models in between (Model::claim), so that it can live
+// across calls and threads (a server's scheduler).
+class BatchSession {
+public:
+    BatchSession(Engine& engine, const GenerateParams& shared, BatchTokenCallback on_token,
+                 std::vector<Model*> draft_models = {}, bool hold_locks = true);
+    ~BatchSession();
+    BatchSession(const BatchSession&) = delete;
+    BatchSession& operator=(const BatchSession&) = delete;
+
+    // Queue a sequence; it starts generating once its prompt is in the cache.
+    // Returns its handle (0, 1, 2, ... in the order added). std::invalid_argument
+    // (or ContextOverflowError) for a sequence that cannot run; std::length_error
+    // when every slot of the target's context is taken.
+    int32_t add(const SequenceSpec& spec);
+    // End a sequence at the next step (stop_reason "cancelled"). Unknown or
+    // finished handles are ignored.
+    void cancel(int32_t handle);
+    // One round. False when no sequence is waiting or generating.
+    bool step();
+    // Results of the sequences that finished since the last call, by handle.
+    std::vector<std::pair<int32_t, GenerateResult>> take_finished();
+    // Empty the cells kept for finished sequences (their prefix cache).
+    void release_cache();
+
+    int32_t free_slots() const;
+    int32_t n_active() const;   // generating
+    int32_t n_waiting() const;  // prompt not yet in the cache
+    BatchStats stats() const;
 
 private:
     struct Sequence;
     class StopRule;
 
-    void check(const std::vector<SequenceSpec>& seqs, const GenerateParams& params) const;
-    // Process each prompt (all but its last token) on the target and the drafters,
-    // and time the batch sizes the policies ask for.
-    void prefill(std::deque<Sequence>& seqs, const GenerateParams& params, int32_t draft_max);
+    Sequence* find(int32_t handle);
+    void check(const SequenceSpec& spec) const;
+    int32_t pick_slot(const std::vector<int32_t>& prompt) const;
+    // Copy the longest cached prefix of s's prompt from another slot, if longer than its own.
+    void reuse_prefix(Sequence& s);
+    bool waits_for_prefix(const Sequence& s) const;
+    // Waiting sequences whose prompts are in the cache start generating.
+    void start_ready();
+    void start(Sequence& s);
+    // Add a chunk of waiting prompts to rows_ (at most `budget` rows).
+    void add_prompt_rows(int32_t budget);
     // Step 1 of a round for one sequence: its drafter picks a source, its policy
     // a length, and the drafter proposes up to that many tokens.
     DraftPlan draft(Sequence& s, int32_t round_max);
-    // One round of speculative sampling for every active sequence: draft,
-    // verify (one batch), accept, roll back.
-    void round(std::vector<Sequence*>& active, const GenerateParams& params, int32_t draft_max, BatchStats& bs);
+    // The target decode of a round; on a full cache frees cells (prefix caches,
+    // then drafts and prompt rows, then the longest sequence) and retries.
+    void decode_round(std::vector<Sequence*>& active);
+    int32_t add_verification_rows(const std::vector<Sequence*>& active);
+    void target_distributions(int32_t first_row, int32_t n_rows, const SamplingParams& sampling);
+    double calibrate(LengthPolicy& policy, int32_t max_batch, int32_t filler, int32_t seq);
     // Commit and stream a sequence's round, stopping at EOG, a stop string,
     // max_tokens or the callback's word.
-    void emit(Sequence& s, const BatchTokenCallback& on_token);
+    void emit(Sequence& s);
+    void finish(Sequence& s, const char* reason);
+    void cancel_all();
 
-    // One target batch: for each sequence, the uncommitted tail of its history
-    // plus its drafts, keeping logits for the last token of history and every draft.
-    int32_t decode_verification_batch(const std::vector<Sequence*>& active);
-    // p[i] = the target's sampling distribution at logits row first_row + i.
-    void target_distributions(int32_t first_row, int32_t n_rows, const SamplingParams& sampling);
-    // Time the target batch sizes the policy asks for (none once it knows them:
-    // Python hands it timings kept from earlier runs). Returns the seconds spent.
-    double calibrate(LengthPolicy& policy, int32_t max_batch, int32_t filler, int32_t seq);
-
+    Engine& e_;
     Model& target_;
-    Drafter* drafter_;                 // sequence 0's, for generate()
-    std::vector<Model::Row> rows_;     // scratch: the verification batch
-    std::vector<int32_t> batch_;       // scratch: calibration batches
-    std::vector<Distribution> p_;
-    SamplingWorkspace ws_;
+    GenerateParams shared_;
+    BatchTokenCallback on_token_;
+    std::vector<Model*> models_;  // locked, in address order
+    using Locks = std::vector<std::unique_lock<std::recursive_mutex>>;
+    Locks lock_models() const;   // the models' locks, in address order
+    Locks hold() const;          // lock_models(), unless held for the lifetime
+    bool hold_locks_;
+    Locks locks_;
+    std::deque<Sequence> seqs_;   // never moved: a stop rule points into its sequence's stats
+    std::vector<int32_t> slot_owner_;  // slot -> handle of the live sequence there, -1: free
+    std::vector<std::pair<int32_t, GenerateResult>> finished_;
+    int32_t next_handle_ = 0;
+    BatchStats bs_;
+    int64_t after_first_ = 0;     // tokens after each finished sequence's first
+    bool any_token_ = false;
+    std::chrono::steady_clock::time_point first_token_{}, last_token_{};
 };
 
 }  // namespace pyspec

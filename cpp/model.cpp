@@ -407,6 +407,14 @@ const float* Model::logits(int32_t row) const {
     return p;
 }
 
+void Model::claim(const void* owner) {
+    const void* expected = nullptr;
+    if (!claim_.compare_exchange_strong(expected, owner) && expected != owner) {
+        throw std::runtime_error("the model " + params_.path + " is in use by a batch session (a server's): its "
+                                 "sequences cannot be shared; load the model again for other work");
+    }
+}
+
 void Model::truncate(int32_t pos, int32_t seq) {
     std::vector<int32_t>& cached = cached_[checked_seq(seq)];
     const auto held = lock();

@@ -88,6 +88,15 @@ public:
     // becomes true (llama.cpp's abort callback, polled between graph nodes), and
     // decode() throws Cancelled. Set and cleared by the lock holder.
     void set_abort_flag(const std::atomic<bool>* flag) { abort_flag_.store(flag); }
+    // A batch session that lives across calls (a server's) claims the model
+    // between its steps, when it does not hold the lock: any other session then
+    // fails clearly instead of overwriting the claimed sequences' caches.
+    // claim() throws std::runtime_error when another owner holds the claim.
+    void claim(const void* owner);
+    void unclaim(const void* owner) {
+        const void* expected = owner;
+        claim_.compare_exchange_strong(expected, nullptr);
+    }
 
     // Decode tokens at positions pos0.. of sequence `seq`, splitting into n_batch
     // chunks. Logits are kept for the last n_logits tokens (n_logits <= n_batch),
@@ -152,6 +161,7 @@ private:
     int32_t n_seq_ = 1;
     mutable std::recursive_mutex mutex_;
     std::atomic<const std::atomic<bool>*> abort_flag_{nullptr};
+    std::atomic<const void*> claim_{nullptr};
     int32_t flash_attn_ = -1;       // flash attention as run: 1 on, 0 off, -1 unknown
     std::vector<std::vector<int32_t>> cached_;  // per sequence
     std::vector<int32_t> logit_rows_;            // batch row of logits(i) in the last decode

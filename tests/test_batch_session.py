@@ -1,0 +1,165 @@
+"""Continuous batching (issue 12): sequences join and leave a running batch
+between rounds; a long new prompt is prefilled in chunks that ride along with
+the others' rounds; a full cache ends one sequence ("context"), not the batch.
+
+The greedy comparisons with a lone model follow test_batch.py's rule (a flip
+is accepted only at a near tie of the lone run, and counted)."""
+
+from __future__ import annotations
+
+import pytest
+
+import pyspec
+from pyspec import _core
+from test_batch import near_tie_flips
+
+
+def params(max_tokens, seed=1, temperature=0.0, **extra):
+    s = _core.SamplingParams(temperature=temperature)
+    p = _core.GenerateParams(max_tokens=max_tokens, sampling=s, draft_sampling=s, seed=seed)
+    for k, v in extra.items():
+        setattr(p, k, v)
+    return p
+
+
+@pytest.fixture(scope="module")
+def multi(gemma_path):
+    return pyspec.Model(gemma_path, n_ctx=2048, n_seq_max=4, n_batch=256)
+
+
+@pytest.fixture(scope="module")
+def lone(gemma_path):
+    return pyspec.Model(gemma_path, n_ctx=2048, flash_attn="off")
+
+
+def test_a_long_prompt_joins_in_chunks_while_the_others_generate(multi, lone):
+    chunk = 64
+    tokens_by = {}
+    with multi._engine.session(params(24, prefill_chunk=chunk),
+                               on_token=lambda h, t, text, d: tokens_by.setdefault(h, []).append(t)) as s:
+        a = s.add(multi.tokenize("The capital of France is"), params(24))
+        b = s.add(multi.tokenize("One, two, three,"), params(24))
+        for _ in range(3):
+            assert s.step()
+        long_prompt = multi.tokenize(" ".join(f"item{i}" for i in range(150)))
+        assert len(long_prompt) > 4 * chunk
+        c = s.add(long_prompt, params(8))
+        assert s.n_waiting == 1 and s.free_slots == 1
+        during = []
+        while s.n_waiting:
+            before = {h: len(v) for h, v in tokens_by.items()}
+            rows_before = s.stats.prompt_rows
+            assert s.step()
+            during.append((s.stats.prompt_rows - rows_before,
+                           sum(len(v) - before.get(h, 0) for h, v in tokens_by.items() if h in (a, b))))
+        while s.step():
+            pass
+        results = dict(s.take_finished())
+        assert s.free_slots == 4 and s.n_active == 0
+    # The prompt went in chunks of at most 64 rows, and each of those rounds
+    # still gave both running sequences their next token.
+    assert len(during) >= 4
+    assert all(rows <= chunk for rows, _ in during)
+    assert all(new == 2 for _, new in during[:-1]), during
+    assert len(results[c].tokens) == 8
+    flips = 0
+    for h, prompt, n in ((a, "The capital of France is", 24), (b, "One, two, three,", 24)):
+        want = lone.generate(prompt, max_tokens=n, temperature=0, chat=False).tokens
+        flips += near_tie_flips(lone, lone.tokenize(prompt), list(results[h].tokens), want)
+    want_c = lone.generate(long_prompt, max_tokens=8, temperature=0, chat=False).tokens
+    flips += near_tie_flips(lone, long_prompt, list(results[c].tokens), want_c)
+    print(f"near-tie flips: {flips} of 3; prompt rows per round while joining: {[r for r, _ in during]}")
+    assert flips < 3
+
+
+def test_equal_prompts_are_prefilled_once(multi):
+    prompt = multi.tokenize(" ".join(f"line {i}." for i in range(40)))
+    with multi._engine.session(params(4)) as s:
+        s.release_cache()  # no prefix kept from earlier tests
+        for j in range(3):
+            s.add(prompt, params(4, seed=j))
+        while s.step():
+            pass
+        stats = s.stats
+        assert len(s.take_finished()) == 3
+    # One sequence computed the prompt (all but its last token); the others copied its cells.
+    assert stats.prompt_rows == len(prompt) - 1
+    # Control: different prompts of the same length are each computed.
+    other = multi.tokenize(" ".join(f"row {i}." for i in range(40)))
+    with multi._engine.session(params(4)) as s:
+        s.release_cache()
+        s.add(prompt, params(4))
+        s.add(other, params(4))
+        while s.step():
+            pass
+        assert s.stats.prompt_rows == len(prompt) - 1 + len(other) - 1
+
+
+def test_a_cancelled_sequence_leaves_and_its_slot_is_reused(multi):
+    with multi._engine.session(params(40)) as s:
+        a = s.add(multi.tokenize("Once upon a time"), params(40))
+        b = s.add(multi.tokenize("def add(a, b):"), params(12))
+        s.step()
+        s.step()
+        s.cancel(a)
+        s.step()
+        done = dict(s.take_finished())
+        assert done[a].stop_reason == "cancelled" and 1 <= len(done[a].tokens) <= 3
+        assert s.n_active == 1 and s.free_slots == 3
+        c = s.add(multi.tokenize("The sky is"), params(5))
+        while s.step():
+            pass
+        done = dict(s.take_finished())
+        assert done[b].stop_reason == "max_tokens" and len(done[b].tokens) == 12
+        assert done[c].stop_reason == "max_tokens" and len(done[c].tokens) == 5
+        # Finished sequences keep their cells as a prefix cache until released.
+        assert any(multi._core.cached(j) for j in range(4))
+        s.release_cache()
+        assert all(not multi._core.cached(j) for j in range(4))
+
+
+def test_every_slot_taken_is_a_clear_error_and_changes_nothing(multi):
+    with multi._engine.session(params(3)) as s:
+        for j in range(4):
+            s.add(multi.tokenize(f"Number {j}:"), params(3))
+        assert s.free_slots == 0
+        with pytest.raises(ValueError, match="in use"):
+            s.add(multi.tokenize("one too many"), params(3))
+        while s.step():
+            pass
+        assert [len(r.tokens) for _, r in sorted(s.take_finished())] == [3, 3, 3, 3]
+
+
+def test_a_full_cache_ends_one_sequence_not_the_batch(gemma_path):
+    """Four sequences share 256 cells: when they no longer fit, the longest
+    ends with "context" and the others go on in its cells."""
+    m = pyspec.Model(gemma_path, n_ctx=256, n_seq_max=4)
+    out = m.generate_batch(["Once upon a time", "def add(a, b):", "1, 2, 3,", "The sky is"], max_tokens=200,
+                           temperature=0.8, seed=5, chat=False)
+    reasons = [c.stop_reason for c in out.choices]
+    assert "context" in reasons, reasons
+    # Every cell is used before a sequence is ended (it ends only when the cache is full).
+    total = sum(c.n_prompt_tokens + c.n_generated_tokens for c in out.choices if c.stop_reason == "context")
+    assert all(c.n_generated_tokens > 0 for c in out.choices)
+    assert total > 0 and max(c.n_prompt_tokens + c.n_generated_tokens for c in out.choices) <= 256
+
+
+def test_s_at_the_contexts_maximum(gemma_path):
+    m = pyspec.Model(gemma_path, n_ctx=512, n_seq_max=8)
+    out = m.generate("Write a word:", n=8, max_tokens=6, temperature=1.0, seed=3, chat=False)
+    assert len(out.choices) == 8 and all(c.n_generated_tokens == 6 for c in out.choices)
+    assert out.stats.max_rows == 8
+    with pytest.raises(ValueError, match="n_seq_max >= 9"):
+        m.generate("Write a word:", n=9, max_tokens=2)
+
+
+def test_a_session_claims_its_model(multi):
+    s = multi._engine.session(params(2))
+    try:
+        with pytest.raises(RuntimeError, match="batch session"):
+            multi.generate("hi", max_tokens=2, chat=False)
+    finally:
+        s.close()
+    assert multi.generate("hi", max_tokens=2, chat=False).n_generated_tokens == 2
+    with pytest.raises(RuntimeError, match="closed"):
+        s.step()
