@@ -203,6 +203,9 @@ class Generator:
         prompts are processed once. Settings as in :meth:`generate`;
         ``on_token(index, text, drafted)`` streams every sequence, and returning
         False from it stops that sequence only."""
+        if isinstance(prompts, (str, bytes)) or (prompts and all(isinstance(p, int) for p in prompts)):
+            raise TypeError("generate_batch takes a list of prompts (this is one prompt: use generate(), "
+                            "or generate(prompt, n=k) for k samples of it)")
         if not prompts:
             raise ValueError("generate_batch needs at least one prompt")
         n_seq = self.target.n_seq_max

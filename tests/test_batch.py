@@ -99,6 +99,12 @@ def test_batch_of_one_is_the_single_generation(batch_model, lone_model):
     assert one.choices[0].tokens == alone.tokens
 
 
+def test_one_prompt_given_as_a_batch_is_a_clear_error(batch_model):
+    for one in ("The capital of France is", batch_model.tokenize("hi")):
+        with pytest.raises(TypeError, match="list of prompts"):
+            batch_model.generate_batch(one, max_tokens=2)
+
+
 def test_too_many_sequences_is_a_clear_error(batch_model):
     with pytest.raises(ValueError, match="n_seq_max >= 5"):
         batch_model.generate("hi", n=5, max_tokens=2)

@@ -3,9 +3,16 @@ independent: for n = 2 samples of one prompt at T = 1, the joint law of
 (first token of sample 1, first token of sample 2) is the product of the
 target's marginals p0 x p0 (9 cells under top-k 3).
 
-Drafting fires at the first token: the n-gram drafter on a prompt that repeats
-proposes "three" there (one-hot q), so both samples' first tokens go through
-the batched verification (one decode with both sequences' rows).
+Drafting fires at the first token: the consensus drafter (the default for
+n > 1) has no sibling text yet there and falls back to its own n-gram lookup,
+which on a prompt that repeats proposes "three" (one-hot q), so both samples'
+first tokens go through the batched verification (one decode with both
+sequences' rows).
+
+Sibling drafts: in a running batch (a BatchSession), a leader sample is a few
+tokens ahead and two more samples of the same prompt join; their first drafts
+are copied from the leader's text (the consensus path proper), and the joint
+law of their first tokens must again be p0 x p0, the control again rejected.
 
 Negative controls the same test must reject, each N from a power calculation
 (power > 0.99 at alpha = 0.001) against its stated wrong law:
@@ -21,6 +28,7 @@ import numpy as np
 import pytest
 
 import pyspec
+from pyspec import _core, sampling
 
 from test_speculative_lossless import ALPHA, TARGET, pooled_chisquare, power, required_n, target_rows
 
@@ -35,7 +43,7 @@ def case(gemma_path):
     p0, _ = target_rows(pyspec.Model(gemma_path, n_ctx=256, flash_attn="off"), tokens)  # as the batch runs
     support = [int(t) for t in np.flatnonzero(p0)]
     exact = {(a, b): float(p0[a] * p0[b]) for a in support for b in support}
-    spec = pyspec.SpeculativeDecoder(target, drafter="ngram", policy="fixed", draft_max=1)
+    spec = pyspec.SpeculativeDecoder(target, drafter="consensus", policy="fixed", draft_max=1)
     x = spec._core_drafter.propose(tokens, 1)[0]
     broken = {y: (1 - p0[x]) * p0[y] + (p0[x] if y == x else 0.0) for y in support}
     wrong_residual = {(a, b): float(broken[a] * broken[b]) for a in support for b in support}
@@ -67,7 +75,7 @@ def test_two_batched_samples_are_independent_draws_of_the_target(case):
     assert power(exact, wrong, n, len(exact) - 1) > 0.99
     counts, drafted = joint(spec, tokens, n)
     stat, df, pv = pooled_chisquare(counts, exact, n)
-    print(f"batch n=2 ngram: N={n} chi2={stat:.2f} df={df} p={pv:.3g} drafted={drafted}/{2 * n}")
+    print(f"batch n=2 consensus: N={n} chi2={stat:.2f} df={df} p={pv:.3g} drafted={drafted}/{2 * n}")
     assert drafted > n, "the batched verification path did not run"
     assert pv > ALPHA
 
@@ -88,3 +96,85 @@ def test_negative_control_samples_on_one_stream(case, n_shared):
     stat, df, pv = pooled_chisquare(counts, exact, n)
     print(f"NEGATIVE CONTROL shared stream: N={n} chi2={stat:.2f} p={pv:.3g}")
     assert pv < ALPHA
+
+
+# Sibling drafts. The leader (greedy) continues "1 2 3 1 2 3 ..." periodically,
+# so a joining sample's longest suffix "... 1 2" is found in the leader's text,
+# followed by " " (x): that is the joining samples' first draft. T = 5 flattens
+# p0 (top-3) so that the broken rule's bias towards x is large.
+SIBLING_PROMPT = "1 2 3 1 2 3 1 2 3 1 2 3 1 2"
+SIBLING_SAMPLING = dict(temperature=5.0, top_k=3, top_p=1.0, min_p=0.0)
+
+
+@pytest.fixture(scope="module")
+def sibling_case(gemma_path):
+    target = pyspec.Model(gemma_path, n_ctx=4096, n_seq_max=3)
+    tokens = target.tokenize(SIBLING_PROMPT)
+    lone = pyspec.Model(gemma_path, n_ctx=256, flash_attn="off")
+    lone._core.truncate(0)
+    lone._core.decode(tokens, 0, 1)
+    p0 = sampling.distribution(lone._core.logits(0), **SIBLING_SAMPLING)
+    support = [int(t) for t in np.flatnonzero(p0)]
+    x = target.tokenize(" ", add_special=False)[0]  # the " " between digits
+    assert x in support
+    exact = {(a, b): float(p0[a] * p0[b]) for a in support for b in support}
+    broken = {y: (1 - p0[x]) * p0[y] + (p0[x] if y == x else 0.0) for y in support}
+    wrong = {(a, b): float(broken[a] * broken[b]) for a in support for b in support}
+    return target, tokens, exact, wrong, max(60, required_n(exact, wrong))
+
+
+def joining_samples(target, tokens, n, variant="correct"):
+    """n trials: two samples join a batch whose leader is ahead; their first tokens."""
+    greedy = _core.SamplingParams(temperature=0)
+    shared = _core.GenerateParams(max_tokens=1, sampling=greedy, draft_sampling=greedy, seed=0)
+    shared.draft_max = 1
+    shared.variant = variant
+    pool = _core.ConsensusPool(3)
+    drafters = [_core.ConsensusDrafter(pool, j, target.n_vocab, 1, 16) for j in range(3)]
+    counts: dict = {}
+    fired = 0
+    with target._engine.session(shared) as s:
+        leader = s.add(tokens, _core.GenerateParams(max_tokens=4000, sampling=greedy, draft_sampling=greedy),
+                       drafter=drafters[0])
+        for _ in range(4):
+            s.step()
+        for i in range(n):
+            joined = []
+            for j in (1, 2):
+                p = _core.GenerateParams(max_tokens=2, sampling=_core.SamplingParams(**SIBLING_SAMPLING),
+                                         draft_sampling=greedy, seed=70_000 + i)
+                joined.append(s.add(tokens, p, drafter=drafters[j], stream=j))
+            s.step()  # both verify their first draft beside the leader's row
+            for h in joined:
+                s.cancel(h)
+            s.step()
+            done = dict(s.take_finished())
+            key = (done[joined[0]].tokens[0], done[joined[1]].tokens[0])
+            counts[key] = counts.get(key, 0) + 1
+            fired += drafters[1].sibling_drafts + drafters[2].sibling_drafts
+        s.cancel(leader)
+        s.step()
+        led = dict(s.take_finished())[leader]
+    assert target.detokenize(led.tokens[:12]).startswith(" 3 1 2 3 1 2"), "the leader left its pattern"
+    return counts, fired
+
+
+def test_samples_drafting_from_a_siblings_text_stay_independent_draws(sibling_case):
+    target, tokens, exact, wrong, n = sibling_case
+    assert power(exact, wrong, n) > 0.99
+    counts, fired = joining_samples(target, tokens, n)
+    stat, df, pv = pooled_chisquare(counts, exact, n)
+    print(f"batch n=2 consensus, sibling drafts: N={n} chi2={stat:.2f} df={df} p={pv:.3g} "
+          f"sibling drafts {fired}/{2 * n}")
+    assert fired >= 2 * n - 4, "the joining samples did not draft from the leader's text"
+    assert pv > ALPHA
+
+
+def test_negative_control_broken_residual_with_sibling_drafts(sibling_case):
+    target, tokens, exact, _, n = sibling_case
+    counts, fired = joining_samples(target, tokens, n, variant="residual_is_p")
+    stat, df, pv = pooled_chisquare(counts, exact, n)
+    print(f"NEGATIVE CONTROL sibling drafts, residual=p: N={n} chi2={stat:.2f} p={pv:.3g}")
+    assert fired >= 2 * n - 4
+    assert pv < ALPHA
+

@@ -62,6 +62,23 @@ def test_generate_streams_same_text_as_json(gemma_path):
     assert streamed.stdout.rstrip("\n") == as_json["text"]
 
 
+def test_samples_print_separately_and_as_json_choices(gemma_path):
+    args = ("generate", "Write a word:", "-m", gemma_path, "--raw", "--n", "3", "-n", "6", "--temperature", "1",
+            "--seed", "5")
+    as_json = pyspec_cmd(*args, "--json")
+    assert as_json.returncode == 0, as_json.stderr
+    d = json.loads(as_json.stdout)
+    assert len(d["choices"]) == 3
+    for c in d["choices"]:
+        assert isinstance(c["text"], str) and 1 <= len(c["tokens"]) <= 6 and c["stop_reason"] in ("eog", "max_tokens")
+    assert d["stats"]["n_seq"] == 3 and len(d["stats"]["ttft_s"]) == 3 and d["stats"]["aggregate_tok_s"] > 0
+    printed = pyspec_cmd(*args)
+    assert printed.returncode == 0, printed.stderr
+    for i, c in enumerate(d["choices"]):
+        assert f"--- sample {i + 1} of 3" in printed.stdout
+        assert c["text"] in printed.stdout  # the same seed gives the same samples
+
+
 def test_missing_model_is_a_clear_error(tmp_path):
     out = pyspec_cmd("generate", "hi", "-m", str(tmp_path / "missing.gguf"))
     assert out.returncode != 0
