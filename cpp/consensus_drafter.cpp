@@ -6,19 +6,6 @@
 
 namespace pyspec {
 
-namespace {
-
-uint64_t ngram_key(const int32_t* tokens, int32_t n) {
-    uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a over the token ids
-    for (int32_t i = 0; i < n; ++i) {
-        h ^= static_cast<uint32_t>(tokens[i]);
-        h *= 0x100000001b3ull;
-    }
-    return h;
-}
-
-}  // namespace
-
 ConsensusPool::ConsensusPool(int32_t n_seq, int32_t n_min, int32_t n_max)
     : n_min_(n_min), n_max_(n_max), texts_(static_cast<size_t>(std::max(n_seq, 0))),
       prompt_len_(texts_.size(), 0), indexed_(texts_.size(), 0) {
@@ -46,11 +33,12 @@ void ConsensusPool::reset(int32_t seq, const std::vector<int32_t>& prompt) {
 void ConsensusPool::update(int32_t seq, const std::vector<int32_t>& history) {
     const size_t s = static_cast<size_t>(seq);
     std::vector<int32_t>& text = texts_.at(s);
-    if (history.size() < prompt_len_[s] || !std::equal(text.begin(), text.begin() + static_cast<std::ptrdiff_t>(
-                                                            std::min(text.size(), history.size())), history.begin())) {
+    // Committed tokens never change: only the new ones are appended (checked
+    // where they join, which catches a sample that was not reset()).
+    if (history.size() < text.size() || (!text.empty() && history[text.size() - 1] != text.back())) {
         throw std::logic_error("consensus pool: a sample's history is not a continuation of what it committed");
     }
-    text.assign(history.begin(), history.end());
+    text.insert(text.end(), history.begin() + static_cast<std::ptrdiff_t>(text.size()), history.end());
     // An n-gram of generated text ending at i is indexed once its next token
     // (i + 1) exists: it then votes for that token.
     for (size_t i = std::max(indexed_[s], prompt_len_[s]); i + 1 < text.size(); ++i) {

@@ -105,4 +105,9 @@ public:
 // Length of the common prefix of a and b.
 size_t common_prefix(const std::vector<int32_t>& a, const std::vector<int32_t>& b);
 
+// Hash of the n tokens at `tokens` (FNV-1a over the ids): the key of the
+// n-gram indexes (prompt lookup, consensus). Matches are confirmed by comparing
+// the tokens, so a collision costs a lookup, never a wrong draft.
+uint64_t ngram_key(const int32_t* tokens, int32_t n);
+
 }  // namespace pyspec

@@ -500,6 +500,13 @@ void BatchSession::target_distributions(int32_t first_row, int32_t n_rows, const
 double BatchSession::calibrate(LengthPolicy& policy, int32_t max_batch, int32_t filler, int32_t seq) {
     const std::vector<int32_t> sizes = policy.calibration_sizes(max_batch);
     if (sizes.empty()) return 0;
+    // The sequences of a session share the target: its timings are measured once.
+    if (std::all_of(sizes.begin(), sizes.end(), [&](int32_t n) { return timings_.count(n) > 0; })) {
+        std::vector<double> known;
+        for (int32_t n : sizes) known.push_back(timings_[n]);
+        policy.calibrated(sizes, known);
+        return 0;
+    }
     // Time each batch size twice (the faster run counts: noise only adds time)
     // at the position the first verification batch will use, then drop it again.
     const auto t0 = Clock::now();
@@ -519,6 +526,9 @@ double BatchSession::calibrate(LengthPolicy& policy, int32_t max_batch, int32_t 
         }
     }
     policy.calibrated(sizes, best);
+    for (size_t i = 0; i < sizes.size(); ++i) {
+        if (best[i] > 0) timings_[sizes[i]] = best[i];
+    }
     return since(t0);
 }
 

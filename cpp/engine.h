@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -229,6 +230,7 @@ private:
     std::vector<std::pair<int32_t, GenerateResult>> finished_;
     int32_t next_handle_ = 0;
     BatchStats bs_;
+    std::map<int32_t, double> timings_;  // target batch size -> seconds, measured by calibrate()
     int64_t after_first_ = 0;     // tokens after each finished sequence's first
     bool any_token_ = false;
     std::chrono::steady_clock::time_point first_token_{}, last_token_{};

@@ -9,13 +9,6 @@
 
 namespace pyspec {
 
-size_t common_prefix(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
-    const size_t n = std::min(a.size(), b.size());
-    size_t i = 0;
-    while (i < n && a[i] == b[i]) ++i;
-    return i;
-}
-
 ModelDrafter::ModelDrafter(Model& model) : model_(model) {}
 
 DraftPlan ModelDrafter::plan(const std::vector<int32_t>& history) {

@@ -14,15 +14,6 @@ NgramDrafter::NgramDrafter(int32_t n_vocab, int32_t n_min, int32_t n_max)
     index_.resize(static_cast<size_t>(n_max - n_min + 1));
 }
 
-uint64_t NgramDrafter::key(const int32_t* tokens, int32_t n) {
-    uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a over the token ids
-    for (int32_t i = 0; i < n; ++i) {
-        h ^= static_cast<uint32_t>(tokens[i]);
-        h *= 0x100000001b3ull;
-    }
-    return h;
-}
-
 void NgramDrafter::begin(const std::vector<int32_t>& prompt, const SamplingParams&, bool) {
     for (auto& m : index_) m.clear();
     indexed_ = 0;
@@ -44,7 +35,7 @@ void NgramDrafter::index_up_to(const std::vector<int32_t>& history) {
         for (int32_t n = n_min_; n <= n_max_; ++n) {
             if (static_cast<int64_t>(i) + 1 < n) break;
             const int32_t* start = history.data() + i + 1 - n;
-            index_[static_cast<size_t>(n - n_min_)][key(start, n)] = static_cast<int32_t>(i + 1);
+            index_[static_cast<size_t>(n - n_min_)][ngram_key(start, n)] = static_cast<int32_t>(i + 1);
         }
     }
     if (end > 0) indexed_ = std::max(indexed_, end - 1);
@@ -56,7 +47,7 @@ int32_t NgramDrafter::find(const std::vector<int32_t>& history, int32_t* match_l
     for (int32_t n = std::min(n_max_, size); n >= n_min_; --n) {
         const int32_t* suffix = history.data() + size - n;
         const auto& m = index_[static_cast<size_t>(n - n_min_)];
-        const auto it = m.find(key(suffix, n));
+        const auto it = m.find(ngram_key(suffix, n));
         if (it == m.end()) continue;
         const int32_t next = it->second;
         // Guard against hash collisions: the tokens must really match.

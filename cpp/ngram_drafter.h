@@ -44,7 +44,6 @@ public:
 
 private:
     void index_up_to(const std::vector<int32_t>& history);
-    static uint64_t key(const int32_t* tokens, int32_t n);
     // Bring the cursor up to date with the committed tokens, and learn what became
     // of the last proposal.
     void follow(const std::vector<int32_t>& history);

@@ -22,7 +22,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Dict
+from typing import Dict, Sequence
 
 from . import _core
 
@@ -46,18 +46,22 @@ def machine_key(core_model) -> str:
 DRAFT_TOKEN = "draft_token_s"  # a draft model's entry: seconds per drafted token (beside its batch sizes)
 
 
-def prepare(policy: "_core.LengthPolicy", core_model, draft_model=None) -> None:
-    """Give ``policy`` the timings on record that it still wants: the target's
-    batch sizes (if all are known) and the draft model's cost per token."""
-    sizes = policy.calibration_sizes(policy.draft_max + 1)
-    if sizes:
-        known = load(core_model)
-        if all(n in known for n in sizes):
-            policy.calibrated(sizes, [known[n] for n in sizes])
-    if draft_model is not None and isinstance(policy, _core.AutoPolicy) and policy.draft_cost("model") < 0:
-        cost = _entry(draft_model).get(DRAFT_TOKEN)
-        if isinstance(cost, (int, float)) and cost > 0:
-            policy.recorded_draft_cost(float(cost))
+def prepare(policies: Sequence["_core.LengthPolicy"], core_model, draft_model=None) -> None:
+    """Give each policy (a batch has one per sequence) the timings on record that
+    it still wants: the target's batch sizes (if all are known) and the draft
+    model's cost per token. The file is read once."""
+    known = None
+    cost = None
+    for policy in policies:
+        sizes = policy.calibration_sizes(policy.draft_max + 1)
+        if sizes:
+            known = load(core_model) if known is None else known
+            if all(n in known for n in sizes):
+                policy.calibrated(sizes, [known[n] for n in sizes])
+        if draft_model is not None and isinstance(policy, _core.AutoPolicy) and policy.draft_cost("model") < 0:
+            cost = _entry(draft_model).get(DRAFT_TOKEN) if cost is None else cost
+            if isinstance(cost, (int, float)) and cost > 0:
+                policy.recorded_draft_cost(float(cost))
 
 
 def keep(policy: "_core.LengthPolicy", core_model, stats, draft_model=None) -> None:

@@ -126,7 +126,7 @@ class SpeculativeDecoder(Generator):
             for j in range(_slots):
                 policies[j] = self.policy_object(policy, draft_max=draft_max, p_min=p_min, svip_gamma=svip_gamma,
                                                  svip_h=svip_h, slot=j)
-                calibration.prepare(policies[j], self.target._core, self.draft._core if self.draft else None)
+            calibration.prepare(policies, self.target._core, self.draft._core if self.draft else None)
             params.draft_max = policies[0].draft_max
         # TEST-ONLY negative controls: a wrong acceptance rule (_variant), or a stop
         # rule that discards drawn draft tokens below a belief (_discard_below).
