@@ -111,7 +111,8 @@ class Model(Generator):
         return self
 
     def clear_cache(self) -> None:
-        self._core.truncate(0)
+        for seq in range(self._core.n_seq):  # every sequence of the context
+            self._core.truncate(0, seq)
 
     # ------------------------------------------------------------ facts
     @property

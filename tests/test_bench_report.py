@@ -109,6 +109,31 @@ def test_bench_command_end_to_end(target_path, tmp_path):
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_bench_parallel_end_to_end(gemma_path, tmp_path):
+    """The real command, tiny: V(n) and the ceiling for each n, the three
+    runners' aggregate speeds, the consensus rows, the JSON and the plot."""
+    import json
+
+    from cli_helpers import pyspec_cmd
+
+    out_json, out_png = tmp_path / "p.json", tmp_path / "p.png"
+    run = pyspec_cmd("bench-parallel", "-m", gemma_path, "--raw", "--n", "2", "--max-tokens", "6", "--reps", "1",
+                     "--consensus-n", "2", "--per-category", "1", "--json", str(out_json), "--plot", str(out_png))
+    assert run.returncode == 0, run.stderr
+    result = json.loads(out_json.read_text())
+    rows = {r["n"]: r for r in result["parallel"]}
+    assert sorted(rows) == [1, 2]  # n = 1 is always measured: V(n) is in its units
+    assert rows[1]["V"] == 1.0 and rows[2]["V"] > 0 and rows[2]["ceiling"] == pytest.approx(2 / rows[2]["V"])
+    for r in rows.values():
+        assert r["batched_tok_s"] > 0 and r["serial_tok_s"] > 0 and r["llama_tok_s"] > 0
+        assert r["speedup"] == pytest.approx(r["batched_tok_s"] / r["serial_tok_s"])
+        assert len(r["ttft_s"]) == r["n"]
+    assert [r["category"] for r in result["consensus"]] == ["math", "code"]
+    assert all(r["plain_tok_s"] > 0 and r["consensus_tok_s"] > 0 for r in result["consensus"])
+    assert "ceiling" in run.stdout and "consensus drafting" in run.stdout
+    assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_simulator_replays_copying_and_finds_no_gain_without_it():
     """The replay simulator on synthetic outputs with GPU-like costs: a copied
     output gains under auto and more under the oracle; an output with nothing

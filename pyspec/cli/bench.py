@@ -8,7 +8,7 @@ import sys
 import click
 
 from ..speculative import POLICIES
-from .options import DEFAULT_DRAFT, command_errors, flash_attn_option, load_model, suite_options
+from .options import DEFAULT_DRAFT, DEFAULT_MODEL, command_errors, flash_attn_option, load_model, suite_options
 
 
 @click.command()
@@ -175,6 +175,104 @@ def simulate(model, categories, per_category, max_tokens, draft_max, threads, as
         click.echo(f"[{c}] auto {auto:.2f}x, oracle {oracle:.2f}x, gap {oracle / auto:.2f}")
 
 
+@click.command("bench-parallel")
+@click.option("--model", "-m", default=DEFAULT_MODEL, show_default=True, help="Target model (path or default name).")
+@click.option("--n", "ns", default="1,2,4,8,16", show_default=True,
+              help="Comma-separated batch sizes (samples of one prompt decoded together).")
+@click.option("--max-tokens", default=64, show_default=True, type=click.IntRange(min=2))
+@click.option("--temperature", "-t", default=0.7, show_default=True, type=float,
+              help="Sampling temperature of every sample (> 0, so that the samples differ).")
+@click.option("--reps", default=2, show_default=True, type=click.IntRange(min=1), help="Repetitions.")
+@click.option("--threads", default=None, type=click.IntRange(min=1), help="CPU threads [default: physical cores].")
+@click.option("--prompt", default=None, help="The prompt of the batch-size runs [default: the suite's qa/0].")
+@click.option("--consensus-n", default=8, show_default=True, type=click.IntRange(min=0),
+              help="Samples per prompt of the consensus runs (math and code prompts); 0 = skip them.")
+@click.option("--per-category", default=2, show_default=True, type=click.IntRange(min=1),
+              help="Math and code prompts of the consensus runs, per category.")
+@click.option("--raw", is_flag=True, help="Use the prompts as raw text (no chat template).")
+@click.option("--llama/--no-llama", "with_llama", default=True, show_default=True,
+              help="Also run llama-cpp-python, generating the samples one after another.")
+@click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False, allow_dash=True),
+              help="Write every figure as JSON to FILE ('-' for stdout).")
+@click.option("--plot", "plot_path", default=None, type=click.Path(dir_okay=False),
+              help="Draw speed-up against n beside the ceiling n/V(n), and consensus acceptance by draft "
+                   "position, to FILE.png (needs matplotlib: the `plot` extra).")
+def bench_parallel(model, ns, max_tokens, temperature, reps, threads, prompt, consensus_n, per_category, raw,
+                   with_llama, json_path, plot_path) -> None:
+    """Many sequences in one batch against one at a time.
+
+    For each batch size n: V(n), the measured cost of one target decode with n
+    sequences x 1 row in single-row steps, and the ceiling n / V(n) it puts on
+    batching; then, interleaved in one process with the same prompt and
+    settings, the aggregate speed (tokens after each sequence's first, per
+    second of decoding) of pyspec decoding the n samples in one batch, of pyspec
+    decoding them one after another, and of llama-cpp-python doing the same.
+    Then consensus drafting (samples drafting from each other's text) against
+    plain batched decoding on math and code prompts. Progress goes to stderr.
+    """
+    from .._platform import physical_cores
+    from ..bench.parallel import plot_parallel, run_consensus, run_parallel, summarize
+    from ..bench.runners import LlamaCppRunner, Settings
+    from ..bench.suite import PROMPTS, prompts
+
+    try:
+        sizes = sorted({int(x) for x in ns.split(",") if x.strip()})
+    except ValueError:
+        raise click.BadParameter("--n takes comma-separated integers, e.g. 1,2,4,8") from None
+    if not sizes or sizes[0] < 1:
+        raise click.BadParameter("--n needs batch sizes >= 1")
+    if 1 not in sizes:
+        sizes = [1] + sizes  # V(n) is in units of V(1)
+    if temperature <= 0:
+        raise click.BadParameter("--temperature must be > 0 (greedy samples would all be the same)")
+    n_threads = threads or physical_cores()
+    settings = Settings(max_tokens=max_tokens, temperature=temperature)
+    n_max = max(sizes + [consensus_n])
+    consensus_prompts = prompts(["math", "code"], per_category) if consensus_n else []
+    with command_errors():
+        # Every sequence needs room for its prompt and its tokens in the shared cache.
+        longest = max([len(t) for t in [prompt or PROMPTS["qa"][0]] + [p.text for p in consensus_prompts]])
+        n_ctx = max(2048, n_max * (longest + max_tokens + 64))
+        target = load_model(model, n_ctx=n_ctx, n_threads=n_threads, n_seq_max=n_max)
+        llama = (LlamaCppRunner(target.path, n_ctx=2048, n_threads=n_threads, flash_attn=target.flash_attn == "on")
+                 if with_llama else None)
+        tokens = target.prompt_tokens(prompt or PROMPTS["qa"][0], chat=not raw)
+        with click.progressbar(length=reps * (len(sizes) + len(consensus_prompts)), label="bench-parallel",
+                               file=sys.stderr, item_show_func=lambda x: x) as bar:
+            def progress(what: str) -> None:
+                bar.label = what
+                bar.render_progress()
+
+            parallel = []
+            for rep in range(reps):
+                rows = run_parallel(target, tokens, sizes, settings, 1, llama, progress)
+                for r in rows:
+                    r["rep"] = rep
+                    bar.update(1)
+                parallel += rows
+            consensus = []
+            if consensus_n:
+                for rep in range(reps):
+                    rows = run_consensus(target, consensus_prompts, consensus_n, settings, 1, progress, chat=not raw)
+                    for r in rows:
+                        r["rep"] = rep
+                        bar.update(1)
+                    consensus += rows
+    result = {"model": target.path, "threads": n_threads, "flash_attn": target.flash_attn,
+              "max_tokens": max_tokens, "temperature": temperature, "parallel": parallel, "consensus": consensus,
+              "table": summarize(parallel, consensus)}
+    if json_path:
+        with click.open_file(json_path, "w") as f:
+            json.dump(result, f, indent=2)
+    if plot_path:
+        plot_parallel(parallel, consensus, plot_path)
+    if json_path != "-":
+        click.echo(f"{target.path} ({n_threads} threads, flash attention {target.flash_attn}), "
+                   f"{max_tokens} tokens per sample at T={temperature}")
+        click.echo(result["table"])
+
+
 def register(main: click.Group) -> None:
     main.add_command(bench)
+    main.add_command(bench_parallel)
     main.add_command(simulate)
