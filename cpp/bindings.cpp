@@ -371,6 +371,17 @@ PYBIND11_MODULE(_core, m) {
     m.def("make_drafter", &make_drafter, py::arg("params"), py::arg("target"), py::arg("draft") = nullptr,
           py::keep_alive<0, 2>(), py::keep_alive<0, 3>(),
           "Build a drafter; IncompatibleModelsError unless the draft model shares the target's vocabulary.");
+    m.def("make_batch_drafters",
+          [](const DrafterParams& params, const Model& target, Model* draft, int32_t n) {
+              std::vector<std::unique_ptr<Drafter>> ds = make_batch_drafters(params, target, draft, n);
+              py::list out;
+              // The caller keeps the models alive while it uses the drafters (a list cannot hold keep_alive).
+              for (auto& d : ds) out.append(py::cast(d.release(), py::return_value_policy::take_ownership));
+              return out;
+          },
+          py::arg("params"), py::arg("target"), py::arg("draft"), py::arg("n"),
+          "One drafter per sequence of a batch of n (drafters.h): ngram, consensus (one pool), model or hybrid "
+          "(model and consensus; the draft model loaded with n_seq_max >= n).");
 
     // Length policies: built by name (policy.h); make_policy returns the most derived class.
     Struct<PolicyParams>(m, "PolicyParams", "Which length policy to build, and its settings.")

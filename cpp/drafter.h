@@ -12,6 +12,7 @@
 namespace pyspec {
 
 class Model;
+class ModelDrafter;
 
 // How a draft may end early: the one place this rule is written down (SPEC,
 // "Draft length may adapt"). Drafters ask, length policies answer.
@@ -98,8 +99,15 @@ public:
                           std::vector<int32_t>& tokens, std::vector<Distribution>& q,
                           DraftStopRule* stop) = 0;
     // The model this drafter decodes with (its context must be locked while it
-    // drafts), or null for drafters that use none.
+    // drafts), or null for drafters that use none; and the sequence of that
+    // model's context it uses (a batch gives each of its sequences its own).
     virtual Model* model() const { return nullptr; }
+    virtual int32_t model_seq() const { return -1; }
+    // When the plan chosen last (choose()) drafts from a model: the model
+    // drafter that would draft it. The engine then drafts for every such
+    // sequence of a batch together, one draft-model decode per position
+    // (draft_together in model_drafter.h); null for other sources.
+    virtual ModelDrafter* model_drafter() { return nullptr; }
 };
 
 // Length of the common prefix of a and b.

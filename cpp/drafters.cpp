@@ -66,4 +66,29 @@ std::unique_ptr<Drafter> make_drafter(const DrafterParams& params, const Model& 
         params.hybrid_min_match);
 }
 
+std::vector<std::unique_ptr<Drafter>> make_batch_drafters(const DrafterParams& params, const Model& target,
+                                                          Model* draft, int32_t n) {
+    if (n < 1) throw std::invalid_argument("a batch needs at least one sequence");
+    const std::string name = drafter_name(params, draft != nullptr);
+    if (draft) check_compatible(target, *draft);
+    auto pool = std::make_shared<ConsensusPool>(n);
+    std::vector<std::unique_ptr<Drafter>> out;
+    for (int32_t j = 0; j < n; ++j) {
+        auto lookup = [&]() -> std::unique_ptr<Drafter> {
+            return std::make_unique<ConsensusDrafter>(pool, j, target.n_vocab(), params.ngram_min, params.ngram_max);
+        };
+        if (name == "ngram") {
+            out.push_back(std::make_unique<NgramDrafter>(target.n_vocab(), params.ngram_min, params.ngram_max));
+        } else if (name == "consensus") {
+            out.push_back(lookup());
+        } else if (name == "model") {
+            out.push_back(std::make_unique<ModelDrafter>(*draft, j));
+        } else {
+            out.push_back(std::make_unique<HybridDrafter>(std::make_unique<ModelDrafter>(*draft, j), lookup(),
+                                                          params.hybrid_min_match));
+        }
+    }
+    return out;
+}
+
 }  // namespace pyspec

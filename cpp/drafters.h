@@ -33,4 +33,11 @@ std::string drafter_name(const DrafterParams& params, bool have_draft_model);
 // it must share the target's vocabulary (IncompatibleModelsError otherwise).
 std::unique_ptr<Drafter> make_drafter(const DrafterParams& params, const Model& target, Model* draft);
 
+// One drafter per sequence of a batch of n (drafters keep per-sequence state):
+// "ngram" and "consensus" (one pool over the n samples) need no model; "model"
+// and "hybrid" (the model beside consensus lookup) give sequence j sequence j
+// of the draft model's context, which must hold n (n_seq_max).
+std::vector<std::unique_ptr<Drafter>> make_batch_drafters(const DrafterParams& params, const Model& target,
+                                                          Model* draft, int32_t n);
+
 }  // namespace pyspec

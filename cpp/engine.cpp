@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "errors.h"
+#include "model_drafter.h"
 #include "text_stream.h"
 
 namespace pyspec {
@@ -186,12 +187,15 @@ void BatchSession::check(const SequenceSpec& spec) const {
         if (m && std::find(models_.begin(), models_.end(), m) == models_.end()) {
             throw std::invalid_argument("the drafter's model was not given to the session (it must be locked)");
         }
-        // A model drafter decodes sequence 0 of its own context: one sequence at a time.
+        // Each sequence drafts in its own sequence of the draft model's context.
         if (m) {
             for (const Sequence& o : seqs_) {
-                if (!o.done && o.drafter && o.drafter->model()) {
-                    throw std::invalid_argument("a draft model drafts one sequence at a time (for now): use the "
-                                                "n-gram or consensus drafter for batches");
+                if (!o.done && o.drafter && o.drafter->model() == m &&
+                    o.drafter->model_seq() == spec.drafter->model_seq()) {
+                    throw std::invalid_argument("two sequences of a batch cannot draft in the same sequence (" +
+                                                std::to_string(m->n_seq() > 1 ? spec.drafter->model_seq() : 0) +
+                                                ") of the draft model's context: give each its own drafter "
+                                                "(make_batch_drafters)");
                 }
             }
         }
@@ -388,21 +392,54 @@ void BatchSession::add_prompt_rows(int32_t budget) {
     }
 }
 
-DraftPlan BatchSession::draft(Sequence& s, int32_t round_max) {
-    s.drafts.clear();
-    if (round_max <= 0 || !s.drafter) return {};
-    LengthPolicy* policy = s.policy;
-    const DraftPlan plan = s.drafter->choose(s.history, [&](const DraftPlan& p) {
-        return policy ? policy->next_length(round_max, p) : round_max;
-    });
-    const int32_t k = std::min(plan.length, round_max);
-    StopRule* stop = s.stop();
-    if (stop) stop->begin_draft(k);
-    if (k > 0) {
-        if (static_cast<int32_t>(s.q.size()) < k) s.q.resize(static_cast<size_t>(k));
-        s.drafts.resize(static_cast<size_t>(s.drafter->draft(s.history, k, s.rng, s.drafts, s.q, stop)));
+void BatchSession::draft_all(const std::vector<Sequence*>& active, int32_t draft_cap) {
+    // Sequences drafting from a draft model this round draft together (one
+    // draft-model decode per position for all of them); the rest on their own.
+    std::vector<ModelDraftJob> jobs;
+    std::vector<Sequence*> job_seqs;
+    for (Sequence* s : active) {
+        const auto t = Clock::now();
+        s->drafts.clear();
+        s->plan = DraftPlan{};
+        const int32_t room = target_.n_ctx() - static_cast<int32_t>(s->history.size());
+        const int32_t round_max = std::max(0, std::min({draft_cap, room - 1, s->max_tokens - s->generated() - 1}));
+        if (round_max > 0 && s->drafter) {
+            LengthPolicy* policy = s->policy;
+            s->plan = s->drafter->choose(s->history, [&](const DraftPlan& p) {
+                return policy ? policy->next_length(round_max, p) : round_max;
+            });
+            const int32_t k = std::min(s->plan.length, round_max);
+            StopRule* stop = s->stop();
+            if (stop) stop->begin_draft(k);
+            if (k > 0) {
+                if (static_cast<int32_t>(s->q.size()) < k) s->q.resize(static_cast<size_t>(k));
+                if (ModelDrafter* md = s->drafter->model_drafter()) {
+                    jobs.push_back({md, &s->history, k, &s->rng, &s->drafts, &s->q, stop});
+                    job_seqs.push_back(s);
+                } else {
+                    s->drafter->draft(s->history, k, s->rng, s->drafts, s->q, stop);
+                }
+            }
+        }
+        s->draft_s = since(t);
     }
-    return plan;
+    while (!jobs.empty()) {  // one group per draft model (a batch normally has one)
+        Model* m = jobs.front().drafter->model();
+        std::vector<ModelDraftJob> group, rest;
+        std::vector<Sequence*> group_seqs, rest_seqs;
+        for (size_t i = 0; i < jobs.size(); ++i) {
+            const bool same = jobs[i].drafter->model() == m;
+            (same ? group : rest).push_back(jobs[i]);
+            (same ? group_seqs : rest_seqs).push_back(job_seqs[i]);
+        }
+        const auto t = Clock::now();
+        draft_together(group);
+        // The shared decodes' time, split among the sequences that drafted in them.
+        const double share = since(t) / static_cast<double>(group.size());
+        for (Sequence* s : group_seqs) s->draft_s += share;
+        jobs.swap(rest);
+        job_seqs.swap(rest_seqs);
+    }
 }
 
 int32_t BatchSession::add_verification_rows(const std::vector<Sequence*>& active) {
@@ -641,13 +678,7 @@ bool BatchSession::step() {
         //    Every sequence's rows must fit one target batch.
         const int32_t n_active = static_cast<int32_t>(active.size());
         const int32_t draft_cap = n_active ? std::min(shared_.draft_max, target_.n_batch() / n_active - 2) : 0;
-        for (Sequence* s : active) {
-            const auto td = Clock::now();
-            const int32_t room = n_ctx - static_cast<int32_t>(s->history.size());
-            const int32_t round_max = std::max(0, std::min({draft_cap, room - 1, s->max_tokens - s->generated() - 1}));
-            s->plan = draft(*s, round_max);
-            s->draft_s = since(td);
-        }
+        draft_all(active, draft_cap);
         // 2. Verify: the target scores every sequence's [last committed token,
         //    drafts] in one batch (plus a chunk of waiting prompts).
         const auto tv = Clock::now();

@@ -200,9 +200,9 @@ private:
     void start(Sequence& s);
     // Add a chunk of waiting prompts to rows_ (at most `budget` rows).
     void add_prompt_rows(int32_t budget);
-    // Step 1 of a round for one sequence: its drafter picks a source, its policy
-    // a length, and the drafter proposes up to that many tokens.
-    DraftPlan draft(Sequence& s, int32_t round_max);
+    // Step 1 of a round: each sequence's drafter picks a source, its policy a
+    // length, and the drafter proposes up to that many tokens.
+    void draft_all(const std::vector<Sequence*>& active, int32_t draft_cap);
     // The target decode of a round; on a full cache frees cells (prefix caches,
     // then drafts and prompt rows, then the longest sequence) and retries.
     void decode_round(std::vector<Sequence*>& active);

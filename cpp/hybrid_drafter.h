@@ -1,18 +1,18 @@
-// n-gram lookup when it has a confident match (at least min_match tokens, or a
-// copy re-anchored where it diverged), the draft model otherwise; the length policy sets the length either way, and when
-// it declines an n-gram draft (length <= 0) the model is offered instead.
+// Lookup (n-gram, or consensus over a batch's samples) when it has a confident
+// match (at least min_match tokens, or a copy re-anchored where it diverged),
+// the draft model otherwise; the length policy sets the length either way, and
+// when it declines a lookup draft (length <= 0) the model is offered instead.
 #pragma once
 
 #include <memory>
 
 #include "model_drafter.h"
-#include "ngram_drafter.h"
 
 namespace pyspec {
 
 class HybridDrafter : public Drafter {
 public:
-    HybridDrafter(std::unique_ptr<ModelDrafter> model, std::unique_ptr<NgramDrafter> ngram, int32_t min_match = 2)
+    HybridDrafter(std::unique_ptr<ModelDrafter> model, std::unique_ptr<Drafter> ngram, int32_t min_match = 2)
         : model_(std::move(model)), ngram_(std::move(ngram)), min_match_(min_match) {}
 
     DraftPlan plan(const std::vector<int32_t>& history) override {
@@ -43,6 +43,8 @@ public:
     }
 
     Model* model() const override { return model_->model(); }
+    int32_t model_seq() const override { return model_->model_seq(); }
+    ModelDrafter* model_drafter() override { return chosen_ == DraftSource::kModel ? model_.get() : nullptr; }
 
 private:
     DraftPlan use(const DraftPlan& p) {
@@ -51,7 +53,7 @@ private:
     }
 
     std::unique_ptr<ModelDrafter> model_;
-    std::unique_ptr<NgramDrafter> ngram_;
+    std::unique_ptr<Drafter> ngram_;  // lookup: NgramDrafter, or ConsensusDrafter in a batch
     int32_t min_match_;
     DraftSource chosen_ = DraftSource::kModel;
 };

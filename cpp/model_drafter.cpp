@@ -9,11 +9,17 @@
 
 namespace pyspec {
 
-ModelDrafter::ModelDrafter(Model& model) : model_(model) {}
+ModelDrafter::ModelDrafter(Model& model, int32_t seq) : model_(model), seq_(seq) {
+    if (seq < 0 || seq >= model.n_seq()) {
+        throw std::invalid_argument("the draft model's context holds " + std::to_string(model.n_seq()) +
+                                    " sequences; a drafter for sequence " + std::to_string(seq) +
+                                    " needs it loaded with n_seq_max >= " + std::to_string(seq + 1));
+    }
+}
 
 DraftPlan ModelDrafter::plan(const std::vector<int32_t>& history) {
     DraftPlan p;
-    p.lag = static_cast<int32_t>(history.size() - common_prefix(model_.cached(), history));
+    p.lag = static_cast<int32_t>(history.size() - common_prefix(model_.cached(seq_), history));
     return p;
 }
 
@@ -22,54 +28,126 @@ void ModelDrafter::begin(const std::vector<int32_t>& prompt, const SamplingParam
     sampling_ = sampling;
     belief_sampling_ = sampling;
     belief_sampling_.temperature = 1.0;
-    // Reuse whatever prefix of the prompt the cache already holds.
-    const size_t keep = common_prefix(model_.cached(), prompt);
-    model_.truncate(static_cast<int32_t>(keep));
+    // Reuse whatever prefix of the prompt the cache already holds, in this
+    // sequence or copied from another (samples of one prompt process it once).
+    size_t keep = common_prefix(model_.cached(seq_), prompt);
+    int32_t src = -1;
+    for (int32_t j = 0; j < model_.n_seq(); ++j) {
+        const size_t c = j == seq_ ? 0 : common_prefix(model_.cached(j), prompt);
+        if (c > keep) {
+            keep = c;
+            src = j;
+        }
+    }
+    if (src >= 0) {
+        model_.copy_prefix(src, seq_, static_cast<int32_t>(keep));
+    } else {
+        model_.truncate(static_cast<int32_t>(keep), seq_);
+    }
     if (prefill && keep < prompt.size()) {
-        model_.decode(prompt.data() + keep, static_cast<int32_t>(prompt.size() - keep), static_cast<int32_t>(keep), 0);
+        model_.decode(prompt.data() + keep, static_cast<int32_t>(prompt.size() - keep), static_cast<int32_t>(keep), 0,
+                      seq_);
     }
 }
 
 int32_t ModelDrafter::draft(const std::vector<int32_t>& history, int32_t max_n, Rng& rng,
                             std::vector<int32_t>& tokens, std::vector<Distribution>& q, DraftStopRule* stop) {
-    tokens.clear();
-    // Never write past the draft's context: position of the last fed token < n_ctx.
-    max_n = std::min<int32_t>(max_n, model_.n_ctx() - static_cast<int32_t>(history.size()));
-    if (max_n <= 0 || history.empty()) return 0;
+    std::vector<ModelDraftJob> one{{this, &history, max_n, &rng, &tokens, &q, stop}};
+    draft_together(one);
+    return static_cast<int32_t>(tokens.size());
+}
 
-    // Sync the cache with the committed sequence: drop a rejected tail, then feed
-    // everything missing (usually one token; two after a fully accepted round).
-    size_t keep = common_prefix(model_.cached(), history);
-    if (keep == history.size()) --keep;  // need logits for the last token
-    model_.decode(history.data() + keep, static_cast<int32_t>(history.size() - keep), static_cast<int32_t>(keep), 1);
-
+bool ModelDrafter::next(ModelDraftJob& job, int32_t row, int32_t i) {
     const int32_t n_vocab = model_.n_vocab();
     const bool greedy = sampling_.greedy();
-    for (int32_t i = 0; i < max_n; ++i) {
-        Distribution& qi = q[static_cast<size_t>(i)];
-        try {
-            compute_distribution(model_.logits(0), n_vocab, sampling_, qi, ws_);
-        } catch (const std::invalid_argument& e) {
-            throw DecodeError(std::string("the draft model produced invalid logits: ") + e.what());
-        }
-        // The stop rules' view (drafter.h): q itself, or for a greedy draft (q one-hot)
-        // its T = 1 distribution, with the token it will propose known in advance.
-        const Distribution* belief = &qi;
-        if (stop && greedy) {
-            compute_distribution(model_.logits(0), n_vocab, belief_sampling_, belief_, ws_);
-            belief = &belief_;
-        }
-        if (stop && stop->stop_before(i, *belief, greedy ? qi.argmax() : -1)) break;
-        const int32_t tok = greedy ? qi.argmax() : qi.sample(rng.uniform());
-        tokens.push_back(tok);
-        if (stop && stop->stop_after(i, *belief, tok)) {
-            if (stop->discards_test_only()) tokens.pop_back();
-            break;
-        }
-        if (i + 1 == max_n) break;
-        model_.decode(&tok, 1, static_cast<int32_t>(model_.cached().size()), 1);
+    DraftStopRule* stop = job.stop;
+    Distribution& qi = (*job.q)[static_cast<size_t>(i)];
+    try {
+        compute_distribution(model_.logits(row), n_vocab, sampling_, qi, ws_);
+    } catch (const std::invalid_argument& e) {
+        throw DecodeError(std::string("the draft model produced invalid logits: ") + e.what());
     }
-    return static_cast<int32_t>(tokens.size());
+    // The stop rules' view (drafter.h): q itself, or for a greedy draft (q one-hot)
+    // its T = 1 distribution, with the token it will propose known in advance.
+    const Distribution* belief = &qi;
+    if (stop && greedy) {
+        compute_distribution(model_.logits(row), n_vocab, belief_sampling_, belief_, ws_);
+        belief = &belief_;
+    }
+    if (stop && stop->stop_before(i, *belief, greedy ? qi.argmax() : -1)) return false;
+    const int32_t tok = greedy ? qi.argmax() : qi.sample(job.rng->uniform());
+    job.tokens->push_back(tok);
+    if (stop && stop->stop_after(i, *belief, tok)) {
+        if (stop->discards_test_only()) job.tokens->pop_back();
+        return false;
+    }
+    return i + 1 < job.max_n;
+}
+
+void draft_together(std::vector<ModelDraftJob>& jobs) {
+    if (jobs.empty()) return;
+    Model& m = jobs.front().drafter->model_;
+    std::vector<ModelDraftJob*> open;
+    for (ModelDraftJob& job : jobs) {
+        if (&job.drafter->model_ != &m) throw std::invalid_argument("draft_together: jobs of different models");
+        job.tokens->clear();
+        // Never write past the draft's context: position of the last fed token < n_ctx.
+        job.max_n = std::min<int32_t>(job.max_n, m.n_ctx() - static_cast<int32_t>(job.history->size()));
+        if (job.max_n > 0 && !job.history->empty()) open.push_back(&job);
+    }
+    if (open.empty()) return;
+    const auto held = m.lock();
+    // Sync each cache with its committed sequence: drop a rejected tail, then
+    // feed what is missing (usually one or two tokens), logits for the last
+    // one, all in the first decode. A long lag (a hybrid that drafted by lookup
+    // for a while) is caught up on its own first, to keep that decode small.
+    std::vector<Model::Row> rows;
+    std::vector<int32_t> row_of(open.size());
+    size_t total = 0;
+    std::vector<size_t> keep(open.size());
+    for (size_t j = 0; j < open.size(); ++j) {
+        const std::vector<int32_t>& h = *open[j]->history;
+        const int32_t seq = open[j]->drafter->seq_;
+        keep[j] = common_prefix(m.cached(seq), h);
+        if (keep[j] == h.size()) --keep[j];  // need logits for the last token
+        m.truncate(static_cast<int32_t>(keep[j]), seq);
+        total += h.size() - keep[j];
+    }
+    for (size_t j = 0; j < open.size(); ++j) {
+        const std::vector<int32_t>& h = *open[j]->history;
+        const int32_t seq = open[j]->drafter->seq_;
+        if (total > static_cast<size_t>(m.n_batch()) && h.size() - keep[j] > 1) {
+            m.decode(h.data() + keep[j], static_cast<int32_t>(h.size() - 1 - keep[j]), static_cast<int32_t>(keep[j]),
+                     0, seq);
+            keep[j] = h.size() - 1;
+        }
+        for (size_t p = keep[j]; p < h.size(); ++p) {
+            rows.push_back({seq, static_cast<int32_t>(p), h[p], p + 1 == h.size()});
+        }
+    }
+    int32_t logits_rows = 0;
+    for (size_t j = 0; j < open.size(); ++j) {
+        row_of[j] = logits_rows++;  // one logits row per job, in job order
+    }
+    m.decode_rows(rows.data(), static_cast<int32_t>(rows.size()));
+    // One draft position per decode: each open job draws its token; those that
+    // go on feed it back together.
+    for (int32_t i = 0; !open.empty(); ++i) {
+        std::vector<ModelDraftJob*> still;
+        rows.clear();
+        for (size_t j = 0; j < open.size(); ++j) {
+            ModelDraftJob& job = *open[j];
+            if (job.drafter->next(job, row_of[j], i)) {
+                const int32_t seq = job.drafter->seq_;
+                rows.push_back({seq, static_cast<int32_t>(m.cached(seq).size()), job.tokens->back(), true});
+                still.push_back(&job);
+            }
+        }
+        open.swap(still);
+        if (open.empty()) break;
+        for (size_t j = 0; j < open.size(); ++j) row_of[j] = static_cast<int32_t>(j);
+        m.decode_rows(rows.data(), static_cast<int32_t>(rows.size()));
+    }
 }
 
 // ---------------------------------------------------------------- compatibility

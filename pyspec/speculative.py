@@ -139,15 +139,17 @@ class SpeculativeDecoder(Generator):
         return policies
 
     def _batch_drafters(self, n: int) -> List["_core.Drafter"]:
-        """One drafter per sequence of a batch (drafters keep per-sequence state)."""
-        if self.draft is not None:
-            raise ValueError("a draft model drafts one sequence at a time (for now): for n > 1 use "
-                             "SpeculativeDecoder(target, drafter='consensus') or drafter='ngram'")
+        """One drafter per sequence of a batch (drafters keep per-sequence state):
+        without a draft model, consensus (or n-gram lookup when asked for by
+        name); with one, each sequence drafts in its own sequence of the draft
+        model's context (hybrid: beside consensus lookup)."""
+        if self.draft is not None and self.draft.n_seq_max < n:
+            raise ValueError(f"{n} sequences drafting with a draft model need it loaded with n_seq_max >= {n} "
+                             f"(this one holds {self.draft.n_seq_max}): pyspec.Model(..., n_seq_max={n})")
         n_min, n_max = self._ngram_sizes
-        if self._batch_drafter == "ngram":
-            return [_core.NgramDrafter(self.target.n_vocab, n_min, n_max) for _ in range(n)]
-        pool = _core.ConsensusPool(n)
-        return [_core.ConsensusDrafter(pool, j, self.target.n_vocab, n_min, n_max) for j in range(n)]
+        name = self.drafter if self.draft is not None else self._batch_drafter
+        params = _core.DrafterParams(name=name, ngram_min=n_min, ngram_max=n_max)
+        return _core.make_batch_drafters(params, self.target._core, self.draft._core if self.draft else None, n)
 
     def _after_run(self, policy: Optional["_core.LengthPolicy"], stats) -> None:
         if policy is not None:

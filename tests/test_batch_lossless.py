@@ -9,6 +9,11 @@ which on a prompt that repeats proposes "three" (one-hot q), so both samples'
 first tokens go through the batched verification (one decode with both
 sequences' rows).
 
+The draft model: both samples draft in their own sequences of the draft
+model's context, together (one draft decode per position). It drafts greedily
+(q one-hot on its argmax x, far from p, so the residual matters most); the
+broken residual then gives each first token p0(x)[y = x] + (1 - p0(x)) p0(y).
+
 Sibling drafts: in a running batch (a BatchSession), a leader sample is a few
 tokens ahead and two more samples of the same prompt join; their first drafts
 are copied from the leader's text (the consensus path proper), and the joint
@@ -30,9 +35,10 @@ import pytest
 import pyspec
 from pyspec import _core, sampling
 
-from test_speculative_lossless import ALPHA, TARGET, pooled_chisquare, power, required_n, target_rows
+from test_speculative_lossless import ALPHA, TARGET, draft_row, pooled_chisquare, power, required_n, target_rows
 
 PROMPT = "one two three one two three one two"
+GREEDY_DRAFT = dict(draft_temperature=0.0)
 MIN_N = 200
 
 
@@ -95,6 +101,41 @@ def test_negative_control_samples_on_one_stream(case, n_shared):
     counts, _ = joint(spec, tokens, n, _shared_stream=True)
     stat, df, pv = pooled_chisquare(counts, exact, n)
     print(f"NEGATIVE CONTROL shared stream: N={n} chi2={stat:.2f} p={pv:.3g}")
+    assert pv < ALPHA
+
+
+@pytest.fixture(scope="module")
+def model_case(gemma_path):
+    target = pyspec.Model(gemma_path, n_ctx=256, n_seq_max=2, seed=0)
+    draft = pyspec.Model(gemma_path, n_ctx=256, n_seq_max=2)
+    tokens = target.tokenize(PROMPT)
+    lone = pyspec.Model(gemma_path, n_ctx=256, flash_attn="off")
+    p0, _ = target_rows(lone, tokens)
+    q0 = draft_row(lone, tokens, GREEDY_DRAFT)  # the draft shares the target's weights: one-hot on its argmax
+    support = [int(t) for t in np.flatnonzero(p0)]
+    accept = float(np.minimum(p0, q0).sum())
+    exact = {(a, b): float(p0[a] * p0[b]) for a in support for b in support}
+    broken = {y: float(min(p0[y], q0[y]) + (1 - accept) * p0[y]) for y in support}
+    wrong = {(a, b): broken[a] * broken[b] for a in support for b in support}
+    spec = pyspec.SpeculativeDecoder(target, draft, drafter="model", policy="fixed", draft_max=1)
+    return spec, tokens, exact, wrong, max(MIN_N, required_n(exact, wrong))
+
+
+def test_two_samples_drafting_with_a_draft_model_are_independent_draws(model_case):
+    spec, tokens, exact, wrong, n = model_case
+    assert power(exact, wrong, n) > 0.99
+    counts, drafted = joint(spec, tokens, n, **GREEDY_DRAFT)
+    stat, df, pv = pooled_chisquare(counts, exact, n)
+    print(f"batch n=2 draft model: N={n} chi2={stat:.2f} df={df} p={pv:.3g} drafted={drafted}/{2 * n}")
+    assert drafted == 2 * n, "the draft model did not draft every sample's first token"
+    assert pv > ALPHA
+
+
+def test_negative_control_broken_residual_with_a_draft_model(model_case):
+    spec, tokens, exact, _, n = model_case
+    counts, _ = joint(spec, tokens, n, _variant="residual_is_p", **GREEDY_DRAFT)
+    stat, df, pv = pooled_chisquare(counts, exact, n)
+    print(f"NEGATIVE CONTROL batch draft model, residual=p: N={n} chi2={stat:.2f} p={pv:.3g}")
     assert pv < ALPHA
 
 

@@ -277,7 +277,9 @@ def test_batch_kernels_match_single_token(gemma_pair, which, request):
 
 
 @pytest.mark.parametrize("draft_kwargs, n", [
-    pytest.param(GEMMA_COLD_DRAFT, 680, id="cold-draft-N680"),
+    # Slow tier since the batched proofs (test_batch_lossless.py) cover the model
+    # drafter and its broken-residual control in the same loop (a batch of one is this).
+    pytest.param(GEMMA_COLD_DRAFT, 680, id="cold-draft-N680", marks=pytest.mark.slow),
     pytest.param(GEMMA_DRAFT, 20_000, id="hot-draft-N20000", marks=pytest.mark.slow),
 ])
 def test_lossless_gemma_self_draft(gemma_pair, draft_kwargs, n):
@@ -295,7 +297,7 @@ def test_lossless_gemma_self_draft(gemma_pair, draft_kwargs, n):
 
 
 @pytest.mark.parametrize("draft_kwargs, n", [
-    pytest.param(GEMMA_COLD_DRAFT, 680, id="cold-draft-N680"),
+    pytest.param(GEMMA_COLD_DRAFT, 680, id="cold-draft-N680", marks=pytest.mark.slow),
     pytest.param(GEMMA_DRAFT, 6_000, id="hot-draft-N6000", marks=pytest.mark.slow),
 ])
 def test_negative_control_broken_residual_is_caught(gemma_pair, draft_kwargs, n):

@@ -64,7 +64,8 @@ def generate(prompt, model, draft, no_draft, draft_max, drafter, policy, p_min, 
     """
     from ..speculative import SpeculativeDecoder
 
-    # A draft model drafts one sequence at a time (for now): samples draft by consensus.
+    # Samples draft by consensus unless a draft model is named (on a CPU the default
+    # pair's draft model rarely pays, and n samples would need n draft sequences).
     if draft is None and model is None and not no_draft and drafter not in ("ngram", "consensus") and n_samples == 1:
         draft = DEFAULT_DRAFT
     if draft is None and drafter is None:
@@ -79,7 +80,8 @@ def generate(prompt, model, draft, no_draft, draft_max, drafter, policy, p_min, 
         gen = target
         kwargs = {}
         if not no_draft:
-            draft_model = load_model(draft, **load) if draft and drafter not in ("ngram", "consensus") else None
+            draft_model = (load_model(draft, n_seq_max=n_samples, **load)
+                           if draft and drafter not in ("ngram", "consensus") else None)
             gen = SpeculativeDecoder(target, draft_model, drafter=drafter, policy=policy, draft_max=draft_max)
             kwargs.update(p_min=p_min, svip_h=svip_h, svip_gamma=svip_gamma)
 
