@@ -147,6 +147,7 @@ void bind_stats(py::module_& m) {
         .field("rows", &BatchStats::rows)
         .field("max_rows", &BatchStats::max_rows)
         .field("prompt_rows", &BatchStats::prompt_rows)
+        .field("draft_decodes", &BatchStats::draft_decodes)
         .field("prompt_s", &BatchStats::prompt_s)
         .field("decode_s", &BatchStats::decode_s)
         .field("n_generated", &BatchStats::n_generated)

@@ -433,7 +433,7 @@ void BatchSession::draft_all(const std::vector<Sequence*>& active, int32_t draft
             (same ? group_seqs : rest_seqs).push_back(job_seqs[i]);
         }
         const auto t = Clock::now();
-        draft_together(group);
+        bs_.draft_decodes += draft_together(group);
         // The shared decodes' time, split among the sequences that drafted in them.
         const double share = since(t) / static_cast<double>(group.size());
         for (Sequence* s : group_seqs) s->draft_s += share;

@@ -97,6 +97,7 @@ struct BatchStats {
     int64_t rows = 0;            // verification rows in those decodes (prompt rows riding along not counted)
     int32_t max_rows = 0;        // the largest of them
     int64_t prompt_rows = 0;     // prompt tokens decoded (copied prefixes not counted)
+    int64_t draft_decodes = 0;   // draft-model decodes (one per draft position for all sequences drafting)
     double prompt_s = 0;         // decodes that held only prompt rows
     double decode_s = 0;         // from the first emitted token of any sequence to the last
     int64_t n_generated = 0;     // tokens, all sequences

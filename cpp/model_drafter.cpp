@@ -84,8 +84,8 @@ bool ModelDrafter::next(ModelDraftJob& job, int32_t row, int32_t i) {
     return i + 1 < job.max_n;
 }
 
-void draft_together(std::vector<ModelDraftJob>& jobs) {
-    if (jobs.empty()) return;
+int32_t draft_together(std::vector<ModelDraftJob>& jobs) {
+    if (jobs.empty()) return 0;
     Model& m = jobs.front().drafter->model_;
     std::vector<ModelDraftJob*> open;
     for (ModelDraftJob& job : jobs) {
@@ -95,8 +95,9 @@ void draft_together(std::vector<ModelDraftJob>& jobs) {
         job.max_n = std::min<int32_t>(job.max_n, m.n_ctx() - static_cast<int32_t>(job.history->size()));
         if (job.max_n > 0 && !job.history->empty()) open.push_back(&job);
     }
-    if (open.empty()) return;
+    if (open.empty()) return 0;
     const auto held = m.lock();
+    int32_t decodes = 0;
     // Sync each cache with its committed sequence: drop a rejected tail, then
     // feed what is missing (usually one or two tokens), logits for the last
     // one, all in the first decode. A long lag (a hybrid that drafted by lookup
@@ -120,6 +121,7 @@ void draft_together(std::vector<ModelDraftJob>& jobs) {
             m.decode(h.data() + keep[j], static_cast<int32_t>(h.size() - 1 - keep[j]), static_cast<int32_t>(keep[j]),
                      0, seq);
             keep[j] = h.size() - 1;
+            ++decodes;
         }
         for (size_t p = keep[j]; p < h.size(); ++p) {
             rows.push_back({seq, static_cast<int32_t>(p), h[p], p + 1 == h.size()});
@@ -130,6 +132,7 @@ void draft_together(std::vector<ModelDraftJob>& jobs) {
         row_of[j] = logits_rows++;  // one logits row per job, in job order
     }
     m.decode_rows(rows.data(), static_cast<int32_t>(rows.size()));
+    ++decodes;
     // One draft position per decode: each open job draws its token; those that
     // go on feed it back together.
     for (int32_t i = 0; !open.empty(); ++i) {
@@ -147,7 +150,9 @@ void draft_together(std::vector<ModelDraftJob>& jobs) {
         if (open.empty()) break;
         for (size_t j = 0; j < open.size(); ++j) row_of[j] = static_cast<int32_t>(j);
         m.decode_rows(rows.data(), static_cast<int32_t>(rows.size()));
+        ++decodes;
     }
+    return decodes;
 }
 
 // ---------------------------------------------------------------- compatibility

@@ -31,7 +31,8 @@ struct ModelDraftJob {
 // drafter's draft() would (same draws from its rng, same stop rules), with one
 // llama_decode per draft position holding a row for every job still drafting.
 // Every job's drafter must use the same model, each its own sequence.
-void draft_together(std::vector<ModelDraftJob>& jobs);
+// Returns the number of draft-model decodes it ran.
+int32_t draft_together(std::vector<ModelDraftJob>& jobs);
 
 class ModelDrafter : public Drafter {
 public:
@@ -47,7 +48,7 @@ public:
     ModelDrafter* model_drafter() override { return this; }
 
 private:
-    friend void draft_together(std::vector<ModelDraftJob>& jobs);
+    friend int32_t draft_together(std::vector<ModelDraftJob>& jobs);
     // q for the job's next token from logits row `row`; false when its stop rule ends the draft here.
     bool next(ModelDraftJob& job, int32_t row, int32_t i);
 

@@ -123,6 +123,41 @@ def test_consensus_drafts_from_siblings(gemma_path):
     assert sum(c.stats.accepted for c in out.choices) > 0
 
 
+def test_greedy_batch_drafting_with_a_draft_model(gemma_path, lone_model):
+    """Four sequences draft with the (self-)draft model, each in its own
+    sequence of its context and all together: one draft decode per draft
+    position for the whole batch. Each output is its lone greedy output, apart
+    from near ties (counted)."""
+    target = pyspec.Model(gemma_path, n_ctx=1024, n_seq_max=4)
+    draft = pyspec.Model(gemma_path, n_ctx=1024, n_seq_max=4)
+    spec = pyspec.SpeculativeDecoder(target, draft, drafter="model", policy="fixed", draft_max=4)
+    out = spec.generate_batch(PROMPTS, max_tokens=24, temperature=0, chat=False)
+    s = out.stats
+    assert sum(c.stats.accepted for c in out.choices) > 40  # the draft model drafted, and was right
+    # k = 4: at most 4 draft decodes per round (catch-up rows ride in the first),
+    # where drafting the sequences one by one would take 4 per sequence.
+    assert 0 < s.draft_decodes <= 4 * s.rounds
+    assert s.draft_decodes < sum(c.stats.rounds for c in out.choices) * 3
+    flips = 0
+    for prompt, choice in zip(PROMPTS, out.choices):
+        alone = lone_model.generate(prompt, max_tokens=24, temperature=0, chat=False)
+        flips += near_tie_flips(lone_model, lone_model.tokenize(prompt), choice.tokens, alone.tokens)
+    print(f"near-tie flips: {flips} of {len(PROMPTS)}; draft decodes {s.draft_decodes} in {s.rounds} rounds")
+    # Control: a batch cannot give two sequences one draft sequence.
+    one = _core.make_batch_drafters(_core.DrafterParams(name="model"), target._core, draft._core, 1)[0]
+    with pytest.raises(ValueError, match="same sequence"):
+        target._engine.generate_batch([target.tokenize("a"), target.tokenize("b")], _core.GenerateParams(
+            max_tokens=2, draft_max=2), drafters=[one, one])
+
+
+def test_a_batch_needs_a_draft_sequence_per_sample(gemma_path):
+    target = pyspec.Model(gemma_path, n_ctx=512, n_seq_max=2)
+    draft = pyspec.Model(gemma_path, n_ctx=512)  # one sequence
+    spec = pyspec.SpeculativeDecoder(target, draft, drafter="model")
+    with pytest.raises(ValueError, match="n_seq_max >= 2"):
+        spec.generate("hi", n=2, max_tokens=2, chat=False)
+
+
 def test_sequence_seed_is_stable():
     assert _core.sequence_seed(42, 0) == 42
     assert _core.sequence_seed(42, 1) != _core.sequence_seed(42, 2)

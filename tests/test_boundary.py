@@ -44,7 +44,8 @@ def _public(cls):
     (pybind11 gives the others a slot wrapper that raises)."""
     own = vars(cls)
     ctor = "__init__" in own and not type(own["__init__"]).__name__.endswith("wrapper_descriptor")
-    return {n for n in own if not n.startswith("_")} | ({"__init__"} if ctor else set())
+    protocol = {n for n in ("__enter__", "__exit__") if n in own}  # a with-block, which the stub must type
+    return {n for n in own if not n.startswith("_")} | ({"__init__"} if ctor else set()) | protocol
 
 
 def test_stub_matches_the_module():
