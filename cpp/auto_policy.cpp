@@ -29,7 +29,7 @@ AutoPolicy::AutoPolicy(int32_t draft_max) : draft_max_(std::min(std::max(draft_m
         buckets_[static_cast<size_t>(b)].long_run = prior[b];
         buckets_[static_cast<size_t>(b)].cost = b == kModelBucket ? -1.0 : 0.0;  // a lookup is free until measured
     }
-    ratio_.assign(kMaxDraft + 2, -1.0);
+    ratio_.assign(kMaxBatch + 1, -1.0);
     ratio_[1] = 1.0;
     conf_acc_ = {0.05, 0.2, 0.4, 0.6, 0.8, 0.95};  // bin midpoints: belief taken at face value
 }
@@ -82,9 +82,18 @@ double AutoPolicy::verify_cost_estimate(int32_t n) const {
     return std::max(v1_, 0.0) * r;
 }
 
+double AutoPolicy::round_cost(int32_t own_rows) const {
+    return verify_cost_estimate(std::min(other_rows_ + own_rows, kMaxBatch));
+}
+
 double AutoPolicy::rate(const Bucket& b, double alpha, int32_t k) const {
-    if (k == 0) return 1.0 / v1_;
-    return expected_tokens(alpha, k) / (k * std::max(b.cost, 0.0) + verify_cost_estimate(k + 1));
+    if (k == 0) return (other_seqs_ + 1.0) / round_cost(1);
+    return (other_seqs_ + expected_tokens(alpha, k)) / (k * std::max(b.cost, 0.0) + round_cost(k + 1));
+}
+
+void AutoPolicy::set_batch(int32_t other_rows, int32_t other_seqs) {
+    other_rows_ = std::max(other_rows, 0);
+    other_seqs_ = std::max(other_seqs, 0);
 }
 
 void AutoPolicy::begin_generation() {
@@ -96,7 +105,8 @@ bool AutoPolicy::could_pay(const Bucket& b) const {
     const double opt = std::max(b.alpha(), kOptimistic);
     const double plain = rate(b, opt, 0);
     for (int32_t k = 1; k <= draft_max_; ++k) {
-        if ((k == 1 || verify_cost(k + 1) > 0) && rate(b, opt, k) > plain * kTieMargin) return true;
+        const bool measured = k == 1 || verify_cost(std::min(other_rows_ + k + 1, kMaxBatch)) > 0;
+        if (measured && rate(b, opt, k) > plain * kTieMargin) return true;
     }
     return false;
 }
@@ -129,7 +139,7 @@ int32_t AutoPolicy::next_length(int32_t round_max, const DraftPlan& plan) {
     double best = rate(b, 0, 0);
     const double alpha = b.alpha();
     for (int32_t k = 1; k <= longest; ++k) {
-        if (k > 1 && verify_cost(k + 1) <= 0) continue;  // only measured batch sizes
+        if (k > 1 && verify_cost(std::min(other_rows_ + k + 1, kMaxBatch)) <= 0) continue;  // only measured sizes
         const double r = rate(b, alpha, k);
         if (r > best * kTieMargin) {
             best = r;
@@ -177,18 +187,18 @@ double AutoPolicy::believed_acceptance(const Distribution& belief, int32_t token
 AutoPolicy::Options AutoPolicy::options(int32_t i, double r_i) const {
     const Bucket& b = buckets_[kModelBucket];
     const double c = std::max(b.cost, 0.0);
-    double e_without = 1.0;
+    double e_without = 1.0 + other_seqs_;
     for (double r : reach_) e_without += r;
     const double e_with = e_without + r_i;
     // Draft time already spent is sunk; it is in every option's denominator.
     Options o;
-    o.without = e_without / ((i + 1) * c + verify_cost_estimate(i + 1));
-    o.with = e_with / ((i + 1) * c + verify_cost_estimate(i + 2));
+    o.without = e_without / ((i + 1) * c + round_cost(i + 1));
+    o.with = e_with / ((i + 1) * c + round_cost(i + 2));
     o.more = -std::numeric_limits<double>::infinity();
     if (i + 1 < planned_k_) {
         // Tokens i + 1 .. k - 1 each reach on from r_i at alpha per position.
         const double e = e_with + r_i * (expected_tokens(b.alpha(), planned_k_ - i - 1) - 1.0);
-        o.more = e / (planned_k_ * c + verify_cost_estimate(planned_k_ + 1));
+        o.more = e / (planned_k_ * c + round_cost(planned_k_ + 1));
     }
     return o;
 }
@@ -216,7 +226,7 @@ bool AutoPolicy::stop_after(int32_t i, const Distribution& belief, int32_t token
 }
 
 void AutoPolicy::observe(const RoundReport& r) {
-    const int32_t n = r.drafted + 1;
+    const int32_t n = r.batch_rows > 0 ? r.batch_rows : r.drafted + 1;
     if (n == 1) {
         v1_ = ema(v1_, r.verify_s, kCostRate);
     } else if (v1_ > 0 && n < static_cast<int32_t>(ratio_.size())) {
@@ -265,7 +275,7 @@ std::vector<int32_t> AutoPolicy::calibration_sizes(int32_t max_batch) {
     std::vector<int32_t> out;
     if (calibrated_) return out;
     for (int32_t n : kCalibration) {
-        if (n <= std::min(max_batch, draft_max_ + 1)) out.push_back(n);
+        if (n <= max_batch) out.push_back(n);
     }
     return out;
 }

@@ -24,6 +24,13 @@
 //            is a one-off, not a per-token cost), a draft that stopped before its
 //            first token included (it ran the draft model once); the draft
 //            model's is kept on disk per machine (pyspec/calibration.py);
+//   batches  in a decode shared with other sequences (o rows of s others), the
+//            round's cost is what the whole decode costs, and its yield the
+//            others' tokens (counted as one each) plus this one's:
+//            rate(k) = (s + E_b(k)) / (k * c_b + V(o + 1 + k)), rate(0) = (s + 1) / V(o + 1).
+//            On a jagged CPU curve the draft then fills the decode up to the
+//            next cheap size, where the rows are nearly free (V(16) ~ V(9));
+//            alone (o = s = 0) this is the rule above;
 //   V(n)     target seconds to evaluate n tokens in one batch, V(n) = v1 * r(n):
 //            v1 the current single-token step, r(n) a running ratio. Sizes 1, 2,
 //            4, 8, 16, 32, 64 (up to the cap) are timed before the first round (the
@@ -77,6 +84,7 @@ public:
     bool stop_before(int32_t i, const Distribution& belief, int32_t known) override;
     bool stop_after(int32_t i, const Distribution& belief, int32_t token) override;
     void observe(const RoundReport& round) override;
+    void set_batch(int32_t other_rows, int32_t other_seqs) override;
     std::vector<int32_t> calibration_sizes(int32_t max_batch) override;
     void calibrated(const std::vector<int32_t>& sizes, const std::vector<double>& seconds) override;
 
@@ -97,6 +105,7 @@ public:
     const std::vector<std::pair<int32_t, double>>& calibration() const { return calibration_; }
 
     static constexpr int32_t kMaxDraft = 63;   // longest draft the tables cover
+    static constexpr int32_t kMaxBatch = 512;  // largest batch whose cost it tracks
     static constexpr int32_t kBuckets = 8;     // model + 6 n-gram match-length buckets + re-anchored copies
     static constexpr int kModelBucket = 0;
     static constexpr int kNearCopyBucket = 7;
@@ -134,6 +143,7 @@ private:
     static int conf_bin(double c);
     double verify_cost_estimate(int32_t batch) const;   // V(n), interpolated for unmeasured sizes
     double rate(const Bucket& b, double alpha, int32_t k) const;
+    double round_cost(int32_t own_rows) const;  // V(o + own_rows): the shared decode with this many own rows
     bool could_pay(const Bucket& b) const;
 
     int32_t draft_max_;
@@ -145,6 +155,7 @@ private:
     std::array<double, kConfBins> conf_acc_;  // P(accept | belief bin), learned
 
     // The round being drafted.
+    int32_t other_rows_ = 0, other_seqs_ = 0;  // set_batch(): who shares its decode
     int planned_bucket_ = -1;
     int32_t planned_k_ = 0;
     std::vector<double> beliefs_;        // belief in each kept draft token

@@ -420,13 +420,15 @@ PYBIND11_MODULE(_core, m) {
         .def("observe",
              [](LengthPolicy& p, int32_t drafted, int32_t accepted, double draft_s, double verify_s,
                 const std::string& source, int32_t match_len, int32_t lag, bool near_copy, int32_t next_guess,
-                int32_t guess_hit) {
+                int32_t guess_hit, int32_t batch_rows) {
                  p.observe({make_plan(source, match_len, lag, near_copy, next_guess), drafted, accepted, draft_s,
-                            verify_s, guess_hit});
+                            verify_s, batch_rows, guess_hit});
              },
              py::arg("drafted"), py::arg("accepted"), py::arg("draft_s"), py::arg("verify_s"),
              py::arg("source") = "model", py::arg("match_len") = 0, py::arg("lag") = 1, py::arg("near_copy") = false,
-             py::arg("next_guess") = -1, py::arg("guess_hit") = -1)
+             py::arg("next_guess") = -1, py::arg("guess_hit") = -1, py::arg("batch_rows") = 0)
+        .def("set_batch", &LengthPolicy::set_batch, py::arg("other_rows"), py::arg("other_seqs"),
+             "The next round's decode also holds other_rows rows of other_seqs other sequences (0, 0: alone).")
         .def("calibration_sizes", &LengthPolicy::calibration_sizes, py::arg("max_batch"))
         .def("calibrated", &LengthPolicy::calibrated, py::arg("sizes"), py::arg("seconds"))
         .def("may_draft", [](const LengthPolicy& p, const std::string& s) { return p.may_draft(parse_source(s)); },

@@ -330,8 +330,11 @@ void BatchSession::start(Sequence& s) {
     if (s.policy) s.policy->begin_generation();
     s.stats().prompt_s = since(s.t_start);
     if (s.uses_drafter(draft_max) && s.policy) {
+        // Alone, a round holds up to draft_max + 1 rows; in a context of several
+        // sequences, up to that many per sequence (batch-aware policies use those sizes).
         const int32_t room = target_.n_ctx() - static_cast<int32_t>(prompt.size()) + 1;
-        s.stats().calibrate_s = calibrate(*s.policy, std::min(draft_max + 1, room), prompt.back(), s.id);
+        const int32_t rows = std::min(target_.n_batch(), (draft_max + 1) * target_.n_seq());
+        s.stats().calibrate_s = calibrate(*s.policy, std::min(rows, room), prompt.back(), s.id);
     }
     s.started = true;
 }
@@ -397,8 +400,12 @@ void BatchSession::draft_all(const std::vector<Sequence*>& active, int32_t draft
     // draft-model decode per position for all of them); the rest on their own.
     std::vector<ModelDraftJob> jobs;
     std::vector<Sequence*> job_seqs;
+    const int32_t others = static_cast<int32_t>(active.size()) - 1;
+    int32_t planned_drafts = 0;  // drafts of the sequences planned so far this round
     for (Sequence* s : active) {
         const auto t = Clock::now();
+        // Batch-aware policies weigh the decode this sequence's rows join.
+        if (s->policy) s->policy->set_batch(others + planned_drafts, others);
         s->drafts.clear();
         s->plan = DraftPlan{};
         const int32_t room = target_.n_ctx() - static_cast<int32_t>(s->history.size());
@@ -409,6 +416,7 @@ void BatchSession::draft_all(const std::vector<Sequence*>& active, int32_t draft
                 return policy ? policy->next_length(round_max, p) : round_max;
             });
             const int32_t k = std::min(s->plan.length, round_max);
+            planned_drafts += std::max(k, 0);
             StopRule* stop = s->stop();
             if (stop) stop->begin_draft(k);
             if (k > 0) {
@@ -684,6 +692,7 @@ bool BatchSession::step() {
         const auto tv = Clock::now();
         decode_round(active);
         const double verify_s = since(tv);
+        const int32_t decode_rows = static_cast<int32_t>(e_.rows_.size());  // verification and prompt rows
         if (active.empty()) {
             bs_.prompt_s += verify_s;
         } else {
@@ -703,7 +712,7 @@ bool BatchSession::step() {
             target_.truncate(static_cast<int32_t>(s->history.size()) + s->vr.n_accepted, s->id);
             const int32_t guess_hit =
                 n == 0 && s->plan.next_guess >= 0 ? s->vr.next_token == s->plan.next_guess : -1;
-            const RoundReport report{s->plan, n, s->vr.n_accepted, s->draft_s, verify_s, guess_hit};
+            const RoundReport report{s->plan, n, s->vr.n_accepted, s->draft_s, verify_s, decode_rows, guess_hit};
             if (s->policy) s->policy->observe(report);
             s->stats().count_round(report);
         }

@@ -19,7 +19,10 @@ struct RoundReport {
     int32_t drafted = 0;
     int32_t accepted = 0;
     double draft_s = 0;    // drafter time of this round (its catch-up on `plan.lag` tokens included)
-    double verify_s = 0;   // target time of this round's batch (drafted + 1 tokens)
+    double verify_s = 0;   // target time of this round's batch
+    // Rows of that batch: drafted + 1, or more where other sequences (and prompt
+    // chunks) shared the decode; 0 means drafted + 1.
+    int32_t batch_rows = 0;
     // A plain round of a plan with a next_guess: whether the target's token was that
     // guess (1) or not (0), which is what accepting a one-token draft would have
     // shown (P = p(guess) either way); -1 otherwise.
@@ -42,10 +45,14 @@ public:
     // Whether stop_before/stop_after can end a draft (drafters then compute a belief).
     virtual bool stops_early() const { return false; }
     virtual void observe(const RoundReport& /*round*/) {}
+    // Before next_length in a batch: the decode this sequence's rows join will
+    // also hold `other_rows` rows of `other_seqs` other sequences (0, 0: alone).
+    virtual void set_batch(int32_t /*other_rows*/, int32_t /*other_seqs*/) {}
     // Whether this policy may draft from `source` soon; when it says no for the
     // model, the drafter defers processing the prompt until it is asked to draft.
     virtual bool may_draft(DraftSource /*source*/) const { return true; }
-    // Target batch sizes (<= max_batch) the policy wants timed before it drafts;
+    // Target batch sizes (<= max_batch: a batch of several sequences asks for more
+    // than one sequence's draft_max + 1) the policy wants timed before it drafts;
     // the engine times each and reports the seconds through calibrated().
     virtual std::vector<int32_t> calibration_sizes(int32_t /*max_batch*/) { return {}; }
     virtual void calibrated(const std::vector<int32_t>& /*sizes*/, const std::vector<double>& /*seconds*/) {}

@@ -48,12 +48,14 @@ DRAFT_TOKEN = "draft_token_s"  # a draft model's entry: seconds per drafted toke
 
 def prepare(policies: Sequence["_core.LengthPolicy"], core_model, draft_model=None) -> None:
     """Give each policy (a batch has one per sequence) the timings on record that
-    it still wants: the target's batch sizes (if all are known) and the draft
-    model's cost per token. The file is read once."""
+    it still wants: the target's batch sizes (if all are known; the engine's
+    choice of sizes: one sequence's draft_max + 1 rows, per sequence the context
+    holds) and the draft model's cost per token. The file is read once."""
     known = None
     cost = None
     for policy in policies:
-        sizes = policy.calibration_sizes(policy.draft_max + 1)
+        rows = min(core_model.n_batch, (policy.draft_max + 1) * core_model.n_seq)
+        sizes = policy.calibration_sizes(rows)
         if sizes:
             known = load(core_model) if known is None else known
             if all(n in known for n in sizes):

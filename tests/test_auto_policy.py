@@ -173,3 +173,57 @@ def test_the_ngram_drafter_marks_a_source_fresh_until_it_is_followed():
     assert d.plan(history)["fresh"] is True            # found by lookup this round
     history.append(4)                                  # the copy continued as proposed
     assert d.plan(history)["fresh"] is False
+
+
+# The jagged curve of the default target on this machine class, in single-row
+# steps, as issue 12 measured it: V(8) ~ 6.5 but V(16) ~ 7.8.
+BATCH_STEPS = {1: 1.0, 2: 1.7, 4: 2.7, 8: 6.5, 16: 7.8, 32: 14.0}
+
+
+def learnt_lookup_policy(steps, accept=0.9, seed=1):
+    """auto calibrated with `steps` (sizes up to 32), having learnt on 300 rounds
+    alone that a 5-token lookup match is accepted ~`accept` per position."""
+    p = _core.make_policy(_core.PolicyParams(name="auto", draft_max=16))
+    sizes = p.calibration_sizes(33)
+    assert sizes == [1, 2, 4, 8, 16, 32]  # a batch asks for more than one sequence's draft_max + 1
+    p.calibrated(sizes, [steps[n] * STEP for n in sizes])
+    rng = np.random.default_rng(seed)
+    for _ in range(300):
+        k = p.next_length(16, "ngram", 5, 1)
+        acc = 0
+        while acc < k and rng.random() < accept:
+            acc += 1
+        p.observe(k, acc, 0.0, STEP * np.interp(k + 1, sorted(steps), [steps[n] for n in sorted(steps)]), "ngram", 5, 1)
+    return p
+
+
+def test_in_a_batch_drafts_fill_the_decode_up_to_the_next_cheap_size():
+    """Batch-aware auto: with 7 other sequences in the decode (8 rows), 8 more
+    rows cost 1.3 steps for the whole batch, so a lookup accepted ~90 % of the
+    time drafts 8 tokens (16 rows), where alone it drafts 3. Only measured
+    sizes are candidates, so the draft fills the decode exactly to 16."""
+    p = learnt_lookup_policy(BATCH_STEPS)
+    alpha = p.acceptance("ngram", 5)
+    assert 0.75 < alpha < 0.97
+    p.set_batch(0, 0)
+    alone = p.next_length(16, "ngram", 5, 1)
+    p.set_batch(7, 7)
+    in_batch = p.next_length(16, "ngram", 5, 1)
+    print(f"alpha {alpha:.2f}; alone: k={alone}; beside 7 sequences: k={in_batch}")
+    assert alone == 3
+    assert in_batch == 8
+
+
+def test_negative_control_in_a_batch_without_a_cheap_size_nothing_is_filled():
+    """The same policy and text on a smooth (compute-bound, linear) curve: 8 more
+    rows beside 7 sequences would double the decode (6.4 -> 12.8 steps) for ~6
+    more expected tokens, so the batch stays plain, while alone it still drafts."""
+    linear = {n: (1.0 if n == 1 else 0.8 * n) for n in BATCH_STEPS}
+    p = learnt_lookup_policy(linear)
+    p.set_batch(7, 7)
+    in_batch = p.next_length(16, "ngram", 5, 1)
+    p.set_batch(0, 0)
+    alone = p.next_length(16, "ngram", 5, 1)
+    print(f"linear curve: alone k={alone}; beside 7 sequences k={in_batch}")
+    assert in_batch == 0
+    assert alone > 0
