@@ -3,9 +3,19 @@ the pyspec cache (``$PYSPEC_MODELS`` or the per-user cache), once."""
 
 from __future__ import annotations
 
+import signal
+
 import pytest
 
 import pyspec
+
+# Ctrl-C is part of what the suite tests. A shell without job control starts
+# background commands (`bash .ci/run &`) with SIGINT ignored, which every child
+# inherits: Python then raises no KeyboardInterrupt at all. Take Python's own
+# handler back, so that this process and the children it starts (exec resets
+# a handler to the default) see Ctrl-C as a user's terminal delivers it.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # Per-test timeout of the slow tier (the default, `timeout` in pyproject.toml, is
 # for the default tier): its longest test draws 20,000 samples.
