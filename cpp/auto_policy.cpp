@@ -96,6 +96,79 @@ void AutoPolicy::set_batch(int32_t other_rows, int32_t other_seqs) {
     other_seqs_ = std::max(other_seqs, 0);
 }
 
+bool AutoPolicy::plans_jointly(bool model) const {
+    // Calibrated, and no draft model that could pay: its draft length is
+    // decided during the draft (stop_before/stop_after), not before it.
+    return v1_ > 0 && (!model || !could_pay(buckets_[kModelBucket]));
+}
+
+int32_t AutoPolicy::longest_for(int32_t round_max, const DraftPlan& plan) const {
+    // A match found this round has not shown that the copy goes on: a long
+    // prompt match (a schema, a signature) often stops after a few tokens, and
+    // a failed 15-token draft costs ~5 steps on a CPU. Its first draft stays
+    // short; once a token of it is confirmed, the copy may draft long.
+    const int32_t cap = plan.source == DraftSource::kNgram && plan.fresh ? kFreshCap : kMaxDraft;
+    return std::max(0, std::min({draft_max_, round_max, cap}));
+}
+
+LengthBid AutoPolicy::bid(int32_t round_max, const DraftPlan& plan) const {
+    const Bucket& b = buckets_[static_cast<size_t>(bucket_of(plan))];
+    LengthBid out;
+    if (plan.source == DraftSource::kModel && could_pay(b)) return out;  // plans_jointly said no
+    out.alpha = plan.source == DraftSource::kModel ? 0.0 : b.alpha();
+    out.cost = std::max(b.cost, 0.0);
+    out.longest = out.alpha > 0 ? longest_for(round_max, plan) : 0;
+    return out;
+}
+
+std::vector<int32_t> AutoPolicy::allot_lengths(const std::vector<LengthBid>& bids, int32_t max_rows) const {
+    std::vector<int32_t> k(bids.size(), 0);
+    if (v1_ <= 0 || bids.empty()) return {};
+    // Every drafted token's worth, largest first; each sequence's come in order
+    // (alpha^j falls with j), ties to the earlier sequence.
+    struct Gain {
+        double value;
+        size_t seq;
+    };
+    std::vector<Gain> gains;
+    for (size_t i = 0; i < bids.size(); ++i) {
+        double g = 1.0;
+        for (int32_t j = 0; j < bids[i].longest; ++j) gains.push_back({g *= bids[i].alpha, i});
+    }
+    std::stable_sort(gains.begin(), gains.end(), [](const Gain& a, const Gain& b) { return a.value > b.value; });
+    const int32_t n = static_cast<int32_t>(bids.size());
+    const int32_t top = std::min(max_rows, kMaxBatch);
+    double best = n / verify_cost_estimate(std::min(n, kMaxBatch));
+    size_t best_m = 0;
+    double tokens = n, drafting = 0;
+    for (size_t m = 1; m <= gains.size() && n + static_cast<int32_t>(m) <= top; ++m) {
+        tokens += gains[m - 1].value;
+        drafting += bids[gains[m - 1].seq].cost;
+        const double v = verify_cost(n + static_cast<int32_t>(m));
+        if (v <= 0) continue;  // only measured sizes: CPU batch costs are jagged
+        const double r = tokens / (drafting + v);
+        if (r > best * kTieMargin) {
+            best = r;
+            best_m = m;
+        }
+    }
+    for (size_t m = 0; m < best_m; ++m) ++k[gains[m].seq];
+    return k;
+}
+
+void AutoPolicy::allotted(const DraftPlan& plan, int32_t k) {
+    planned_bucket_ = bucket_of(plan);
+    planned_k_ = std::max(k, 0);
+    beliefs_.clear();
+    reach_.clear();
+    Bucket& b = buckets_[static_cast<size_t>(planned_bucket_)];
+    if (planned_k_ > 0) {
+        b.plain_streak = 0;
+        b.interval = kFirstInterval;
+    }
+    b.probing = false;  // lookups are judged on their guesses; no probes here
+}
+
 void AutoPolicy::begin_generation() {
     for (Bucket& b : buckets_) b.accepted = b.tried = 0;
 }
@@ -123,12 +196,7 @@ int32_t AutoPolicy::next_length(int32_t round_max, const DraftPlan& plan) {
     planned_k_ = 0;
     beliefs_.clear();
     reach_.clear();
-    // A match found this round has not shown that the copy goes on: a long
-    // prompt match (a schema, a signature) often stops after a few tokens, and
-    // a failed 15-token draft costs ~5 steps on a CPU. Its first draft stays
-    // short; once a token of it is confirmed, the copy may draft long.
-    const int32_t cap = plan.source == DraftSource::kNgram && plan.fresh ? kFreshCap : kMaxDraft;
-    const int32_t longest = std::min({draft_max_, round_max, cap});
+    const int32_t longest = longest_for(round_max, plan);
     if (longest <= 0 || v1_ <= 0) return 0;  // a plain step measures v1 first
     Bucket& b = buckets_[static_cast<size_t>(planned_bucket_)];
     if (b.cost < 0) {  // the drafter's cost is unknown: one short draft measures it

@@ -31,6 +31,13 @@
 //            On a jagged CPU curve the draft then fills the decode up to the
 //            next cheap size, where the rows are nearly free (V(16) ~ V(9));
 //            alone (o = s = 0) this is the rule above;
+//   jointly  when every sequence of a batch drafts by lookup (or from a draft
+//            model that cannot pay), the session plans the round for all of
+//            them at once (policy.h, plans_jointly): n sequences with one row
+//            each and m more rows to allot; the j-th drafted token of sequence
+//            i adds alpha_i^j expected tokens, so the m rows go to the m largest
+//            of those (each sequence's in order), and the round rates
+//            (n + their sum) / (V(n + m) + drafting cost), m = 0 or a measured size;
 //   V(n)     target seconds to evaluate n tokens in one batch, V(n) = v1 * r(n):
 //            v1 the current single-token step, r(n) a running ratio. Sizes 1, 2,
 //            4, 8, 16, 32, 64 (up to the cap) are timed before the first round (the
@@ -85,6 +92,10 @@ public:
     bool stop_after(int32_t i, const Distribution& belief, int32_t token) override;
     void observe(const RoundReport& round) override;
     void set_batch(int32_t other_rows, int32_t other_seqs) override;
+    bool plans_jointly(bool model) const override;
+    LengthBid bid(int32_t round_max, const DraftPlan& plan) const override;
+    std::vector<int32_t> allot_lengths(const std::vector<LengthBid>& bids, int32_t max_rows) const override;
+    void allotted(const DraftPlan& plan, int32_t k) override;
     std::vector<int32_t> calibration_sizes(int32_t max_batch) override;
     void calibrated(const std::vector<int32_t>& sizes, const std::vector<double>& seconds) override;
 
@@ -141,6 +152,7 @@ private:
     static void learn(Bucket& b, double hit);
     static int bucket_of(const DraftPlan& plan);
     static int conf_bin(double c);
+    int32_t longest_for(int32_t round_max, const DraftPlan& plan) const;  // draft_max, round_max, fresh cap
     double verify_cost_estimate(int32_t batch) const;   // V(n), interpolated for unmeasured sizes
     double rate(const Bucket& b, double alpha, int32_t k) const;
     double round_cost(int32_t own_rows) const;  // V(o + own_rows): the shared decode with this many own rows

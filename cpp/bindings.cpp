@@ -148,6 +148,7 @@ void bind_stats(py::module_& m) {
         .field("max_rows", &BatchStats::max_rows)
         .field("prompt_rows", &BatchStats::prompt_rows)
         .field("draft_decodes", &BatchStats::draft_decodes)
+        .field("joint_rounds", &BatchStats::joint_rounds)
         .field("prompt_s", &BatchStats::prompt_s)
         .field("decode_s", &BatchStats::decode_s)
         .field("n_generated", &BatchStats::n_generated)
@@ -429,6 +430,19 @@ PYBIND11_MODULE(_core, m) {
              py::arg("next_guess") = -1, py::arg("guess_hit") = -1, py::arg("batch_rows") = 0)
         .def("set_batch", &LengthPolicy::set_batch, py::arg("other_rows"), py::arg("other_seqs"),
              "The next round's decode also holds other_rows rows of other_seqs other sequences (0, 0: alone).")
+        .def("plans_jointly", &LengthPolicy::plans_jointly, py::arg("model") = false,
+             "Whether a batch may allot this policy's draft lengths jointly (model: its drafter may use a draft "
+             "model).")
+        .def("allot_lengths",
+             [](const LengthPolicy& p, const std::vector<std::tuple<double, double, int32_t>>& bids,
+                int32_t max_rows) {
+                 std::vector<LengthBid> b;
+                 for (const auto& [alpha, cost, longest] : bids) b.push_back({alpha, cost, longest});
+                 return p.allot_lengths(b, max_rows);
+             },
+             py::arg("bids"), py::arg("max_rows") = 512,
+             "Joint planning of a shared decode: one draft length per (alpha, cost, longest) bid, each "
+             "sequence also holding one row; [] when this policy cannot allot.")
         .def("calibration_sizes", &LengthPolicy::calibration_sizes, py::arg("max_batch"))
         .def("calibrated", &LengthPolicy::calibrated, py::arg("sizes"), py::arg("seconds"))
         .def("may_draft", [](const LengthPolicy& p, const std::string& s) { return p.may_draft(parse_source(s)); },

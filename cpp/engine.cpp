@@ -301,19 +301,8 @@ BatchStats BatchSession::stats() const {
 }
 
 void BatchSession::reuse_prefix(Sequence& s) {
-    const std::vector<int32_t>& prompt = s.history;
-    const size_t want = prompt.size() - 1;
-    size_t have = std::min(common_prefix(target_.cached(s.id), prompt), want);
-    int32_t src = -1;
-    for (int32_t j = 0; j < static_cast<int32_t>(slot_owner_.size()); ++j) {
-        if (j == s.id) continue;
-        const size_t c = std::min(common_prefix(target_.cached(j), prompt), want);
-        if (c > have) {
-            have = c;
-            src = j;
-        }
-    }
-    if (src >= 0) target_.copy_prefix(src, s.id, static_cast<int32_t>(have));
+    // The prompt's last token is evaluated with the first round (its logits).
+    target_.adopt_prefix(s.id, s.history, s.history.size() - 1);
 }
 
 void BatchSession::start(Sequence& s) {
@@ -395,27 +384,81 @@ void BatchSession::add_prompt_rows(int32_t budget) {
     }
 }
 
+int32_t BatchSession::round_max(const Sequence& s, int32_t draft_cap) const {
+    const int32_t room = target_.n_ctx() - static_cast<int32_t>(s.history.size());
+    return std::max(0, std::min({draft_cap, room - 1, s.max_tokens - s.generated() - 1}));
+}
+
+bool BatchSession::plan_jointly(const std::vector<Sequence*>& active, int32_t draft_cap) {
+    // Several sequences share the decode and every one that may draft has a
+    // policy that takes an allotted length (policy.h): one of them allots the
+    // free rows to the best bids. Otherwise each plans alone (draft_all).
+    if (active.size() < 2) return false;
+    const int32_t others = static_cast<int32_t>(active.size()) - 1;
+    LengthPolicy* judge = nullptr;
+    for (Sequence* s : active) {
+        if (!s->drafter || round_max(*s, draft_cap) <= 0) continue;
+        if (!s->policy) return false;
+        s->policy->set_batch(others, others);
+        if (!s->policy->plans_jointly(s->drafter->model() != nullptr)) return false;
+        if (!judge) judge = s->policy;
+    }
+    if (!judge) return false;
+    std::vector<LengthBid> bids(active.size());
+    for (size_t i = 0; i < active.size(); ++i) {
+        Sequence* s = active[i];
+        s->drafts.clear();
+        s->plan = DraftPlan{};
+        const int32_t rm = round_max(*s, draft_cap);
+        if (rm <= 0 || !s->drafter) continue;
+        // choose() picks the source; the length it hears is the bid's longest,
+        // so that a drafter with several sources keeps the one that bids.
+        LengthPolicy* policy = s->policy;
+        s->plan = s->drafter->choose(s->history, [&bids, i, rm, policy](const DraftPlan& p) {
+            bids[i] = policy->bid(rm, p);
+            return bids[i].longest;
+        });
+    }
+    std::vector<int32_t> k = judge->allot_lengths(bids, target_.n_batch());
+    k.resize(active.size(), 0);  // (it only declines uncalibrated, which plans_jointly excluded)
+    int32_t rows = 0;
+    for (int32_t ki : k) rows += 1 + ki;
+    for (size_t i = 0; i < active.size(); ++i) {
+        Sequence* s = active[i];
+        if (!s->policy || s->plan.length < 0) continue;
+        s->plan.length = k[i];
+        s->policy->set_batch(rows - 1 - k[i], others);
+        s->policy->allotted(s->plan, k[i]);
+    }
+    if (rows > static_cast<int32_t>(active.size())) ++bs_.joint_rounds;
+    return true;
+}
+
 void BatchSession::draft_all(const std::vector<Sequence*>& active, int32_t draft_cap) {
     // Sequences drafting from a draft model this round draft together (one
     // draft-model decode per position for all of them); the rest on their own.
     std::vector<ModelDraftJob> jobs;
     std::vector<Sequence*> job_seqs;
     const int32_t others = static_cast<int32_t>(active.size()) - 1;
+    const bool joint = plan_jointly(active, draft_cap);
     int32_t planned_drafts = 0;  // drafts of the sequences planned so far this round
     for (Sequence* s : active) {
         const auto t = Clock::now();
-        // Batch-aware policies weigh the decode this sequence's rows join.
-        if (s->policy) s->policy->set_batch(others + planned_drafts, others);
-        s->drafts.clear();
-        s->plan = DraftPlan{};
-        const int32_t room = target_.n_ctx() - static_cast<int32_t>(s->history.size());
-        const int32_t round_max = std::max(0, std::min({draft_cap, room - 1, s->max_tokens - s->generated() - 1}));
-        if (round_max > 0 && s->drafter) {
-            LengthPolicy* policy = s->policy;
-            s->plan = s->drafter->choose(s->history, [&](const DraftPlan& p) {
-                return policy ? policy->next_length(round_max, p) : round_max;
-            });
-            const int32_t k = std::min(s->plan.length, round_max);
+        const int32_t rm = round_max(*s, draft_cap);
+        if (!joint) {
+            // Batch-aware policies weigh the decode this sequence's rows join.
+            if (s->policy) s->policy->set_batch(others + planned_drafts, others);
+            s->drafts.clear();
+            s->plan = DraftPlan{};
+            if (rm > 0 && s->drafter) {
+                LengthPolicy* policy = s->policy;
+                s->plan = s->drafter->choose(s->history, [policy, rm](const DraftPlan& p) {
+                    return policy ? policy->next_length(rm, p) : rm;
+                });
+            }
+        }
+        if (rm > 0 && s->drafter) {
+            const int32_t k = std::min(s->plan.length, rm);
             planned_drafts += std::max(k, 0);
             StopRule* stop = s->stop();
             if (stop) stop->begin_draft(k);

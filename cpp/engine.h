@@ -98,6 +98,7 @@ struct BatchStats {
     int32_t max_rows = 0;        // the largest of them
     int64_t prompt_rows = 0;     // prompt tokens decoded (copied prefixes not counted)
     int64_t draft_decodes = 0;   // draft-model decodes (one per draft position for all sequences drafting)
+    int32_t joint_rounds = 0;    // rounds whose drafts were allotted jointly (policy.h, plans_jointly)
     double prompt_s = 0;         // decodes that held only prompt rows
     double decode_s = 0;         // from the first emitted token of any sequence to the last
     int64_t n_generated = 0;     // tokens, all sequences
@@ -204,6 +205,10 @@ private:
     // Step 1 of a round: each sequence's drafter picks a source, its policy a
     // length, and the drafter proposes up to that many tokens.
     void draft_all(const std::vector<Sequence*>& active, int32_t draft_cap);
+    // Plans this round's draft lengths for all active sequences at once, when
+    // their policies allow (policy.h, plans_jointly); false: each plans alone.
+    bool plan_jointly(const std::vector<Sequence*>& active, int32_t draft_cap);
+    int32_t round_max(const Sequence& s, int32_t draft_cap) const;  // the longest draft s may make this round
     // The target decode of a round; on a full cache frees cells (prefix caches,
     // then drafts and prompt rows, then the longest sequence) and retries.
     void decode_round(std::vector<Sequence*>& active);

@@ -444,6 +444,28 @@ void Model::copy_prefix(int32_t src, int32_t dst, int32_t n) {
     cached_[static_cast<size_t>(dst)].assign(from.begin(), from.begin() + n);
 }
 
+size_t Model::adopt_prefix(int32_t dst, const std::vector<int32_t>& tokens, size_t limit) {
+    const auto held = lock();
+    const auto shared = [&](int32_t j) {
+        const std::vector<int32_t>& c = cached_[static_cast<size_t>(j)];
+        const size_t n = std::min({c.size(), tokens.size(), limit});
+        return static_cast<size_t>(std::mismatch(c.begin(), c.begin() + static_cast<std::ptrdiff_t>(n),
+                                                 tokens.begin()).first - c.begin());
+    };
+    checked_seq(dst);
+    int32_t src = dst;
+    size_t best = shared(dst);
+    for (int32_t j = 0; j < n_seq(); ++j) {
+        const size_t c = j == dst ? 0 : shared(j);
+        if (c > best) {
+            best = c;
+            src = j;
+        }
+    }
+    copy_prefix(src, dst, static_cast<int32_t>(best));
+    return best;
+}
+
 int32_t Model::pos_max(int32_t seq) const {
     checked_seq(seq);
     const auto held = lock();

@@ -125,6 +125,11 @@ public:
     // Make sequence dst hold the first n tokens of sequence src (a shared prompt:
     // the cells are shared, not copied). dst's own tokens are dropped first.
     void copy_prefix(int32_t src, int32_t dst, int32_t n);
+    // Make dst hold the longest prefix of `tokens` (at most `limit` tokens) that
+    // any sequence holds: copied where another holds more than dst itself (n
+    // samples of one prompt, a shared system prompt), else dst's own, cut there.
+    // Returns its length: what no longer needs decoding.
+    size_t adopt_prefix(int32_t dst, const std::vector<int32_t>& tokens, size_t limit);
     int32_t pos_max(int32_t seq = 0) const;   // -1 when empty
     // The tokens the KV cache holds for a sequence, by position. Everything that
     // decodes with this context goes through this class, so the record is exact,

@@ -30,20 +30,7 @@ void ModelDrafter::begin(const std::vector<int32_t>& prompt, const SamplingParam
     belief_sampling_.temperature = 1.0;
     // Reuse whatever prefix of the prompt the cache already holds, in this
     // sequence or copied from another (samples of one prompt process it once).
-    size_t keep = common_prefix(model_.cached(seq_), prompt);
-    int32_t src = -1;
-    for (int32_t j = 0; j < model_.n_seq(); ++j) {
-        const size_t c = j == seq_ ? 0 : common_prefix(model_.cached(j), prompt);
-        if (c > keep) {
-            keep = c;
-            src = j;
-        }
-    }
-    if (src >= 0) {
-        model_.copy_prefix(src, seq_, static_cast<int32_t>(keep));
-    } else {
-        model_.truncate(static_cast<int32_t>(keep), seq_);
-    }
+    const size_t keep = model_.adopt_prefix(seq_, prompt, prompt.size());
     if (prefill && keep < prompt.size()) {
         model_.decode(prompt.data() + keep, static_cast<int32_t>(prompt.size() - keep), static_cast<int32_t>(keep), 0,
                       seq_);
@@ -103,7 +90,6 @@ int32_t draft_together(std::vector<ModelDraftJob>& jobs) {
     // one, all in the first decode. A long lag (a hybrid that drafted by lookup
     // for a while) is caught up on its own first, to keep that decode small.
     std::vector<Model::Row> rows;
-    std::vector<int32_t> row_of(open.size());
     size_t total = 0;
     std::vector<size_t> keep(open.size());
     for (size_t j = 0; j < open.size(); ++j) {
@@ -127,10 +113,6 @@ int32_t draft_together(std::vector<ModelDraftJob>& jobs) {
             rows.push_back({seq, static_cast<int32_t>(p), h[p], p + 1 == h.size()});
         }
     }
-    int32_t logits_rows = 0;
-    for (size_t j = 0; j < open.size(); ++j) {
-        row_of[j] = logits_rows++;  // one logits row per job, in job order
-    }
     m.decode_rows(rows.data(), static_cast<int32_t>(rows.size()));
     ++decodes;
     // One draft position per decode: each open job draws its token; those that
@@ -140,7 +122,8 @@ int32_t draft_together(std::vector<ModelDraftJob>& jobs) {
         rows.clear();
         for (size_t j = 0; j < open.size(); ++j) {
             ModelDraftJob& job = *open[j];
-            if (job.drafter->next(job, row_of[j], i)) {
+            // Each open job has one logits row, in job order, in every decode.
+            if (job.drafter->next(job, static_cast<int32_t>(j), i)) {
                 const int32_t seq = job.drafter->seq_;
                 rows.push_back({seq, static_cast<int32_t>(m.cached(seq).size()), job.tokens->back(), true});
                 still.push_back(&job);
@@ -148,7 +131,6 @@ int32_t draft_together(std::vector<ModelDraftJob>& jobs) {
         }
         open.swap(still);
         if (open.empty()) break;
-        for (size_t j = 0; j < open.size(); ++j) row_of[j] = static_cast<int32_t>(j);
         m.decode_rows(rows.data(), static_cast<int32_t>(rows.size()));
         ++decodes;
     }

@@ -29,6 +29,13 @@ struct RoundReport {
     int32_t guess_hit = -1;
 };
 
+// What a sequence's draft would be worth this round (LengthPolicy::bid).
+struct LengthBid {
+    double alpha = 0;      // acceptance of each drafted token, given the earlier ones were accepted
+    double cost = 0;       // drafter seconds per drafted token
+    int32_t longest = 0;   // the longest draft it may make this round
+};
+
 // A length policy is also the draft's stop rule (drafter.h says what a stop
 // rule may and may not do).
 class LengthPolicy : public DraftStopRule {
@@ -48,6 +55,26 @@ public:
     // Before next_length in a batch: the decode this sequence's rows join will
     // also hold `other_rows` rows of `other_seqs` other sequences (0, 0: alone).
     virtual void set_batch(int32_t /*other_rows*/, int32_t /*other_seqs*/) {}
+    // Joint planning of a decode shared by several sequences (BatchSession).
+    // Alone, a sequence beside seven others can only reach the next cheap batch
+    // size (8 -> 16 rows on a CPU) by drafting eight tokens itself; eight
+    // sequences drafting one each fill the same rows and can pay where that
+    // cannot. So the session asks each policy for a bid (what each drafted
+    // token of its plan is worth), lets one policy allot the free rows to the
+    // best bids (allot_lengths), and tells each its length (allotted) instead
+    // of asking next_length.
+    //   plans_jointly(model)  whether this policy's lengths may be allotted this
+    //       round (`model`: the sequence's drafter may draft from a draft model);
+    //   bid(round_max, plan)  acceptance per drafted token, cost per drafted
+    //       token, and the longest draft this round (0: it would not draft);
+    //   allot_lengths(bids, max_rows)  one length per bid, each sequence also
+    //       holding its one committed row; empty when this policy cannot allot.
+    virtual bool plans_jointly(bool /*model*/) const { return false; }
+    virtual LengthBid bid(int32_t /*round_max*/, const DraftPlan& /*plan*/) const { return {}; }
+    virtual std::vector<int32_t> allot_lengths(const std::vector<LengthBid>& /*bids*/, int32_t /*max_rows*/) const {
+        return {};
+    }
+    virtual void allotted(const DraftPlan& /*plan*/, int32_t /*k*/) {}
     // Whether this policy may draft from `source` soon; when it says no for the
     // model, the drafter defers processing the prompt until it is asked to draft.
     virtual bool may_draft(DraftSource /*source*/) const { return true; }

@@ -8,7 +8,8 @@ import sys
 import click
 
 from ..speculative import POLICIES
-from .options import DEFAULT_DRAFT, DEFAULT_MODEL, command_errors, flash_attn_option, load_model, suite_options
+from .options import (DEFAULT_DRAFT, DEFAULT_MODEL, command_errors, flash_attn_option, load_model, report_options,
+                      suite_options)
 
 
 @click.command()
@@ -35,11 +36,7 @@ from .options import DEFAULT_DRAFT, DEFAULT_MODEL, command_errors, flash_attn_op
                    "[default: 16; svip 40, its paper's cap].")
 @click.option("--lookup", default=10, show_default=True, type=click.IntRange(min=0),
               help="Tokens per draft for llama-cpp-python's LlamaPromptLookupDecoding (0 = skip that runner).")
-@click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False, allow_dash=True),
-              help="Write every figure and sample as JSON to FILE ('-' for stdout).")
-@click.option("--plot", "plot_path", default=None, type=click.Path(dir_okay=False),
-              help="Draw ratios per category and runner, and acceptance by draft position, to FILE.png "
-                   "(needs matplotlib: the `plot` extra).")
+@report_options("every figure and sample", "ratios per category and runner, and acceptance by draft position")
 def bench(model, categories, per_category, max_tokens, temperature, reps, threads, n_ctx, flash_attn, draft, ks,
           policies, ngram_policies, hybrid_policies, cap, lookup, json_path, plot_path) -> None:
     """Measure decode speed side by side with llama-cpp-python.
@@ -192,11 +189,8 @@ def simulate(model, categories, per_category, max_tokens, draft_max, threads, as
 @click.option("--raw", is_flag=True, help="Use the prompts as raw text (no chat template).")
 @click.option("--llama/--no-llama", "with_llama", default=True, show_default=True,
               help="Also run llama-cpp-python, generating the samples one after another.")
-@click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False, allow_dash=True),
-              help="Write every figure as JSON to FILE ('-' for stdout).")
-@click.option("--plot", "plot_path", default=None, type=click.Path(dir_okay=False),
-              help="Draw speed-up against n beside the ceiling n/V(n), and consensus acceptance by draft "
-                   "position, to FILE.png (needs matplotlib: the `plot` extra).")
+@report_options("every figure", "speed-up against n beside the ceiling n/V(n), and consensus acceptance by draft "
+                "position")
 def bench_parallel(model, ns, max_tokens, temperature, reps, threads, prompt, consensus_n, per_category, raw,
                    with_llama, json_path, plot_path) -> None:
     """Many sequences in one batch against one at a time.

@@ -13,7 +13,7 @@ from ..generation import SAMPLING_DEFAULTS
 from ..models import DEFAULT_DRAFT, DEFAULT_TARGET as DEFAULT_MODEL
 
 __all__ = ["DEFAULT_DRAFT", "DEFAULT_MODEL", "command_errors", "flash_attn_option", "load_model", "model_options",
-           "sampling_options", "suite_options"]
+           "report_options", "sampling_options", "suite_options"]
 
 
 @contextmanager
@@ -44,6 +44,16 @@ def suite_options(f):
     for opt in reversed(opts):
         f = opt(f)
     return f
+
+
+def report_options(json_what: str, plot_what: str):
+    """--json FILE and --plot FILE of the benchmarks: what each saves, in words."""
+    def decorate(f):
+        f = click.option("--plot", "plot_path", default=None, type=click.Path(dir_okay=False),
+                         help=f"Draw {plot_what}, to FILE.png (needs matplotlib: the `plot` extra).")(f)
+        return click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False, allow_dash=True),
+                            help=f"Write {json_what} as JSON to FILE ('-' for stdout).")(f)
+    return decorate
 
 
 def sampling_options(f):
