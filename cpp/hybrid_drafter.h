@@ -1,7 +1,8 @@
 // Lookup (n-gram, or consensus over a batch's samples) when it has a confident
 // match (at least min_match tokens, or a copy re-anchored where it diverged),
-// the draft model otherwise; the length policy sets the length either way, and
-// when it declines a lookup draft (length <= 0) the model is offered instead.
+// the draft model otherwise; the length policy sets the length either way. When
+// it declines a lookup draft (length <= 0) the model is offered instead, and
+// when it declines the model, any shorter lookup match.
 #pragma once
 
 #include <memory>
@@ -17,20 +18,23 @@ public:
 
     DraftPlan plan(const std::vector<int32_t>& history) override {
         DraftPlan p = ngram_->plan(history);
-        return p.match_len >= min_match_ || (p.near_copy && p.match_len > 0) ? p : model_->plan(history);
+        return confident(p) ? p : model_->plan(history);
     }
     DraftPlan choose(const std::vector<int32_t>& history, const LengthFor& length_for) override {
-        DraftPlan p = plan(history);
-        if (p.source == DraftSource::kNgram) {
-            p.length = length_for(p);
-            if (p.length > 0) return use(p);
-            DraftPlan m = model_->plan(history);
-            m.length = length_for(m);
-            // Both declined: report the n-gram plan, whose guess the plain round checks for free.
-            return use(m.length > 0 ? m : p);
+        DraftPlan lookup = ngram_->plan(history);
+        if (confident(lookup)) {
+            lookup.length = length_for(lookup);
+            if (lookup.length > 0) return use(lookup);
         }
-        p.length = length_for(p);
-        return use(p);
+        DraftPlan m = model_->plan(history);
+        m.length = length_for(m);
+        if (m.length > 0) return use(m);
+        // The model declined too (on a CPU it usually cannot pay): a shorter
+        // match is still worth its own chance, so that having a draft model
+        // costs nothing against lookup alone.
+        if (lookup.match_len > 0 && !confident(lookup)) lookup.length = length_for(lookup);
+        // Report the n-gram plan where there is one: a plain round checks its guess for free.
+        return use(lookup.match_len > 0 ? lookup : m);
     }
     void begin(const std::vector<int32_t>& prompt, const SamplingParams& sampling, bool prefill) override {
         model_->begin(prompt, sampling, prefill);
@@ -47,6 +51,7 @@ public:
     ModelDrafter* model_drafter() override { return chosen_ == DraftSource::kModel ? model_.get() : nullptr; }
 
 private:
+    bool confident(const DraftPlan& p) const { return p.match_len >= min_match_ || (p.near_copy && p.match_len > 0); }
     DraftPlan use(const DraftPlan& p) {
         chosen_ = p.source;
         return p;

@@ -270,6 +270,35 @@ def test_hybrid_uses_both_sources(target_path, draft_path):
     assert 0 < out.stats.ngram_rounds < out.stats.rounds
 
 
+def test_a_hybrid_whose_draft_model_cannot_pay_drafts_as_lookup_alone(gemma_path):
+    """Issue 11: having a draft model that cannot pay here must cost nothing
+    against --drafter ngram. On costs where every lookup pays (a flat batch
+    curve) and a draft model recorded as too slow to pay, the hybrid makes the
+    n-gram drafter's every decision, short matches included (before, a match
+    below the hybrid's 2-token minimum went to the model, which declined, and
+    the round was plain: 26 rounds against lookup's 21 here)."""
+    prompt = "The quick brown fox jumps over the lazy dog. The dog sleeps while the fox"
+    sizes = list(range(1, 18))
+
+    def run(drafter, draft_model=None):
+        target = pyspec.Model(gemma_path, n_ctx=256)
+        spec = pyspec.SpeculativeDecoder(target, draft_model, drafter=drafter, policy="auto")
+        policy = spec.policy_object()
+        policy.calibrated(sizes, [1.0] * len(sizes))  # flat: every draft pays
+        if draft_model is not None:
+            policy.recorded_draft_cost(1e3)  # the draft model cannot pay
+        return spec.generate(prompt, chat=False, max_tokens=60, temperature=0).stats
+
+    lookup = run("ngram")
+    hybrid = run("hybrid", pyspec.Model(gemma_path, n_ctx=256))
+    print(f"ngram: rounds {lookup.rounds}, drafted {lookup.ngram_drafted}; "
+          f"hybrid: rounds {hybrid.rounds}, drafted {hybrid.ngram_drafted}, model {hybrid.drafted - hybrid.ngram_drafted}")
+    assert lookup.ngram_drafted > 0
+    assert hybrid.drafted == hybrid.ngram_drafted, "the draft model drafted"
+    assert list(hybrid.length_hist) == list(lookup.length_hist)
+    assert hybrid.ngram_drafted == lookup.ngram_drafted
+
+
 # ------------------------------------------------------------------ lossless end to end
 
 NGRAM_PROMPT = "one two three one two three one two"
