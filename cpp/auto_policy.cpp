@@ -122,7 +122,6 @@ LengthBid AutoPolicy::bid(int32_t round_max, const DraftPlan& plan) const {
 }
 
 std::vector<int32_t> AutoPolicy::allot_lengths(const std::vector<LengthBid>& bids, int32_t max_rows) const {
-    std::vector<int32_t> k(bids.size(), 0);
     if (v1_ <= 0 || bids.empty()) return {};
     // Every drafted token's worth, largest first; each sequence's come in order
     // (alpha^j falls with j), ties to the earlier sequence.
@@ -152,20 +151,29 @@ std::vector<int32_t> AutoPolicy::allot_lengths(const std::vector<LengthBid>& bid
             best_m = m;
         }
     }
+    std::vector<int32_t> k(bids.size(), 0);
     for (size_t m = 0; m < best_m; ++m) ++k[gains[m].seq];
     return k;
 }
 
-void AutoPolicy::allotted(const DraftPlan& plan, int32_t k) {
+AutoPolicy::Bucket& AutoPolicy::plan_round(const DraftPlan& plan) {
     planned_bucket_ = bucket_of(plan);
-    planned_k_ = std::max(k, 0);
+    planned_k_ = 0;
     beliefs_.clear();
     reach_.clear();
-    Bucket& b = buckets_[static_cast<size_t>(planned_bucket_)];
-    if (planned_k_ > 0) {
-        b.plain_streak = 0;
-        b.interval = kFirstInterval;
-    }
+    return buckets_[static_cast<size_t>(planned_bucket_)];
+}
+
+int32_t AutoPolicy::drafting_won(Bucket& b, int32_t k) {
+    b.plain_streak = 0;
+    b.interval = kFirstInterval;
+    b.probing = false;
+    return planned_k_ = k;
+}
+
+void AutoPolicy::allotted(const DraftPlan& plan, int32_t k) {
+    Bucket& b = plan_round(plan);
+    if (k > 0) drafting_won(b, k);
     b.probing = false;  // lookups are judged on their guesses; no probes here
 }
 
@@ -192,13 +200,9 @@ bool AutoPolicy::may_draft(DraftSource source) const {
 }
 
 int32_t AutoPolicy::next_length(int32_t round_max, const DraftPlan& plan) {
-    planned_bucket_ = bucket_of(plan);
-    planned_k_ = 0;
-    beliefs_.clear();
-    reach_.clear();
+    Bucket& b = plan_round(plan);
     const int32_t longest = longest_for(round_max, plan);
     if (longest <= 0 || v1_ <= 0) return 0;  // a plain step measures v1 first
-    Bucket& b = buckets_[static_cast<size_t>(planned_bucket_)];
     if (b.cost < 0) {  // the drafter's cost is unknown: one short draft measures it
         b.probing = true;
         return planned_k_ = 1;
@@ -214,12 +218,7 @@ int32_t AutoPolicy::next_length(int32_t round_max, const DraftPlan& plan) {
             best_k = k;
         }
     }
-    if (best_k > 0) {
-        b.plain_streak = 0;
-        b.interval = kFirstInterval;
-        b.probing = false;
-        return planned_k_ = best_k;
-    }
+    if (best_k > 0) return drafting_won(b, best_k);
     if (b.probing) {
         // A probe that was accepted hints that the text changed: probe again at
         // once until drafting wins or a probe fails; a failed one waits longer.

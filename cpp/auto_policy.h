@@ -157,6 +157,10 @@ private:
     double rate(const Bucket& b, double alpha, int32_t k) const;
     double round_cost(int32_t own_rows) const;  // V(o + own_rows): the shared decode with this many own rows
     bool could_pay(const Bucket& b) const;
+    // A new round's plan (next_length or allotted): its bucket, no beliefs yet.
+    Bucket& plan_round(const DraftPlan& plan);
+    // The round drafts k tokens from b: its probe schedule starts over. Returns k.
+    int32_t drafting_won(Bucket& b, int32_t k);
 
     int32_t draft_max_;
     std::array<Bucket, kBuckets> buckets_;

@@ -8,6 +8,7 @@
 
 #include "rng.h"
 #include "sampling.h"
+#include "tokens.h"
 
 namespace pyspec {
 
@@ -109,13 +110,5 @@ public:
     // (draft_together in model_drafter.h); null for other sources.
     virtual ModelDrafter* model_drafter() { return nullptr; }
 };
-
-// Length of the common prefix of a and b.
-size_t common_prefix(const std::vector<int32_t>& a, const std::vector<int32_t>& b);
-
-// Hash of the n tokens at `tokens` (FNV-1a over the ids): the key of the
-// n-gram indexes (prompt lookup, consensus). Matches are confirmed by comparing
-// the tokens, so a collision costs a lookup, never a wrong draft.
-uint64_t ngram_key(const int32_t* tokens, int32_t n);
 
 }  // namespace pyspec

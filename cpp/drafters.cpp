@@ -10,22 +10,6 @@
 
 namespace pyspec {
 
-size_t common_prefix(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
-    const size_t n = std::min(a.size(), b.size());
-    size_t i = 0;
-    while (i < n && a[i] == b[i]) ++i;
-    return i;
-}
-
-uint64_t ngram_key(const int32_t* tokens, int32_t n) {
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (int32_t i = 0; i < n; ++i) {
-        h ^= static_cast<uint32_t>(tokens[i]);
-        h *= 0x100000001b3ull;
-    }
-    return h;
-}
-
 const std::vector<DrafterInfo>& drafter_catalog() {
     static const std::vector<DrafterInfo> catalog = {
         {"model", true, "a smaller model with the target's vocabulary"},

@@ -115,6 +115,13 @@ struct BatchSession::Sequence {
     void join_drafter() {
         if (drafter_prefill.joinable()) drafter_prefill.join();
     }
+    // A new round: no drafts yet; the drafter picks a source and hears its
+    // length from `length_for` (the policy's next_length, or a joint plan's bid).
+    void start_round(int32_t round_max, const LengthFor& length_for) {
+        drafts.clear();
+        plan = DraftPlan{};
+        if (round_max > 0 && drafter) plan = drafter->choose(history, length_for);
+    }
 };
 
 BatchSession::BatchSession(Engine& engine, const GenerateParams& shared, BatchTokenCallback on_token,
@@ -407,14 +414,11 @@ bool BatchSession::plan_jointly(const std::vector<Sequence*>& active, int32_t dr
     std::vector<LengthBid> bids(active.size());
     for (size_t i = 0; i < active.size(); ++i) {
         Sequence* s = active[i];
-        s->drafts.clear();
-        s->plan = DraftPlan{};
         const int32_t rm = round_max(*s, draft_cap);
-        if (rm <= 0 || !s->drafter) continue;
-        // choose() picks the source; the length it hears is the bid's longest,
-        // so that a drafter with several sources keeps the one that bids.
+        // The length choose() hears is the bid's longest, so that a drafter
+        // with several sources keeps the one that bids.
         LengthPolicy* policy = s->policy;
-        s->plan = s->drafter->choose(s->history, [&bids, i, rm, policy](const DraftPlan& p) {
+        s->start_round(rm, [&bids, i, rm, policy](const DraftPlan& p) {
             bids[i] = policy->bid(rm, p);
             return bids[i].longest;
         });
@@ -448,14 +452,10 @@ void BatchSession::draft_all(const std::vector<Sequence*>& active, int32_t draft
         if (!joint) {
             // Batch-aware policies weigh the decode this sequence's rows join.
             if (s->policy) s->policy->set_batch(others + planned_drafts, others);
-            s->drafts.clear();
-            s->plan = DraftPlan{};
-            if (rm > 0 && s->drafter) {
-                LengthPolicy* policy = s->policy;
-                s->plan = s->drafter->choose(s->history, [policy, rm](const DraftPlan& p) {
-                    return policy ? policy->next_length(rm, p) : rm;
-                });
-            }
+            LengthPolicy* policy = s->policy;
+            s->start_round(rm, [policy, rm](const DraftPlan& p) {
+                return policy ? policy->next_length(rm, p) : rm;
+            });
         }
         if (rm > 0 && s->drafter) {
             const int32_t k = std::min(s->plan.length, rm);

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "errors.h"
+#include "tokens.h"
 
 namespace pyspec {
 
@@ -446,12 +447,7 @@ void Model::copy_prefix(int32_t src, int32_t dst, int32_t n) {
 
 size_t Model::adopt_prefix(int32_t dst, const std::vector<int32_t>& tokens, size_t limit) {
     const auto held = lock();
-    const auto shared = [&](int32_t j) {
-        const std::vector<int32_t>& c = cached_[static_cast<size_t>(j)];
-        const size_t n = std::min({c.size(), tokens.size(), limit});
-        return static_cast<size_t>(std::mismatch(c.begin(), c.begin() + static_cast<std::ptrdiff_t>(n),
-                                                 tokens.begin()).first - c.begin());
-    };
+    const auto shared = [&](int32_t j) { return common_prefix(cached_[static_cast<size_t>(j)], tokens, limit); };
     checked_seq(dst);
     int32_t src = dst;
     size_t best = shared(dst);
