@@ -104,6 +104,13 @@ private:
     }
 };
 
+// TokenLogprobs as Python sees them: [(logprob, [(token, logprob), ...top])].
+py::list logprob_tuples(const std::vector<TokenLogprobs>& lps) {
+    py::list out;
+    for (const TokenLogprobs& lp : lps) out.append(py::make_tuple(lp.logprob, lp.top));
+    return out;
+}
+
 // A BatchSession as Python holds it: the callback it calls, and the drafters
 // and policies of its live sequences (kept alive until their results are taken).
 struct PySession {
@@ -486,13 +493,16 @@ PYBIND11_MODULE(_core, m) {
         .field("test_shared_stream", &GenerateParams::test_shared_stream)
         .field("parallel_prefill", &GenerateParams::parallel_prefill)
         .field("prefill_chunk", &GenerateParams::prefill_chunk)
+        .field("logprobs", &GenerateParams::logprobs)
         .done();
     bind_stats(m);
     py::class_<GenerateResult>(m, "GenerateResult")
         .def_readonly("tokens", &GenerateResult::tokens)
         .def_property_readonly("text", [](const GenerateResult& r) { return py::bytes(r.text); }, "UTF-8 bytes")
         .def_readonly("stop_reason", &GenerateResult::stop_reason)
-        .def_readonly("stats", &GenerateResult::stats);
+        .def_readonly("stats", &GenerateResult::stats)
+        .def_property_readonly("logprobs", [](const GenerateResult& r) { return logprob_tuples(r.logprobs); },
+                               "[(logprob, [(token, logprob), ...top])] per token (GenerateParams.logprobs >= 0)");
 
     py::class_<Engine>(m, "Engine")
         .def(py::init<Model&, Drafter*>(), py::arg("target"), py::arg("drafter") = nullptr,
@@ -615,6 +625,19 @@ PYBIND11_MODULE(_core, m) {
                  return done;
              },
              "[(handle, GenerateResult)] of the sequences finished since the last call.")
+        .def("logprobs",
+             [](PySession& ps, int32_t handle, size_t start) {
+                 std::vector<TokenLogprobs> lp;
+                 {
+                     py::gil_scoped_release release;
+                     lp = ps.get().logprobs(handle, start);
+                 }
+                 return logprob_tuples(lp);
+             },
+             py::arg("handle"), py::arg("start") = 0,
+             "A running sequence's recorded log-probabilities from index start, as GenerateResult.logprobs.")
+        .def_property_readonly("kv_cells", [](PySession& ps) { return ps.get().kv_cells(); },
+                               "(cells of running sequences, all cells held): the target's cache use")
         .def("release_cache",
              [](PySession& ps) {
                  py::gil_scoped_release release;

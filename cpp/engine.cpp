@@ -185,6 +185,7 @@ void BatchSession::check(const SequenceSpec& spec) const {
     p.draft_sampling.validate();
     if (p.max_tokens < 0) throw std::invalid_argument("max_tokens must be >= 0");
     if (spec.stream < 0) throw std::invalid_argument("stream must be >= 0");
+    if (p.logprobs < -1) throw std::invalid_argument("logprobs must be -1 (none) or >= 0");
     if (shared_.draft_max > 0 && !spec.drafter) throw std::invalid_argument("draft_max > 0 needs a drafter");
     if (spec.drafter && shared_.draft_max > 0) {
         Model* m = spec.drafter->model();
@@ -271,6 +272,13 @@ void BatchSession::cancel(int32_t handle) {
     if (Sequence* s = find(handle)) s->cancel_requested = true;
 }
 
+std::vector<TokenLogprobs> BatchSession::logprobs(int32_t handle, size_t start) {
+    const Locks held = hold();
+    const Sequence* s = find(handle);
+    if (!s || start >= s->result.logprobs.size()) return {};
+    return {s->result.logprobs.begin() + static_cast<std::ptrdiff_t>(start), s->result.logprobs.end()};
+}
+
 void BatchSession::release_cache() {
     const Locks held = hold();
     for (int32_t j = 0; j < static_cast<int32_t>(slot_owner_.size()); ++j) {
@@ -292,6 +300,15 @@ int32_t BatchSession::n_waiting() const {
     int32_t n = 0;
     for (const Sequence& s : seqs_) n += !s.done && !s.started;
     return n;
+}
+
+std::pair<int32_t, int32_t> BatchSession::kv_cells() const {
+    int32_t running = 0, all = 0;
+    for (int32_t j = 0; j < target_.n_seq(); ++j) all += static_cast<int32_t>(target_.cached(j).size());
+    for (const Sequence& s : seqs_) {
+        if (!s.done && s.started) running += static_cast<int32_t>(target_.cached(s.id).size());
+    }
+    return {running, all};
 }
 
 BatchStats BatchSession::stats() const {
@@ -626,6 +643,12 @@ void BatchSession::emit(Sequence& s) {
     for (int32_t i = 0; i <= vr.n_accepted && !s.done; ++i) {
         const bool drafted = i < vr.n_accepted;
         const int32_t token = drafted ? s.drafts[static_cast<size_t>(i)] : vr.next_token;
+        if (s.params.logprobs >= 0) {
+            // Row first_row + i scored the position of emitted token i (its logits
+            // stay in place until the next decode).
+            r.logprobs.push_back(token_logprobs(target_.logits(s.first_row + i), target_.n_vocab(), token,
+                                                s.params.logprobs));
+        }
         s.history.push_back(token);
         r.tokens.push_back(token);
         const auto now = Clock::now();

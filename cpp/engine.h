@@ -23,6 +23,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "drafter.h"
@@ -55,6 +56,11 @@ struct GenerateParams {
     // are generating (0: as many as the batch has room for). Bounds how long a
     // newly added long prompt can hold up the others' next token.
     int32_t prefill_chunk = 0;
+    // Log-probabilities recorded for each emitted token (GenerateResult::logprobs):
+    // -1 none; k >= 0 the token's own and the k most likely alternatives. They are
+    // the target's (token_logprobs in sampling.h), from the verification row that
+    // decided the token: plain decoding at the same prefix reports the same.
+    int32_t logprobs = -1;
     // Checked between tokens and inside every llama_decode; set from another
     // thread to stop (stop_reason "cancelled", caches left consistent).
     const std::atomic<bool>* cancel = nullptr;
@@ -65,6 +71,7 @@ struct GenerateResult {
     std::string text;
     std::string stop_reason;  // "eog", "max_tokens", "stop", "context", "cancelled"
     GenerationStats stats;
+    std::vector<TokenLogprobs> logprobs;  // one per token when GenerateParams::logprobs >= 0
 };
 
 // Called for every emitted token with the text that became safe to show
@@ -185,6 +192,12 @@ public:
     int32_t free_slots() const;
     int32_t n_active() const;   // generating
     int32_t n_waiting() const;  // prompt not yet in the cache
+    // Target cache cells held (running sequences', and all: finished sequences'
+    // cells stay as a prefix cache that add() reuses and a full cache reclaims).
+    std::pair<int32_t, int32_t> kv_cells() const;
+    // The log-probabilities a running sequence has recorded so far (from index
+    // `start`); empty for unknown or finished handles (their results hold them).
+    std::vector<TokenLogprobs> logprobs(int32_t handle, size_t start);
     BatchStats stats() const;
 
 private:

@@ -748,6 +748,35 @@ int32_t sample_residual(const Distribution& p, const Distribution& q, double u) 
 
 // ---------------------------------------------------------------- verify
 
+TokenLogprobs token_logprobs(const float* logits, int32_t n_vocab, int32_t token, int32_t k) {
+    if (token < 0 || token >= n_vocab) throw std::invalid_argument("token id out of range");
+    // log p(x) = l(x) - (m + log sum exp(l - m)), m the largest logit: no overflow.
+    double m = -std::numeric_limits<double>::infinity();
+    for (int32_t i = 0; i < n_vocab; ++i) {
+        const float l = logits[i];
+        if (std::isnan(l) || l == std::numeric_limits<float>::infinity()) {
+            throw std::invalid_argument("NaN or +inf logit at token " + std::to_string(i));
+        }
+        m = std::max(m, static_cast<double>(l));
+    }
+    if (std::isinf(m)) throw std::invalid_argument("every logit is -inf");
+    double sum = 0;
+    for (int32_t i = 0; i < n_vocab; ++i) sum += std::exp(static_cast<double>(logits[i]) - m);
+    const double log_z = m + std::log(sum);
+    TokenLogprobs out;
+    out.logprob = logits[token] - log_z;
+    k = std::min(std::max(k, 0), n_vocab);
+    if (k > 0) {
+        std::vector<int32_t> ids(static_cast<size_t>(n_vocab));
+        for (int32_t i = 0; i < n_vocab; ++i) ids[static_cast<size_t>(i)] = i;
+        std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), [logits](int32_t a, int32_t b) {
+            return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+        });
+        for (int32_t j = 0; j < k; ++j) out.top.emplace_back(ids[static_cast<size_t>(j)], logits[ids[static_cast<size_t>(j)]] - log_z);
+    }
+    return out;
+}
+
 const std::vector<std::string>& verify_variant_names() {
     static const std::vector<std::string> names = {"correct", "residual_is_p", "accept_all", "sample_and_match"};
     return names;

@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "rng.h"
@@ -128,6 +129,17 @@ private:
 // sampled from (after every setting) into `out`. See sampling.cpp for the exact rule.
 void compute_distribution(const float* logits, int32_t n_vocab, const SamplingParams& params,
                           Distribution& out, SamplingWorkspace& ws);
+
+// What OpenAI's `logprobs` report for one emitted token: its log-probability under
+// softmax(logits) at temperature 1 without truncation (the model's own distribution,
+// whatever the sampling settings), and the k most likely tokens with theirs, most
+// likely first (ties to the lower id). Logits that compute_distribution rejects
+// are rejected here too (std::invalid_argument).
+struct TokenLogprobs {
+    double logprob = 0;
+    std::vector<std::pair<int32_t, double>> top;
+};
+TokenLogprobs token_logprobs(const float* logits, int32_t n_vocab, int32_t token, int32_t k);
 
 // Which acceptance rule to use. Only kCorrect is lossless and optimal. The other three
 // are TEST-ONLY negative controls for the statistical tests and `pyspec check`; the

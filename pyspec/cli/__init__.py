@@ -20,8 +20,9 @@ def main() -> None:
     """
 
 
-from . import bench, generate, tools  # noqa: E402  (each registers its commands on main)
+from . import bench, generate, serve, tools  # noqa: E402  (each registers its commands on main)
 
 generate.register(main)
+serve.register(main)
 tools.register(main)
 bench.register(main)

@@ -266,7 +266,87 @@ def bench_parallel(model, ns, max_tokens, temperature, reps, threads, prompt, co
         click.echo(result["table"])
 
 
+@click.command("bench-serve")
+@click.option("--model", "-m", default=DEFAULT_MODEL, show_default=True, help="Target model (path or default name).")
+@click.option("--draft", "-d", default=DEFAULT_DRAFT, show_default=True,
+              help="pyspec's draft model; '' for n-gram lookup only (llama-cpp-python's server has none).")
+@click.option("--clients", default="1,2,4,8", show_default=True, help="Comma-separated numbers of clients.")
+@click.option("--max-tokens", "-n", default=64, show_default=True, type=click.IntRange(min=2),
+              help="Tokens per answer (greedy).")
+@click.option("--reps", default=2, show_default=True, type=click.IntRange(min=1), help="Repetitions.")
+@click.option("--threads", default=None, type=click.IntRange(min=1), help="CPU threads [default: physical cores].")
+@click.option("--n-ctx", default=8192, show_default=True, type=click.IntRange(min=512),
+              help="Context of each server (pyspec's is shared by its slots).")
+@click.option("--generate/--no-generate", "with_generate", default=True, show_default=True,
+              help="At 1 client, also run the prompts through `pyspec generate`'s code in this process.")
+@click.option("--raw", is_flag=True, help="Send the prompts as raw text (no chat template).")
+@report_options("every wave's figures", "aggregate tok/s and TTFT p95 against the number of clients")
+def bench_serve(model, draft, clients, max_tokens, reps, threads, n_ctx, with_generate, raw, json_path,
+                plot_path) -> None:
+    """pyspec's server against llama-cpp-python's, under concurrent clients.
+
+    Starts `pyspec serve` and `python -m llama_cpp.server` (needs the `bench`
+    extra) on the same model and threads; for each number of clients, all
+    clients stream one greedy completion of a different prompt of the suite
+    (chat-templated) at once, alternating the servers, over --reps repetitions.
+    Prints aggregate tokens/s with its ratio to llama-cpp-python, TTFT p50/p95
+    and per-request continuation speed. Progress goes to stderr.
+    """
+    import llama_cpp
+
+    from .._platform import physical_cores
+    from ..bench import serve as bs
+    from ..bench.suite import prompts as suite_prompts
+    from ..speculative import SpeculativeDecoder
+
+    try:
+        counts = sorted({int(x) for x in clients.split(",") if x.strip()})
+    except ValueError:
+        raise click.BadParameter("--clients takes comma-separated integers, e.g. 1,2,4,8") from None
+    if not counts or counts[0] < 1:
+        raise click.BadParameter("--clients needs numbers >= 1")
+    try:
+        import llama_cpp.server  # noqa: F401
+    except ImportError as e:
+        raise click.ClickException(f"llama-cpp-python's server is not installed: pip install "
+                                   f"'pyspec-llama[bench]' ({e})") from e
+    n_threads = threads or physical_cores()
+    with command_errors():
+        target = load_model(model, n_ctx=2048, n_threads=n_threads)
+        decoder = None
+        if with_generate and 1 in counts:
+            decoder = SpeculativeDecoder(target, load_model(draft, n_ctx=2048, n_threads=n_threads) if draft else None)
+        texts = [p.text if raw else target.apply_chat_template([{"role": "user", "content": p.text}])
+                 for p in suite_prompts(per_category=1)]
+        vocab = llama_cpp.Llama(target.path, vocab_only=True, verbose=False)
+
+        def count(text: str) -> int:
+            return len(vocab.tokenize(text.encode("utf-8"), add_bos=False, special=False)) if text else 0
+
+        with click.progressbar(length=reps * len(counts), label="bench-serve", file=sys.stderr,
+                               item_show_func=lambda x: x) as bar:
+            def progress(what: str) -> None:
+                bar.label = what
+                bar.render_progress()
+
+            rows = bs.run(target.path, draft, texts, counts, max_tokens=max_tokens, reps=reps, n_ctx=n_ctx,
+                          threads=n_threads, decoder=decoder, count=count, progress=progress)
+            bar.update(reps * len(counts))
+    result = {"model": target.path, "draft": draft, "threads": n_threads, "max_tokens": max_tokens, "rows": rows,
+              "table": bs.summarize(rows)}
+    if json_path:
+        with click.open_file(json_path, "w") as f:
+            json.dump(result, f, indent=2)
+    if plot_path:
+        bs.plot(rows, plot_path)
+    if json_path != "-":
+        click.echo(f"{target.path} (draft {draft or 'none: n-gram lookup'}), {n_threads} threads, "
+                   f"{max_tokens} greedy tokens per request")
+        click.echo(result["table"])
+
+
 def register(main: click.Group) -> None:
     main.add_command(bench)
+    main.add_command(bench_serve)
     main.add_command(bench_parallel)
     main.add_command(simulate)

@@ -1,0 +1,108 @@
+"""`pyspec serve`: the OpenAI-compatible server (pyspec/server)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+
+from ..speculative import DRAFTERS, POLICIES
+from .options import DEFAULT_DRAFT, DEFAULT_MODEL, command_errors, flash_attn_option, load_model
+
+
+@click.command()
+@click.option("--model", "-m", default=None,
+              help=f"Target model: a .gguf path or a default model name [default: {DEFAULT_MODEL}].")
+@click.option("--draft", "-d", default=None,
+              help=f"Draft model (path or name). With neither --model nor --draft the default pair is served "
+                   f"(draft: {DEFAULT_DRAFT}); with --model alone, n-gram lookup drafts.")
+@click.option("--no-draft", is_flag=True, help="Plain decoding with the target alone.")
+@click.option("--drafter", type=click.Choice(list(DRAFTERS)), default=None,
+              help="Drafter of every request that names none [default: hybrid with a draft model, else ngram].")
+@click.option("--policy", type=click.Choice(list(POLICIES)), default="auto", show_default=True,
+              help="Draft-length policy of requests that name none.")
+@click.option("--draft-max", "-k", default=None, type=click.IntRange(min=0),
+              help="Draft length cap of requests that give none [default: the policy's own].")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on (the default admits this machine only).")
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535))
+@click.option("--parallel", "-np", default=8, show_default=True, type=click.IntRange(1, 256),
+              help="Sequences generated together (slots); more requests wait in the queue.")
+@click.option("--queue-size", default=None, type=click.IntRange(min=0),
+              help="Requests that may wait for a slot; past it, 503 with Retry-After [default: 4 x --parallel].")
+@click.option("--n-ctx", default=8192, show_default=True, type=click.IntRange(min=16),
+              help="Context cells, shared by all slots (one unified cache); a prompt must fit in it.")
+@click.option("--prefill-chunk", default=256, show_default=True, type=click.IntRange(min=0),
+              help="Most prompt tokens a round prefills beside running sequences (0: no limit): bounds how "
+                   "long a new long prompt holds up the others.")
+@click.option("--api-key", default=None, envvar="PYSPEC_API_KEY", show_envvar=True,
+              help="Require `Authorization: Bearer KEY` on the /v1 routes.")
+@click.option("--model-alias", default=None, help="The model name clients use [default: the target's name].")
+@click.option("--threads", default=None, type=click.IntRange(min=1), help="CPU threads [default: physical cores].")
+@click.option("--n-gpu-layers", default=0, show_default=True, type=int,
+              help="Layers to offload on Metal/CUDA builds of llama.cpp (-1 = all).")
+@flash_attn_option
+def serve(model, draft, no_draft, drafter, policy, draft_max, host, port, parallel, queue_size, n_ctx, prefill_chunk,
+          api_key, model_alias, threads, n_gpu_layers, flash_attn) -> None:
+    """Serve the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models),
+    with /health and Prometheus /metrics.
+
+    Requests are batched continuously: every round, one target decode verifies
+    the drafts of every running request, and new requests join between rounds.
+    Output keeps the target's distribution exactly (lossless speculation);
+    `logprobs` are the target's. Extensions per request: top_k, min_p,
+    draft_max, policy, drafter. Stop with Ctrl-C or SIGTERM (requests in flight
+    are finished or cancelled; exit status 0).
+    """
+    try:
+        import uvicorn
+
+        from ..server.app import create_app
+    except ImportError as e:
+        raise click.ClickException(f"the server needs its extra: pip install 'pyspec-llama[server]' ({e})") from e
+    from ..speculative import SpeculativeDecoder
+
+    if draft is None and model is None and not no_draft and drafter not in ("ngram", "consensus"):
+        draft = DEFAULT_DRAFT
+    name = model_alias or os.path.basename(model or DEFAULT_MODEL).removesuffix(".gguf")
+    with command_errors():
+        load = dict(n_ctx=n_ctx, n_threads=threads, n_gpu_layers=n_gpu_layers, flash_attn=flash_attn,
+                    n_seq_max=parallel)
+        target = load_model(model or DEFAULT_MODEL, **load)
+        decoder = target
+        if not no_draft:
+            draft_model = load_model(draft, **load) if draft and drafter not in ("ngram", "consensus") else None
+            decoder = SpeculativeDecoder(target, draft_model, drafter=drafter, policy=policy, draft_max=draft_max)
+    app = create_app(decoder, model_name=name, parallel=parallel,
+                     queue_size=4 * parallel if queue_size is None else queue_size, api_key=api_key,
+                     prefill_chunk=prefill_chunk)
+    click.echo(f"pyspec serve: {name} ({decoder!r}) on http://{host}:{port}/v1 with {parallel} slots; "
+               f"Ctrl-C stops", err=True)
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
+                            timeout_graceful_shutdown=10, lifespan="on")
+    server = _Server(config, app)
+    server.run()
+    if not server.started:  # e.g. the port is taken (uvicorn logged why)
+        sys.exit(1)
+
+
+def _Server(config, app):
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """On SIGINT/SIGTERM: running requests are cancelled at the next round, so
+        their streams end properly before uvicorn closes the connections. And exit 0:
+        uvicorn re-raises the signal after its graceful shutdown, which would report a
+        clean stop as death by signal."""
+
+        def handle_exit(self, sig, frame) -> None:
+            super().handle_exit(sig, frame)
+            getattr(self, "_captured_signals", []).clear()
+            app.state.shutdown()
+
+    return Server(config)
+
+
+def register(main: click.Group) -> None:
+    main.add_command(serve)

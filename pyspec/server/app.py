@@ -1,0 +1,310 @@
+"""The HTTP face of the server (Starlette): OpenAI's routes over the scheduler.
+
+Handlers parse and validate a request (:mod:`.protocol`), tokenize it, hand it
+to the :class:`~.scheduler.Scheduler` and turn its events into one JSON response
+or an SSE stream (``data: {...}`` chunks, then ``data: [DONE]``). A client that
+disconnects has its sequences cancelled; every refusal is OpenAI's error object
+with a 4xx (503 with ``Retry-After`` when the queue is full), never a 500 for
+bad input.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import time
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator, Dict, List, Optional
+
+from sse_starlette.sse import EventSourceResponse
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
+
+from .. import __version__
+from . import protocol
+from .metrics import Metrics
+from .protocol import FINISH_REASON, APIError
+from .scheduler import MAX_DRAFT, Job, Scheduler
+
+#: Largest request body accepted (a prompt of a few hundred thousand characters).
+MAX_BODY_BYTES = 4 << 20
+
+
+def create_app(decoder, *, model_name: str, parallel: int = 8, queue_size: int = 32, api_key: Optional[str] = None,
+               prefill_chunk: int = 256) -> Starlette:
+    """An ASGI app serving ``decoder`` (a Model or SpeculativeDecoder whose
+    target, and draft model, hold ``parallel`` sequences) under ``model_name``."""
+    from ..speculative import DRAFTERS, POLICIES, SpeculativeDecoder
+
+    state: Dict[str, Any] = {}
+    metrics = Metrics(lambda: state.get("scheduler"))
+    target = decoder.target
+    speculative = isinstance(decoder, SpeculativeDecoder)
+    policies = list(POLICIES) if speculative else []
+    drafters = [d for d in DRAFTERS if not DRAFTERS[d]["needs_draft_model"] or getattr(decoder, "draft", None)]
+    drafters = drafters if speculative else []
+    created = int(time.time())
+
+    @asynccontextmanager
+    async def lifespan(app):
+        state["scheduler"] = Scheduler(decoder, parallel=parallel, queue_size=queue_size,
+                                       prefill_chunk=prefill_chunk)
+        try:
+            yield
+        finally:
+            await asyncio.get_running_loop().run_in_executor(None, state["scheduler"].stop)
+
+    def error(e: APIError) -> JSONResponse:
+        metrics.request_done(e.status)
+        return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+
+    def authorized(request: Request) -> bool:
+        if api_key is None:
+            return True
+        given = request.headers.get("authorization", "")
+        return given.startswith("Bearer ") and hmac.compare_digest(given[7:].strip(), api_key)
+
+    async def read_body(request: Request) -> Any:
+        size = request.headers.get("content-length")
+        if size is not None and size.isdigit() and int(size) > MAX_BODY_BYTES:
+            raise APIError(413, f"the request body is larger than {MAX_BODY_BYTES} bytes")
+        raw = b""
+        async for chunk in request.stream():
+            raw += chunk
+            if len(raw) > MAX_BODY_BYTES:
+                raise APIError(413, f"the request body is larger than {MAX_BODY_BYTES} bytes")
+        try:
+            return json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as e:
+            raise APIError(400, f"the request body is not valid JSON: {e}") from None
+
+    def tokens_of(kind: str, prompt) -> List[int]:
+        try:
+            if kind == "chat":
+                ids = target.prompt_tokens(prompt)
+            elif isinstance(prompt, str):
+                ids = target.tokenize(prompt, add_special=True, parse_special=True)
+            else:
+                ids = list(prompt)
+                bad = [t for t in ids if not 0 <= t < target.n_vocab]
+                if bad:
+                    raise APIError(400, f"token id {bad[0]} is outside the vocabulary (0..{target.n_vocab - 1})",
+                                   param="prompt")
+        except (ValueError, RuntimeError) as e:
+            raise APIError(400, f"cannot build the prompt: {e}",
+                           param="messages" if kind == "chat" else "prompt") from None
+        if not ids:
+            raise APIError(400, "the prompt is empty", param="prompt")
+        if len(ids) >= target.n_ctx:
+            raise APIError(400, f"This model's maximum context length is {target.n_ctx} tokens; the prompt has "
+                                f"{len(ids)} (pyspec serve --n-ctx)", param="messages" if kind == "chat" else "prompt",
+                           code="context_length_exceeded")
+        return ids
+
+    async def generate(request: Request, kind: str) -> Response:
+        if not authorized(request):
+            return error(APIError(401, "a valid API key is required (Authorization: Bearer ...)",
+                                  type="authentication_error", code="invalid_api_key"))
+        try:
+            body = await read_body(request)
+            parsed = protocol.parse(kind, body, max_n=parallel, policies=policies, drafters=drafters,
+                                    max_draft=MAX_DRAFT)
+            if parsed.model not in (None, model_name):
+                raise APIError(404, f"the model '{parsed.model}' does not exist (this server has '{model_name}')",
+                               param="model", code="model_not_found")
+            prompts = [tokens_of(kind, p) for p in parsed.prompts]
+            job = Job(parsed.sampling, prompts, asyncio.get_running_loop())
+            state["scheduler"].submit(job)
+        except APIError as e:
+            return error(e)
+        metrics.request_started(kind)
+        answer = Answer(kind, parsed, job, model_name, target, metrics)
+        if parsed.stream:
+            return EventSourceResponse(answer.stream(request), ping=15, sep="\n")
+        return await answer.whole(request)
+
+    async def completions(request: Request) -> Response:
+        return await generate(request, "completion")
+
+    async def chat(request: Request) -> Response:
+        return await generate(request, "chat")
+
+    async def models(request: Request) -> Response:
+        if not authorized(request):
+            return error(APIError(401, "a valid API key is required", type="authentication_error"))
+        return JSONResponse({"object": "list", "data": [
+            {"id": model_name, "object": "model", "created": created, "owned_by": "pyspec",
+             "meta": {"n_ctx": target.n_ctx, "n_vocab": target.n_vocab, "parallel": parallel}}]})
+
+    async def health(request: Request) -> Response:
+        s = state.get("scheduler")
+        if s is None or s.error is not None:
+            return JSONResponse({"status": "error", "error": str(s.error) if s else "starting"}, status_code=503)
+        running, cached = s.kv_cells
+        return JSONResponse({"status": "ok", "version": __version__, "slots_total": parallel,
+                             "slots_busy": s.busy_slots, "queue_depth": s.queue_depth,
+                             "kv_cells_running": running, "kv_cells_cached": cached})
+
+    async def metrics_route(request: Request) -> Response:
+        body, content_type = metrics.render()
+        return PlainTextResponse(body, media_type=content_type)
+
+    routes = [
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/chat/completions", chat, methods=["POST"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/metrics", metrics_route, methods=["GET"]),
+    ]
+
+    async def not_found(request: Request, exc) -> Response:
+        status = getattr(exc, "status_code", 404)
+        return JSONResponse(APIError(status, f"{request.method} {request.url.path}: "
+                                             f"{'no such route' if status == 404 else 'not allowed'}").body(),
+                            status_code=status)
+
+    async def crashed(request: Request, exc: Exception) -> Response:
+        return JSONResponse(APIError(500, f"internal error: {exc}", type="server_error").body(), status_code=500)
+
+    app = Starlette(routes=routes, lifespan=lifespan,
+                    exception_handlers={404: not_found, 405: not_found, Exception: crashed})
+    app.state.shutdown = lambda: state["scheduler"].shutdown() if "scheduler" in state else None
+    return app
+
+
+class Answer:
+    """Turns a job's events into OpenAI's response: whole, or streamed."""
+
+    def __init__(self, kind: str, parsed: protocol.ParsedRequest, job: Job, model_name: str, target,
+                 metrics: Metrics) -> None:
+        self.kind, self.parsed, self.job, self.model, self.target = kind, parsed, job, model_name, target
+        self.metrics = metrics
+        self.id = protocol.new_id(kind)
+        self.created = protocol.now()
+        self.n_choices = len(job.prompts) * parsed.sampling.n
+        self.n_prompt = sum(len(p) for p in job.prompts)
+
+    def _piece(self, token: int) -> bytes:
+        return self.target._core.token_to_piece(token, False)
+
+    def _logprobs(self, entries, tokens, offset: int = 0):
+        if entries is None:
+            return None
+        if self.kind == "chat":
+            return protocol.chat_logprobs(entries, tokens, self._piece)
+        return protocol.completion_logprobs(entries, tokens, self._piece, offset)
+
+    async def _events(self, request: Request) -> AsyncIterator[tuple]:
+        """The job's events until every choice is done; cancels it if the client leaves."""
+        remaining = self.n_choices
+        try:
+            while remaining:
+                try:
+                    event = await asyncio.wait_for(self.job.events.get(), timeout=0.5)
+                except asyncio.TimeoutError:
+                    if await request.is_disconnected():
+                        return
+                    continue
+                if event[0] == "error":
+                    raise event[1]
+                if event[0] == "done":
+                    remaining -= 1
+                yield event
+        finally:
+            if remaining:
+                self.job.cancel()
+
+    async def whole(self, request: Request) -> Response:
+        metrics = self.metrics
+        texts = [""] * self.n_choices
+        tokens: List[List[int]] = [[] for _ in range(self.n_choices)]
+        lps: List[list] = [[] for _ in range(self.n_choices)]
+        results: List[Any] = [None] * self.n_choices
+        try:
+            async for event in self._events(request):
+                if event[0] == "delta":
+                    _, i, text, toks, lp = event
+                    texts[i] += text
+                    tokens[i] += toks
+                    lps[i] += lp or []
+                else:
+                    results[event[1]] = event[2]
+        except APIError as e:
+            metrics.request_done(e.status)
+            return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+        if any(r is None for r in results):  # the client left
+            metrics.request_done(499)
+            return Response(status_code=499)
+        choices = []
+        for i, r in enumerate(results):
+            lp = self._logprobs(lps[i] if self.parsed.sampling.logprobs is not None else None, tokens[i])
+            finish = FINISH_REASON[r.stop_reason]
+            if self.kind == "chat":
+                choices.append({"index": i, "message": {"role": "assistant", "content": texts[i]},
+                                "logprobs": lp, "finish_reason": finish})
+            else:
+                choices.append({"index": i, "text": texts[i], "logprobs": lp, "finish_reason": finish})
+        metrics.request_done(200)
+        return JSONResponse({
+            "id": self.id, "object": "chat.completion" if self.kind == "chat" else "text_completion",
+            "created": self.created, "model": self.model, "choices": choices,
+            **self._figures(results, sum(len(t) for t in tokens)),
+        })
+
+    def _chunk(self, choices: List[Dict[str, Any]], **extra) -> Dict[str, str]:
+        obj = {"id": self.id, "object": "chat.completion.chunk" if self.kind == "chat" else "text_completion",
+               "created": self.created, "model": self.model, "choices": choices, **extra}
+        return {"data": json.dumps(obj, ensure_ascii=False)}
+
+    async def stream(self, request: Request) -> AsyncIterator[Dict[str, str]]:
+        answered = False
+        try:
+            async for chunk in self._stream(request):
+                yield chunk
+            answered = True
+        finally:
+            if not answered:  # the client left (the stream was cancelled)
+                self.metrics.request_done(499)
+
+    async def _stream(self, request: Request) -> AsyncIterator[Dict[str, str]]:
+        n_out = 0
+        results: List[Any] = [None] * self.n_choices
+        offsets = [0] * self.n_choices
+        try:
+            if self.kind == "chat":  # OpenAI's first chunk of each choice names the role
+                yield self._chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                                    "finish_reason": None} for i in range(self.n_choices)])
+            async for event in self._events(request):
+                if event[0] == "delta":
+                    _, i, text, toks, lp = event
+                    n_out += len(toks)
+                    lp_obj = self._logprobs(lp, toks, offsets[i])
+                    offsets[i] += len(text)
+                    body = ({"delta": {"content": text}} if self.kind == "chat" else {"text": text})
+                    yield self._chunk([{"index": i, **body, "logprobs": lp_obj, "finish_reason": None}])
+                else:
+                    _, i, r, _seed = event
+                    results[i] = r
+                    body = {"delta": {}} if self.kind == "chat" else {"text": ""}
+                    last = all(x is not None for x in results)
+                    # The last choice's final chunk carries the figures, as llama.cpp's server does.
+                    extra = {} if not last else self._figures(results, n_out)
+                    yield self._chunk([{"index": i, **body, "logprobs": None,
+                                        "finish_reason": FINISH_REASON[r.stop_reason]}], **extra)
+        except APIError as e:
+            self.metrics.request_done(e.status)
+            yield {"data": json.dumps(e.body())}
+            return
+        if any(r is None for r in results):
+            raise asyncio.CancelledError  # the client left: counted by stream()
+        self.metrics.request_done(200)
+        if self.parsed.include_usage:  # OpenAI's own usage chunk: no choices
+            yield self._chunk([], **self._figures(results, n_out))
+        yield {"data": "[DONE]"}
+
+    def _figures(self, results, n_out: int) -> Dict[str, Any]:
+        return {"usage": protocol.usage(self.n_prompt, n_out),
+                "timings": protocol.timings([r.stats for r in results], self.n_prompt)}

@@ -1,0 +1,112 @@
+"""A server in a process of its own, as its users start it: for the serving
+benchmark (pyspec's server beside llama-cpp-python's) and the server tests."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from typing import Any, Dict, List, Optional, Tuple
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    """``cmd`` started on 127.0.0.1:``port`` (its output kept in a temporary
+    file); waits until ``GET health`` answers 200. ``stop()`` sends SIGTERM and
+    returns the exit status."""
+
+    def __init__(self, cmd: List[str], port: int, *, health: str = "/health", startup_s: float = 300) -> None:
+        self.port = port
+        self.log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, cwd=tempfile.gettempdir())
+        deadline = time.monotonic() + startup_s
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{' '.join(cmd[:3])} exited with {self.proc.returncode}:\n{self.output()}")
+            try:
+                if request(port, "GET", health, timeout=2)[0] == 200:
+                    return
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"{' '.join(cmd[:3])} did not come up in {startup_s} s:\n{self.output()}")
+            time.sleep(0.3)
+
+    def url(self, path: str = "") -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def output(self) -> str:
+        self.log.flush()
+        with open(self.log.name) as f:
+            return f.read()
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+                raise
+        try:
+            os.unlink(self.log.name)
+        except OSError:
+            pass
+        return self.proc.returncode
+
+
+def request(port: int, method: str, path: str, body: Any = None, *, headers: Optional[Dict[str, str]] = None,
+            timeout: float = 600) -> Tuple[int, Any]:
+    """(status, decoded JSON or text) of one request to 127.0.0.1:port."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        data = None if body is None else json.dumps(body).encode()
+        conn.request(method, path, body=data, headers={"Content-Type": "application/json", **(headers or {})})
+        r = conn.getresponse()
+        raw = r.read().decode("utf-8", errors="replace")
+        try:
+            return r.status, json.loads(raw)
+        except ValueError:
+            return r.status, raw
+    finally:
+        conn.close()
+
+
+def stream_completion(port: int, body: Dict[str, Any], *, headers: Optional[Dict[str, str]] = None,
+                      timeout: float = 600) -> Dict[str, Any]:
+    """POST /v1/completions with ``stream: true``; returns the text and the times
+    (perf_counter) of sending, of the first text and of the end."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    t0 = time.perf_counter()
+    first = None
+    pieces = []
+    try:
+        conn.request("POST", "/v1/completions", body=json.dumps({**body, "stream": True}).encode(),
+                     headers={"Content-Type": "application/json", **(headers or {})})
+        r = conn.getresponse()
+        if r.status != 200:
+            raise RuntimeError(f"HTTP {r.status}: {r.read()[:500]!r}")
+        for line in r:
+            line = line.strip()
+            if not line.startswith(b"data: ") or line == b"data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            for c in chunk.get("choices", []):
+                if c.get("text"):
+                    first = first or time.perf_counter()
+                    pieces.append(c["text"])
+    finally:
+        conn.close()
+    return {"text": "".join(pieces), "t_send": t0, "t_first": first, "t_end": time.perf_counter()}

@@ -1,0 +1,327 @@
+"""The OpenAI wire format: what a request may say, and what a response says.
+
+Parsing is strict: a field the server does not implement is a 400 that names it
+(:class:`APIError`), never silently ignored. A field whose value is the API's own
+default (``frequency_penalty: 0``, ``logit_bias: {}``, ``n: 1`` …) is accepted,
+because clients send those unasked. Sampling follows OpenAI's meaning: only
+``temperature`` and ``top_p`` truncate unless the pyspec extensions ``top_k`` and
+``min_p`` are given. Log-probabilities are the **target's**, at temperature 1 and
+without truncation (``token_logprobs`` in ``cpp/sampling.h``), as OpenAI reports
+them; drafting does not change them.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+#: OpenAI's limit on top_logprobs (and on the legacy completions' logprobs).
+MAX_TOP_LOGPROBS = 20
+
+#: Engine stop reasons as OpenAI's finish_reason.
+FINISH_REASON = {"eog": "stop", "stop": "stop", "max_tokens": "length", "context": "length", "cancelled": "stop"}
+
+
+class APIError(Exception):
+    """A request the server refuses, as OpenAI's error object and an HTTP status."""
+
+    def __init__(self, status: int, message: str, *, param: Optional[str] = None,
+                 type: str = "invalid_request_error", code: Optional[str] = None,
+                 headers: Optional[Dict[str, str]] = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.type, self.code = status, message, param, type, code
+        self.headers = headers or {}
+
+    def body(self) -> Dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+@dataclass
+class Sampling:
+    """One request's settings for every choice it asks for."""
+
+    max_tokens: Optional[int]  # None: until the context is full
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: Optional[int] = None
+    stop: List[str] = field(default_factory=list)
+    n: int = 1
+    logprobs: Optional[int] = None  # None: off; k: the token's and the k most likely
+    draft_max: Optional[int] = None
+    policy: Optional[str] = None
+    drafter: Optional[str] = None
+
+
+@dataclass
+class ParsedRequest:
+    kind: str                                  # "completion" or "chat"
+    model: Optional[str]
+    prompts: List[Union[str, List[int], List[Dict[str, str]]]]  # one per prompt (chat: one message list)
+    sampling: Sampling
+    stream: bool = False
+    include_usage: bool = False
+
+
+# ------------------------------------------------------------------ parsing
+# Fields accepted when they hold the API's default value (they change nothing).
+_NEUTRAL = {
+    "frequency_penalty": (0, 0.0, None),
+    "presence_penalty": (0, 0.0, None),
+    "logit_bias": (None,),
+    "best_of": (1, None),
+    "echo": (False, None),
+    "suffix": (None, ""),
+    "parallel_tool_calls": (None,),
+    "tools": (None,),
+    "tool_choice": (None, "none"),
+    "functions": (None,),
+    "function_call": (None, "none"),
+    "store": (False, None),
+    "metadata": (None,),
+    "service_tier": (None, "auto", "default"),
+    "modalities": (None,),
+    "audio": (None,),
+    "prediction": (None,),
+    "reasoning_effort": (None,),
+    "web_search_options": (None,),
+}
+# Accepted and without effect on the output by the API's own definition.
+_NO_EFFECT = {"user"}
+_COMMON = {"model", "max_tokens", "temperature", "top_p", "seed", "stop", "n", "stream", "stream_options",
+           "top_k", "min_p", "draft_max", "policy", "drafter"}
+_FIELDS = {
+    "completion": _COMMON | {"prompt", "logprobs"},
+    "chat": _COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs", "response_format"},
+}
+
+
+def _type_error(name: str, want: str) -> APIError:
+    return APIError(400, f"'{name}' must be {want}", param=name)
+
+
+def _int(body: Dict[str, Any], name: str, lo: int, hi: Optional[int] = None, default=None) -> Optional[int]:
+    v = body.get(name, default)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise _type_error(name, "an integer")
+    if v < lo or (hi is not None and v > hi):
+        raise APIError(400, f"'{name}' must be in [{lo}, {hi if hi is not None else 'inf'}], got {v}", param=name)
+    return v
+
+
+def _float(body: Dict[str, Any], name: str, lo: float, hi: float, default: float) -> float:
+    v = body.get(name, default)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise _type_error(name, "a number")
+    if not lo <= v <= hi:
+        raise APIError(400, f"'{name}' must be in [{lo}, {hi}], got {v}", param=name)
+    return float(v)
+
+
+def _stop(body: Dict[str, Any]) -> List[str]:
+    v = body.get("stop")
+    if v is None:
+        return []
+    if isinstance(v, str):
+        v = [v]
+    if not isinstance(v, list) or not all(isinstance(s, str) for s in v):
+        raise _type_error("stop", "a string or a list of strings")
+    if any(not s for s in v):
+        raise APIError(400, "'stop' strings must not be empty", param="stop")
+    return list(v)
+
+
+def _choice(body: Dict[str, Any], name: str, allowed: Sequence[str]) -> Optional[str]:
+    v = body.get(name)
+    if v is None:
+        return None
+    if v not in allowed:
+        raise APIError(400, f"'{name}' must be one of {', '.join(allowed)}; got {v!r}", param=name)
+    return v
+
+
+def _prompts(value: Any) -> List[Union[str, List[int]]]:
+    """OpenAI's prompt: a string, a list of strings, token ids, or a list of token-id lists."""
+    def is_ids(x):
+        return isinstance(x, list) and x and all(isinstance(t, int) and not isinstance(t, bool) for t in x)
+
+    if isinstance(value, str):
+        return [value]
+    if is_ids(value):
+        return [list(value)]
+    if isinstance(value, list) and value and all(isinstance(p, str) or is_ids(p) for p in value):
+        return list(value)
+    raise _type_error("prompt", "a string, a list of strings, a list of token ids or a list of such lists")
+
+
+def _messages(value: Any) -> List[Dict[str, str]]:
+    if not isinstance(value, list) or not value:
+        raise _type_error("messages", "a non-empty list of messages")
+    out = []
+    for i, m in enumerate(value):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise APIError(400, f"messages[{i}] must be an object with a 'role'", param="messages")
+        content = m.get("content")
+        if isinstance(content, list):  # content parts: text only
+            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                       for p in content):
+                raise APIError(400, f"messages[{i}].content: only text parts are supported", param="messages")
+            content = "".join(p["text"] for p in content)
+        if content is None:
+            content = ""
+        if not isinstance(content, str):
+            raise APIError(400, f"messages[{i}].content must be a string or text parts", param="messages")
+        unknown = sorted(set(m) - {"role", "content", "name"})
+        if unknown:
+            raise APIError(400, f"messages[{i}]: unsupported field '{unknown[0]}'", param="messages")
+        out.append({"role": m["role"], "content": content})
+    return out
+
+
+def parse(kind: str, body: Any, *, max_n: int, policies: Sequence[str], drafters: Sequence[str],
+          max_draft: int) -> ParsedRequest:
+    """Validate a request body (already JSON-decoded) for ``kind`` ("completion", "chat")."""
+    if not isinstance(body, dict):
+        raise APIError(400, "the request body must be a JSON object")
+    for name in sorted(body):
+        if name in _FIELDS[kind] or name in _NO_EFFECT:
+            continue
+        if name in _NEUTRAL and body[name] in _NEUTRAL[name] or (name == "logit_bias" and body[name] == {}):
+            continue
+        what = "with this value " if name in _NEUTRAL else ""
+        raise APIError(400, f"unsupported parameter '{name}' {what}(pyspec serve does not implement it)", param=name)
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise _type_error("model", "a string")
+    if kind == "chat":
+        if "messages" not in body:
+            raise APIError(400, "'messages' is required", param="messages")
+        prompts: list = [_messages(body["messages"])]
+        max_tokens = _int(body, "max_completion_tokens", 0)
+        if max_tokens is None:
+            max_tokens = _int(body, "max_tokens", 0)
+        fmt = body.get("response_format")
+        if fmt is not None and fmt != {"type": "text"}:
+            raise APIError(400, "unsupported parameter 'response_format' with this value (only {\"type\": \"text\"})",
+                           param="response_format")
+        logprobs = body.get("logprobs")
+        if logprobs is not None and not isinstance(logprobs, bool):
+            raise _type_error("logprobs", "a boolean")
+        top = _int(body, "top_logprobs", 0, MAX_TOP_LOGPROBS)
+        if top is not None and not logprobs:
+            raise APIError(400, "'top_logprobs' needs 'logprobs': true", param="top_logprobs")
+        k = (top or 0) if logprobs else None
+    else:
+        if "prompt" not in body:
+            raise APIError(400, "'prompt' is required", param="prompt")
+        prompts = _prompts(body["prompt"])
+        max_tokens = _int(body, "max_tokens", 0, default=16)  # OpenAI's default for completions
+        k = _int(body, "logprobs", 0, MAX_TOP_LOGPROBS)
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise _type_error("stream", "a boolean")
+    options = body.get("stream_options")
+    include_usage = False
+    if options is not None:
+        if not stream:
+            raise APIError(400, "'stream_options' is only allowed with 'stream': true", param="stream_options")
+        if not isinstance(options, dict) or set(options) - {"include_usage"}:
+            raise APIError(400, "'stream_options' supports only 'include_usage'", param="stream_options")
+        include_usage = bool(options.get("include_usage", False))
+    n = _int(body, "n", 1, max_n, default=1)
+    if n * len(prompts) > max_n:
+        raise APIError(400, f"{len(prompts)} prompts x n={n} choices exceed the server's {max_n} parallel "
+                            f"sequences (pyspec serve --parallel)", param="n")
+    sampling = Sampling(
+        max_tokens=max_tokens,
+        temperature=_float(body, "temperature", 0.0, 2.0, 1.0),
+        top_p=_float(body, "top_p", 0.0, 1.0, 1.0),
+        top_k=_int(body, "top_k", 0, default=0),
+        min_p=_float(body, "min_p", 0.0, 1.0, 0.0),
+        seed=_int(body, "seed", 0, 2**63 - 1),
+        stop=_stop(body),
+        n=n,
+        logprobs=k,
+        draft_max=_int(body, "draft_max", 0, max_draft),
+        policy=_choice(body, "policy", policies),
+        drafter=_choice(body, "drafter", drafters),
+    )
+    if sampling.top_p == 0:
+        raise APIError(400, "'top_p' must be > 0", param="top_p")
+    return ParsedRequest(kind, model, prompts, sampling, stream, include_usage)
+
+
+# ------------------------------------------------------------------ responses
+def new_id(kind: str) -> str:
+    return ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
+
+
+def now() -> int:
+    return int(time.time())
+
+
+def usage(n_prompt: int, n_completion: int) -> Dict[str, int]:
+    return {"prompt_tokens": n_prompt, "completion_tokens": n_completion, "total_tokens": n_prompt + n_completion}
+
+
+def timings(stats: Sequence[Any], n_prompt: int) -> Dict[str, float]:
+    """llama.cpp's `timings` over a request's choices (stats: each choice's
+    GenerationStats). prompt_ms: until the first token (queue wait included);
+    predicted_ms: from then to the last token, the slowest choice."""
+    prompt_ms = 1000 * max((s.ttft_s for s in stats), default=0.0)
+    predicted_n = sum(s.n_generated for s in stats)
+    predicted_ms = 1000 * max((s.decode_s for s in stats), default=0.0)
+    after_first = sum(max(s.n_generated - 1, 0) for s in stats)
+    return {
+        "prompt_n": n_prompt,
+        "prompt_ms": prompt_ms,
+        "prompt_per_token_ms": prompt_ms / n_prompt if n_prompt else 0.0,
+        "prompt_per_second": 1000 * n_prompt / prompt_ms if prompt_ms > 0 else 0.0,
+        "predicted_n": predicted_n,
+        "predicted_ms": predicted_ms,
+        "predicted_per_token_ms": predicted_ms / after_first if after_first else 0.0,
+        "predicted_per_second": 1000 * after_first / predicted_ms if predicted_ms > 0 else 0.0,
+        "draft_n": sum(s.drafted for s in stats),
+        "draft_n_accepted": sum(s.accepted for s in stats),
+    }
+
+
+LogprobEntry = Tuple[float, List[Tuple[int, float]]]
+
+
+def chat_logprobs(entries: Sequence[LogprobEntry], tokens: Sequence[int], piece) -> Dict[str, Any]:
+    """Chat's logprobs object: {"content": [{token, logprob, bytes, top_logprobs}]}.
+    ``piece(token) -> bytes`` renders a token."""
+    def one(tok: int, lp: float) -> Dict[str, Any]:
+        b = piece(tok)
+        return {"token": b.decode("utf-8", errors="replace"), "logprob": lp, "bytes": list(b)}
+
+    content = []
+    for tok, (lp, top) in zip(tokens, entries):
+        d = one(tok, lp)
+        d["top_logprobs"] = [one(t, v) for t, v in top]
+        content.append(d)
+    return {"content": content}
+
+
+def completion_logprobs(entries: Sequence[LogprobEntry], tokens: Sequence[int], piece,
+                        offset: int = 0) -> Dict[str, Any]:
+    """The legacy completions' logprobs object (tokens, token_logprobs, top_logprobs,
+    text_offset); ``offset`` is where the first token's text begins."""
+    out: Dict[str, Any] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    for tok, (lp, top) in zip(tokens, entries):
+        text = piece(tok).decode("utf-8", errors="replace")
+        out["tokens"].append(text)
+        out["token_logprobs"].append(lp)
+        out["top_logprobs"].append({piece(t).decode("utf-8", errors="replace"): v for t, v in top})
+        out["text_offset"].append(offset)
+        offset += len(text)
+    return out

@@ -1,0 +1,299 @@
+"""Continuous batching for the server: one thread owns the llama contexts.
+
+HTTP handlers :meth:`Scheduler.submit` a :class:`Job` (one request: one or more
+choices) and read its events from an asyncio queue. The scheduler thread runs
+the engine's :class:`~pyspec._core.BatchSession`: between rounds it admits
+waiting jobs while sequence slots are free (a job's choices join together, so
+the engine prefills their shared prompt once), cancels the sequences of jobs
+whose clients left, and after each round hands every choice the text and
+log-probabilities it gained. Every running sequence's rows go into the round's
+one target decode; new prompts are prefilled in chunks beside them.
+
+Each sequence slot j of the server has its own drafter and length policy (per
+drafter name and policy setting, kept across requests: ``auto`` keeps learning);
+drafter j drafts in sequence j of the draft model's context, so two running
+sequences never share one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+import secrets
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Deque, Dict, List, Optional, Tuple
+
+from .. import _core, calibration
+from ..generation import SEED_BITS, sampling_params
+from ..speculative import SpeculativeDecoder
+from .protocol import APIError, Sampling
+
+#: Largest draft a request may ask for (draft_max); the session's cap.
+MAX_DRAFT = 32
+
+
+@dataclass
+class Choice:
+    """One sequence of a job, as the scheduler thread tracks it."""
+
+    index: int
+    prompt: List[int]
+    seed: int
+    handle: int = -1
+    slot: int = -1
+    policy: Any = None
+    tokens: List[int] = field(default_factory=list)  # emitted, not yet delivered
+    text: List[bytes] = field(default_factory=list)
+    delivered: int = 0                                # tokens delivered so far
+    done: bool = False
+
+
+@dataclass
+class Job:
+    """One HTTP request. Events on ``events`` (from the scheduler thread):
+    ("delta", index, text, tokens, logprobs), ("done", index, result, seed),
+    ("error", APIError)."""
+
+    sampling: Sampling
+    prompts: List[List[int]]          # token ids, one per prompt
+    loop: asyncio.AbstractEventLoop
+    events: "asyncio.Queue[Tuple]" = field(default_factory=asyncio.Queue)
+    choices: List[Choice] = field(default_factory=list)
+    cancelled: bool = False
+
+    @property
+    def need(self) -> int:
+        """Sequence slots it takes: one per choice."""
+        return len(self.prompts) * self.sampling.n
+
+    def cancel(self) -> None:
+        """The client is gone: its sequences end at the next round (thread-safe)."""
+        self.cancelled = True
+
+
+class Scheduler:
+    """Owns ``decoder``'s contexts on one thread; see the module docstring."""
+
+    def __init__(self, decoder, *, parallel: int, queue_size: int, prefill_chunk: int = 256,
+                 ngram_sizes: Tuple[int, int] = (1, 16)) -> None:
+        self.decoder = decoder
+        self.target = decoder.target
+        self.draft = getattr(decoder, "draft", None)
+        self.parallel = parallel
+        self.queue_size = queue_size
+        self._ngram = ngram_sizes
+        self._speculative = isinstance(decoder, SpeculativeDecoder)
+        self._lock = threading.Condition()
+        self._waiting: Deque[Job] = collections.deque()
+        self._running: List[Job] = []
+        self._free_slots = list(range(parallel))
+        self._drafters: Dict[str, List[Any]] = {}
+        self._by_handle: Dict[int, Tuple[Job, Choice]] = {}
+        self._stopping = False
+        self._seeds = itertools.count()
+        self.error: Optional[BaseException] = None
+        # Figures for /health and /metrics (written by the scheduler thread).
+        self.counters = collections.Counter()
+        self.kv_cells = (0, 0)
+        shared = _core.GenerateParams(max_tokens=0, draft_max=MAX_DRAFT if self._speculative else 0,
+                                      prefill_chunk=prefill_chunk)
+        drafts = [self.draft._core] if self.draft is not None else []
+        self._session = decoder._engine.session(shared, on_token=self._on_token, draft_models=drafts)
+        self._thread = threading.Thread(target=self._run, name="pyspec-scheduler", daemon=True)
+        self._thread.start()
+
+    # -------------------------------------------------------------- handlers' side
+    @property
+    def queue_depth(self) -> int:
+        """Requests waiting for slots (not those the next round admits)."""
+        with self._lock:
+            return self._queued()
+
+    def _queued(self) -> int:
+        """Waiting jobs that the free slots cannot take in order (lock held)."""
+        free, queued = len(self._free_slots), 0
+        for job in self._waiting:
+            if queued or job.need > free:
+                queued += 1
+            else:
+                free -= job.need
+        return queued
+
+    def _unclaimed(self) -> int:
+        """Free slots that no waiting job will take (lock held)."""
+        return len(self._free_slots) - sum(j.need for j in self._waiting)
+
+    @property
+    def busy_slots(self) -> int:
+        return self.parallel - len(self._free_slots)
+
+    def submit(self, job: Job) -> None:
+        """Queue a job, or raise APIError 503 (queue full, or shutting down)."""
+        with self._lock:
+            if self._stopping:
+                raise APIError(503, "the server is shutting down", type="server_error",
+                               headers={"Retry-After": "5"})
+            queued = self._queued()
+            if (queued or job.need > self._unclaimed()) and queued >= self.queue_size:
+                self.counters["rejected"] += 1
+                raise APIError(503, f"the server is busy: {queued} requests already wait for a slot; retry "
+                                    f"later", type="server_error", headers={"Retry-After": "1"})
+            self._waiting.append(job)
+            self._lock.notify()
+
+    def shutdown(self) -> None:
+        """Refuse new jobs; cancel the running and waiting ones at the next round
+        (their clients get what was generated, then the end of the answer)."""
+        with self._lock:
+            self._stopping = True
+            self._lock.notify()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """shutdown(), then wait for the thread to end and release the contexts."""
+        self.shutdown()
+        self._thread.join(timeout)
+        self._session.close()
+
+    # -------------------------------------------------------------- the thread
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._lock:
+                    while not self._stopping and not self._waiting and not self._running:
+                        self._lock.wait()
+                    if self._stopping:
+                        for job in list(self._waiting) + self._running:
+                            job.cancel()
+                    stopping = self._stopping
+                    self._admit()
+                for job in self._running:
+                    if job.cancelled:
+                        for c in job.choices:
+                            if not c.done:
+                                self._session.cancel(c.handle)
+                self._session.step()
+                self._deliver()
+                if stopping and not self._running and not self._waiting:
+                    return
+        except BaseException as e:  # a broken engine: every client hears of it
+            self.error = e
+            err = APIError(500, f"the engine failed: {e}", type="server_error")
+            with self._lock:
+                self._stopping = True
+                for job in list(self._waiting) + self._running:
+                    self._send(job, ("error", err))
+                self._waiting.clear()
+                self._running.clear()
+
+    def _admit(self) -> None:
+        """Waiting jobs join the batch in order while their choices all fit (lock held)."""
+        while self._waiting:
+            job = self._waiting[0]
+            if job.cancelled:
+                self._waiting.popleft()
+                self._send(job, ("error", APIError(499, "cancelled")))
+                continue
+            if job.need > len(self._free_slots) or job.need > self._session.free_slots:
+                return
+            self._waiting.popleft()
+            try:
+                self._start(job)
+            except (ValueError, RuntimeError) as e:  # the engine refused it (e.g. a context overflow)
+                self._send(job, ("error", APIError(400, str(e))))
+                job.cancel()  # choices already added end at the next round and free their slots
+                if not job.choices:
+                    continue
+            self._running.append(job)
+
+    def _start(self, job: Job) -> None:
+        s = job.sampling
+        base = s.seed if s.seed is not None else secrets.randbits(SEED_BITS)
+        sampling = sampling_params(s.temperature, s.top_k, s.top_p, s.min_p)
+        for p_i, prompt in enumerate(job.prompts):
+            for j in range(s.n):
+                index = p_i * s.n + j
+                seed = _core.sequence_seed(base, index)
+                max_tokens = s.max_tokens if s.max_tokens is not None else self.target.n_ctx
+                params = _core.GenerateParams(max_tokens=max_tokens, sampling=sampling, draft_sampling=sampling,
+                                              seed=base, stop=s.stop,
+                                              logprobs=-1 if s.logprobs is None else s.logprobs)
+                c = Choice(index=index, prompt=prompt, seed=seed)
+                c.slot = self._free_slots.pop(0)
+                drafter, c.policy = self._drafting(s, c.slot)
+                c.handle = self._session.add(prompt, params, drafter=drafter, policy=c.policy, stream=index)
+                self._by_handle[c.handle] = (job, c)
+                job.choices.append(c)
+                self.counters["prompt_tokens"] += len(prompt)
+
+    def _drafting(self, s: Sampling, slot: int):
+        """Slot's drafter and policy for these settings; (None, None) when plain."""
+        if not self._speculative:
+            return None, None
+        dec = self.decoder
+        name = s.drafter or dec.drafter
+        if name not in self._drafters:
+            n_min, n_max = self._ngram
+            params = _core.DrafterParams(name=name, ngram_min=n_min, ngram_max=n_max)
+            self._drafters[name] = _core.make_batch_drafters(
+                params, self.target._core, self.draft._core if self.draft is not None else None, self.parallel)
+        draft_max = s.draft_max
+        # Plain, within a speculative session: a drafter whose policy never drafts.
+        policy = dec.policy_object("fixed" if draft_max == 0 else s.policy, draft_max=draft_max, slot=slot)
+        if draft_max != 0:
+            calibration.prepare([policy], self.target._core, self.draft._core if self.draft else None)
+        return self._drafters[name][slot], policy
+
+    def _on_token(self, handle: int, token: int, text: bytes, drafted: bool) -> bool:
+        job, c = self._by_handle[handle]
+        if token >= 0:
+            c.tokens.append(token)
+        if text:
+            c.text.append(text)
+        return not job.cancelled
+
+    def _deliver(self) -> None:
+        finished = dict(self._session.take_finished())
+        for handle, (job, c) in list(self._by_handle.items()):
+            result = finished.get(handle)
+            if c.tokens or c.text:
+                logprobs = None
+                if job.sampling.logprobs is not None and c.tokens:
+                    logprobs = (result.logprobs[c.delivered:] if result is not None
+                                else self._session.logprobs(handle, c.delivered))
+                self._send(job, ("delta", c.index, b"".join(c.text).decode("utf-8", errors="replace"),
+                                 list(c.tokens), logprobs))
+                c.delivered += len(c.tokens)
+                self.counters["generated_tokens"] += len(c.tokens)
+                c.tokens.clear()
+                c.text.clear()
+            if result is not None:
+                c.done = True
+                del self._by_handle[handle]
+                st = result.stats
+                self.counters["draft_tokens"] += st.drafted
+                self.counters["draft_accepted"] += st.accepted
+                if c.policy is not None:
+                    self.decoder._after_run(c.policy, st)
+                self._send(job, ("done", c.index, result, c.seed))
+                if all(x.done for x in job.choices):
+                    with self._lock:
+                        self._end(job)
+                        self._running.remove(job)
+        bs = self._session.stats
+        self.counters["rounds"], self.counters["batch_rows"] = bs.rounds, bs.rows
+        self.kv_cells = self._session.kv_cells
+
+    def _end(self, job: Job) -> None:
+        for c in job.choices:
+            if c.slot >= 0:
+                self._free_slots.append(c.slot)
+                c.slot = -1
+
+    @staticmethod
+    def _send(job: Job, event: Tuple) -> None:
+        try:
+            job.loop.call_soon_threadsafe(job.events.put_nowait, event)
+        except RuntimeError:  # the client's event loop is closed: nobody listens
+            pass
