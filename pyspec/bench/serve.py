@@ -19,6 +19,7 @@ the same rule for both servers. At c = 1 the same prompts also run through
 
 from __future__ import annotations
 
+import itertools
 import statistics
 import sys
 import time
@@ -140,9 +141,17 @@ def plot(rows: List[dict], path: str) -> None:
 
 
 def run(model_path: str, draft: str, prompts: Sequence[str], clients: Sequence[int], *, max_tokens: int, reps: int,
-        n_ctx: int, threads: int, decoder, count: Callable[[str], int],
+        n_ctx: int, threads: int, decoder, count: Callable[[str], int], render: Callable[[str], str],
         progress: Callable[[str], None]) -> List[dict]:
-    """Both servers up at once (idle, they cost nothing), waves interleaved."""
+    """Both servers up at once (idle, they cost nothing), waves interleaved.
+    Every request's text starts with a tag of its own (``render`` then applies
+    the chat template), so that no server finds a request's prompt in its
+    prefix cache from an earlier wave: each prefills what it is sent."""
+    tags = itertools.count()
+
+    def fresh(texts: Sequence[str]) -> List[str]:
+        return [render(f"(request {next(tags)}) {t}") for t in texts]
+
     progress("starting pyspec serve and llama-cpp-python's server")
     ours = start_pyspec(model_path, draft, parallel=max(clients), n_ctx=n_ctx, threads=threads)
     try:
@@ -153,21 +162,22 @@ def run(model_path: str, draft: str, prompts: Sequence[str], clients: Sequence[i
     rows = []
     try:
         # A warm-up wave each (first-request costs: calibration, page faults).
-        wave(ours, prompts[:1], 8, count)
-        wave(theirs, prompts[:1], 8, count)
+        wave(ours, fresh(prompts[:1]), 8, count)
+        wave(theirs, fresh(prompts[:1]), 8, count)
         if decoder is not None:
-            generate_in_process(decoder, prompts[:1], 8, count)
+            generate_in_process(decoder, fresh(prompts[:1]), 8, count)
         for rep in range(reps):
             for c in clients:
                 batch = [prompts[(rep + i) % len(prompts)] for i in range(c)]
                 sides = [(PYSPEC, ours), (LLAMA, theirs)]
                 for side, server in (sides if (rep + c) % 2 == 0 else sides[::-1]):
                     progress(f"rep {rep + 1}/{reps}, {c} clients: {side}")
-                    rows.append({"rep": rep, "clients": c, "side": side, **wave(server, batch, max_tokens, count)})
+                    rows.append({"rep": rep, "clients": c, "side": side,
+                                 **wave(server, fresh(batch), max_tokens, count)})
                 if c == 1 and decoder is not None:
                     progress(f"rep {rep + 1}/{reps}, 1 client: {GENERATE}")
                     rows.append({"rep": rep, "clients": 1, "side": GENERATE,
-                                 **generate_in_process(decoder, batch, max_tokens, count)})
+                                 **generate_in_process(decoder, fresh(batch), max_tokens, count)})
     finally:
         ours.stop()
         theirs.stop()

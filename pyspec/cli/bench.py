@@ -316,8 +316,11 @@ def bench_serve(model, draft, clients, max_tokens, reps, threads, n_ctx, with_ge
         decoder = None
         if with_generate and 1 in counts:
             decoder = SpeculativeDecoder(target, load_model(draft, n_ctx=2048, n_threads=n_threads) if draft else None)
-        texts = [p.text if raw else target.apply_chat_template([{"role": "user", "content": p.text}])
-                 for p in suite_prompts(per_category=1)]
+        texts = [p.text for p in suite_prompts(per_category=1)]
+
+        def render(text: str) -> str:
+            return text if raw else target.apply_chat_template([{"role": "user", "content": text}])
+
         vocab = llama_cpp.Llama(target.path, vocab_only=True, verbose=False)
 
         def count(text: str) -> int:
@@ -330,7 +333,8 @@ def bench_serve(model, draft, clients, max_tokens, reps, threads, n_ctx, with_ge
                 bar.render_progress()
 
             rows = bs.run(target.path, draft, texts, counts, max_tokens=max_tokens, reps=reps, n_ctx=n_ctx,
-                          threads=n_threads, decoder=decoder, count=count, progress=progress)
+                          threads=n_threads, decoder=decoder, count=count, render=render,
+                          progress=progress)
             bar.update(reps * len(counts))
     result = {"model": target.path, "draft": draft, "threads": n_threads, "max_tokens": max_tokens, "rows": rows,
               "table": bs.summarize(rows)}

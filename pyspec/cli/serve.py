@@ -26,7 +26,7 @@ from .options import DEFAULT_DRAFT, DEFAULT_MODEL, command_errors, flash_attn_op
               help="Draft length cap of requests that give none [default: the policy's own].")
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address to listen on (the default admits this machine only).")
-@click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535))
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535), help="TCP port.")
 @click.option("--parallel", "-np", default=8, show_default=True, type=click.IntRange(1, 256),
               help="Sequences generated together (slots); more requests wait in the queue.")
 @click.option("--queue-size", default=None, type=click.IntRange(min=0),
@@ -52,8 +52,9 @@ def serve(model, draft, no_draft, drafter, policy, draft_max, host, port, parall
     the drafts of every running request, and new requests join between rounds.
     Output keeps the target's distribution exactly (lossless speculation);
     `logprobs` are the target's. Extensions per request: top_k, min_p,
-    draft_max, policy, drafter. Stop with Ctrl-C or SIGTERM (requests in flight
-    are finished or cancelled; exit status 0).
+    draft_max, policy, drafter. Stop with Ctrl-C or SIGTERM: requests in flight
+    end at the next round (their streams close properly) and the exit status
+    is 0.
     """
     try:
         import uvicorn
