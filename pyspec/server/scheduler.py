@@ -219,10 +219,13 @@ class Scheduler:
                 params = _core.GenerateParams(max_tokens=max_tokens, sampling=sampling, draft_sampling=sampling,
                                               seed=base, stop=s.stop,
                                               logprobs=-1 if s.logprobs is None else s.logprobs)
-                c = Choice(index=index, prompt=prompt, seed=seed)
-                c.slot = self._free_slots.pop(0)
-                drafter, c.policy = self._drafting(s, c.slot)
-                c.handle = self._session.add(prompt, params, drafter=drafter, policy=c.policy, stream=index)
+                c = Choice(index=index, prompt=prompt, seed=seed, slot=self._free_slots.pop(0))
+                try:
+                    drafter, c.policy = self._drafting(s, c.slot)
+                    c.handle = self._session.add(prompt, params, drafter=drafter, policy=c.policy, stream=index)
+                except BaseException:  # refused: its slot goes back (the choices added before run on)
+                    self._free_slots.append(c.slot)
+                    raise
                 self._by_handle[c.handle] = (job, c)
                 job.choices.append(c)
                 self.counters["prompt_tokens"] += len(prompt)
