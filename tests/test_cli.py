@@ -93,6 +93,15 @@ def test_bad_setting_is_a_clear_error(gemma_path):
     assert "Traceback" not in out.stderr
 
 
+@pytest.mark.parametrize("args", [("bench-serve", "--clients", "1,x"), ("bench-parallel", "--n", "0,2"),
+                                  ("bench", "--draft-max", "2,-1")])
+def test_bad_integer_lists_are_clear_errors(args):
+    """The benches' comma-separated integer options share one parser (cli/options.IntList)."""
+    out = pyspec_cmd(*args)
+    assert out.returncode == 2, out.stderr
+    assert f"Invalid value for '{args[1]}'" in out.stderr and "Traceback" not in out.stderr
+
+
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 def test_ctrl_c_exits_cleanly(gemma_path):
     exe = shutil.which("pyspec")

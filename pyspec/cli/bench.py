@@ -8,8 +8,8 @@ import sys
 import click
 
 from ..speculative import POLICIES
-from .options import (DEFAULT_DRAFT, DEFAULT_MODEL, command_errors, flash_attn_option, load_model, report_options,
-                      suite_options)
+from .options import (DEFAULT_DRAFT, DEFAULT_MODEL, IntList, command_errors, flash_attn_option, load_model,
+                      report_options, suite_options)
 
 
 @click.command()
@@ -22,7 +22,7 @@ from .options import (DEFAULT_DRAFT, DEFAULT_MODEL, command_errors, flash_attn_o
 @click.option("--n-ctx", default=2048, show_default=True, type=click.IntRange(min=256))
 @flash_attn_option
 @click.option("--draft", "-d", default=DEFAULT_DRAFT, show_default=True, help="Draft model (path or name).")
-@click.option("--draft-max", "-k", "ks", default="1,2,4", show_default=True,
+@click.option("--draft-max", "-k", "k_values", default="1,2,4", show_default=True, type=IntList(0, unique=False),
               help="Comma-separated draft lengths to measure (one pyspec runner each).")
 @click.option("--policy", "policies", default="fixed,auto", show_default=True,
               help="Comma-separated length policies to measure with the draft model "
@@ -37,7 +37,7 @@ from .options import (DEFAULT_DRAFT, DEFAULT_MODEL, command_errors, flash_attn_o
 @click.option("--lookup", default=10, show_default=True, type=click.IntRange(min=0),
               help="Tokens per draft for llama-cpp-python's LlamaPromptLookupDecoding (0 = skip that runner).")
 @report_options("every figure and sample", "ratios per category and runner, and acceptance by draft position")
-def bench(model, categories, per_category, max_tokens, temperature, reps, threads, n_ctx, flash_attn, draft, ks,
+def bench(model, categories, per_category, max_tokens, temperature, reps, threads, n_ctx, flash_attn, draft, k_values,
           policies, ngram_policies, hybrid_policies, cap, lookup, json_path, plot_path) -> None:
     """Measure decode speed side by side with llama-cpp-python.
 
@@ -60,10 +60,6 @@ def bench(model, categories, per_category, max_tokens, temperature, reps, thread
     from ..bench.runners import LlamaCppRunner, PyspecRunner, Settings
     from ..speculative import SpeculativeDecoder
 
-    try:
-        k_values = [int(k) for k in ks.split(",") if k.strip()]
-    except ValueError:
-        raise click.BadParameter("--draft-max takes comma-separated integers, e.g. 1,2,4") from None
     n_threads = threads or physical_cores()
     with command_errors():
         load = dict(n_ctx=n_ctx, n_threads=n_threads, flash_attn=flash_attn)
@@ -174,7 +170,7 @@ def simulate(model, categories, per_category, max_tokens, draft_max, threads, as
 
 @click.command("bench-parallel")
 @click.option("--model", "-m", default=DEFAULT_MODEL, show_default=True, help="Target model (path or default name).")
-@click.option("--n", "ns", default="1,2,4,8,16", show_default=True,
+@click.option("--n", "sizes", default="1,2,4,8,16", show_default=True, type=IntList(1),
               help="Comma-separated batch sizes (samples of one prompt decoded together).")
 @click.option("--max-tokens", default=64, show_default=True, type=click.IntRange(min=2))
 @click.option("--temperature", "-t", default=0.7, show_default=True, type=float,
@@ -191,7 +187,7 @@ def simulate(model, categories, per_category, max_tokens, draft_max, threads, as
               help="Also run llama-cpp-python, generating the samples one after another.")
 @report_options("every figure", "speed-up against n beside the ceiling n/V(n), and consensus acceptance by draft "
                 "position")
-def bench_parallel(model, ns, max_tokens, temperature, reps, threads, prompt, consensus_n, per_category, raw,
+def bench_parallel(model, sizes, max_tokens, temperature, reps, threads, prompt, consensus_n, per_category, raw,
                    with_llama, json_path, plot_path) -> None:
     """Many sequences in one batch against one at a time.
 
@@ -209,12 +205,6 @@ def bench_parallel(model, ns, max_tokens, temperature, reps, threads, prompt, co
     from ..bench.runners import LlamaCppRunner, Settings
     from ..bench.suite import PROMPTS, prompts
 
-    try:
-        sizes = sorted({int(x) for x in ns.split(",") if x.strip()})
-    except ValueError:
-        raise click.BadParameter("--n takes comma-separated integers, e.g. 1,2,4,8") from None
-    if not sizes or sizes[0] < 1:
-        raise click.BadParameter("--n needs batch sizes >= 1")
     if 1 not in sizes:
         sizes = [1] + sizes  # V(n) is in units of V(1)
     if temperature <= 0:
@@ -270,7 +260,8 @@ def bench_parallel(model, ns, max_tokens, temperature, reps, threads, prompt, co
 @click.option("--model", "-m", default=DEFAULT_MODEL, show_default=True, help="Target model (path or default name).")
 @click.option("--draft", "-d", default=DEFAULT_DRAFT, show_default=True,
               help="pyspec's draft model; '' for n-gram lookup only (llama-cpp-python's server has none).")
-@click.option("--clients", default="1,2,4,8", show_default=True, help="Comma-separated numbers of clients.")
+@click.option("--clients", "counts", default="1,2,4,8", show_default=True, type=IntList(1),
+              help="Comma-separated numbers of clients.")
 @click.option("--max-tokens", "-n", default=64, show_default=True, type=click.IntRange(min=2),
               help="Tokens per answer (greedy).")
 @click.option("--reps", default=2, show_default=True, type=click.IntRange(min=1), help="Repetitions.")
@@ -281,7 +272,7 @@ def bench_parallel(model, ns, max_tokens, temperature, reps, threads, prompt, co
               help="At 1 client, also run the prompts through `pyspec generate`'s code in this process.")
 @click.option("--raw", is_flag=True, help="Send the prompts as raw text (no chat template).")
 @report_options("every wave's figures", "aggregate tok/s and TTFT p95 against the number of clients")
-def bench_serve(model, draft, clients, max_tokens, reps, threads, n_ctx, with_generate, raw, json_path,
+def bench_serve(model, draft, counts, max_tokens, reps, threads, n_ctx, with_generate, raw, json_path,
                 plot_path) -> None:
     """pyspec's server against llama-cpp-python's, under concurrent clients.
 
@@ -299,12 +290,6 @@ def bench_serve(model, draft, clients, max_tokens, reps, threads, n_ctx, with_ge
     from ..bench.suite import prompts as suite_prompts
     from ..speculative import SpeculativeDecoder
 
-    try:
-        counts = sorted({int(x) for x in clients.split(",") if x.strip()})
-    except ValueError:
-        raise click.BadParameter("--clients takes comma-separated integers, e.g. 1,2,4,8") from None
-    if not counts or counts[0] < 1:
-        raise click.BadParameter("--clients needs numbers >= 1")
     try:
         import llama_cpp.server  # noqa: F401
     except ImportError as e:

@@ -12,7 +12,7 @@ from ..errors import PyspecError
 from ..generation import SAMPLING_DEFAULTS
 from ..models import DEFAULT_DRAFT, DEFAULT_TARGET as DEFAULT_MODEL
 
-__all__ = ["DEFAULT_DRAFT", "DEFAULT_MODEL", "command_errors", "flash_attn_option", "load_model", "model_options",
+__all__ = ["DEFAULT_DRAFT", "DEFAULT_MODEL", "IntList", "command_errors", "flash_attn_option", "load_model", "model_options",
            "report_options", "sampling_options", "suite_options"]
 
 
@@ -27,6 +27,27 @@ def command_errors(interrupted: str = "interrupted", errors: tuple = (PyspecErro
         sys.exit(130)
     except errors as e:
         raise click.ClickException(str(e)) from e
+
+
+class IntList(click.ParamType):
+    """Comma-separated integers >= ``minimum``, e.g. ``1,2,4,8``: a sorted list
+    without repeats, or in the order given (``unique=False``)."""
+
+    name = "INTS"
+
+    def __init__(self, minimum: int = 1, unique: bool = True) -> None:
+        self.minimum, self.unique = minimum, unique
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, list):
+            return value
+        try:
+            values = [int(x) for x in str(value).split(",") if x.strip()]
+        except ValueError:
+            self.fail(f"{value!r} is not a comma-separated list of integers, e.g. 1,2,4,8", param, ctx)
+        if not values or min(values) < self.minimum:
+            self.fail(f"{value!r}: give integers >= {self.minimum}", param, ctx)
+        return sorted(set(values)) if self.unique else values
 
 
 def suite_options(f):

@@ -7,6 +7,7 @@ import sys
 
 import click
 
+from ..sampling import VARIANTS
 from ..speculative import DRAFTERS, POLICIES
 from .options import DEFAULT_DRAFT, DEFAULT_MODEL, command_errors, flash_attn_option, load_model
 
@@ -43,8 +44,10 @@ from .options import DEFAULT_DRAFT, DEFAULT_MODEL, command_errors, flash_attn_op
 @click.option("--n-gpu-layers", default=0, show_default=True, type=int,
               help="Layers to offload on Metal/CUDA builds of llama.cpp (-1 = all).")
 @flash_attn_option
+@click.option("--test-variant", type=click.Choice(VARIANTS), default="correct", hidden=True,
+              help="TEST-ONLY: a wrong acceptance rule (e.g. residual_is_p) for the lossless test's negative control.")
 def serve(model, draft, no_draft, drafter, policy, draft_max, host, port, parallel, queue_size, n_ctx, prefill_chunk,
-          api_key, model_alias, threads, n_gpu_layers, flash_attn) -> None:
+          api_key, model_alias, threads, n_gpu_layers, flash_attn, test_variant) -> None:
     """Serve the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models),
     with /health and Prometheus /metrics.
 
@@ -77,7 +80,9 @@ def serve(model, draft, no_draft, drafter, policy, draft_max, host, port, parall
             decoder = SpeculativeDecoder(target, draft_model, drafter=drafter, policy=policy, draft_max=draft_max)
     app = create_app(decoder, model_name=name, parallel=parallel,
                      queue_size=4 * parallel if queue_size is None else queue_size, api_key=api_key,
-                     prefill_chunk=prefill_chunk)
+                     prefill_chunk=prefill_chunk, _variant=test_variant)
+    if test_variant != "correct":
+        click.echo(f"pyspec serve: TEST-ONLY acceptance rule {test_variant!r}: output is NOT the target's", err=True)
     click.echo(f"pyspec serve: {name} ({decoder!r}) on http://{host}:{port}/v1 with {parallel} slots; "
                f"Ctrl-C stops", err=True)
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,

@@ -34,9 +34,10 @@ MAX_BODY_BYTES = 4 << 20
 
 
 def create_app(decoder, *, model_name: str, parallel: int = 8, queue_size: int = 32, api_key: Optional[str] = None,
-               prefill_chunk: int = 256) -> Starlette:
+               prefill_chunk: int = 256, _variant: str = "correct") -> Starlette:
     """An ASGI app serving ``decoder`` (a Model or SpeculativeDecoder whose
-    target, and draft model, hold ``parallel`` sequences) under ``model_name``."""
+    target, and draft model, hold ``parallel`` sequences) under ``model_name``.
+    ``_variant`` is TEST-ONLY (a wrong acceptance rule the lossless test must catch)."""
     from ..speculative import DRAFTERS, POLICIES, SpeculativeDecoder
 
     state: Dict[str, Any] = {}
@@ -51,7 +52,7 @@ def create_app(decoder, *, model_name: str, parallel: int = 8, queue_size: int =
     @asynccontextmanager
     async def lifespan(app):
         state["scheduler"] = Scheduler(decoder, parallel=parallel, queue_size=queue_size,
-                                       prefill_chunk=prefill_chunk)
+                                       prefill_chunk=prefill_chunk, _variant=_variant)
         try:
             yield
         finally:

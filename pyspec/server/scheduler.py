@@ -77,7 +77,7 @@ class Scheduler:
     """Owns ``decoder``'s contexts on one thread; see the module docstring."""
 
     def __init__(self, decoder, *, parallel: int, queue_size: int, prefill_chunk: int = 256,
-                 ngram_sizes: Tuple[int, int] = (1, 16)) -> None:
+                 ngram_sizes: Tuple[int, int] = (1, 16), _variant: str = "correct") -> None:
         self.decoder = decoder
         self.target = decoder.target
         self.draft = getattr(decoder, "draft", None)
@@ -99,6 +99,7 @@ class Scheduler:
         self.kv_cells = (0, 0)
         shared = _core.GenerateParams(max_tokens=0, draft_max=MAX_DRAFT if self._speculative else 0,
                                       prefill_chunk=prefill_chunk)
+        shared.variant = _variant  # TEST-ONLY: a wrong acceptance rule, for the server's negative control
         drafts = [self.draft._core] if self.draft is not None else []
         self._session = decoder._engine.session(shared, on_token=self._on_token, draft_models=drafts)
         self._thread = threading.Thread(target=self._run, name="pyspec-scheduler", daemon=True)

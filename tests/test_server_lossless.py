@@ -1,0 +1,118 @@
+"""The server keeps the target's law: an end-to-end chi-square through `pyspec serve`.
+
+What is new on this path and is exercised here: requests join a batch that is
+already running (continuous batching), every slot's drafter and length policy
+are kept from one request to the next, and each request's choices are seeded
+from the request's seed. The law must not move.
+
+Setup: the small test model, n-gram drafting at a fixed length of 1, and a
+prompt that repeats ("one two three one two three one two"), so each
+sequence's first token is drafted ("three", q one-hot) and decided by the
+batched verification. Four clients keep requests of n = 2 samples in flight
+at once (up to 16 verification rows a round). Outcome of a request: the first
+tokens of its two samples; their joint law must be p0 x p0 (9 cells under
+top-k 3), p0 the target's distribution after the prompt.
+
+Negative control: the same server started with the TEST-ONLY acceptance rule
+residual = p (`pyspec serve --test-variant residual_is_p`). Each first token
+then follows P(y) = p0(x)[y = x] + (1 - p0(x)) p0(y) (x the draft); N comes
+from a power calculation (power > 0.99 at ALPHA against that law), and the
+same test must reject it.
+"""
+
+from __future__ import annotations
+
+import re
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import numpy as np
+import pytest
+
+import pyspec
+
+from server_helpers import ServerProcess
+from test_speculative_lossless import ALPHA, TARGET, pooled_chisquare, power, required_n, target_rows
+
+PROMPT = "one two three one two three one two"
+CLIENTS = 4
+MIN_N = 200
+
+
+@pytest.fixture(scope="module")
+def case(gemma_path):
+    lone = pyspec.Model(gemma_path, n_ctx=256, flash_attn="off")  # as the batch runs
+    tokens = lone.tokenize(PROMPT)
+    p0, _ = target_rows(lone, tokens)
+    support = [int(t) for t in np.flatnonzero(p0)]
+    pieces = {lone._core.token_to_piece(t, False).decode("utf-8", "replace"): t for t in support}
+    assert len(pieces) == len(support), "two tokens of the support print alike: outcomes would be ambiguous"
+    x = pyspec.SpeculativeDecoder(lone, drafter="ngram", policy="fixed", draft_max=1)._core_drafter.propose(
+        tokens, 1)[0]
+    assert x in support, "the n-gram draft is outside top-k 3: nothing would be verified"
+    exact = {(a, b): float(p0[a] * p0[b]) for a in support for b in support}
+    broken = {y: (1 - p0[x]) * p0[y] + (p0[x] if y == x else 0.0) for y in support}
+    wrong = {(a, b): float(broken[a] * broken[b]) for a in support for b in support}
+    n = max(MIN_N, required_n(exact, wrong))
+    assert power(exact, wrong, n) > 0.99
+    return tokens, pieces, exact, n
+
+
+def _server(gemma_path, variant: str) -> ServerProcess:
+    return ServerProcess("--model", gemma_path, "--drafter", "ngram", "--policy", "fixed", "--draft-max", "1",
+                         "--parallel", "8", "--n-ctx", "2048", "--model-alias", "gemma", "--test-variant", variant)
+
+
+def _metric(server: ServerProcess, name: str) -> float:
+    text = httpx.get(server.url("/metrics"), timeout=10).text
+    return float(re.search(rf"^{name}(?:_total)? (\S+)$", text, re.M).group(1))
+
+
+def sample_joint(server: ServerProcess, tokens, pieces, n: int):
+    """n requests of 2 samples each, CLIENTS at a time: counts of (first token of
+    sample 0, first token of sample 1), and the drafted / accepted totals."""
+    def ask(i):
+        body = dict(model="gemma", prompt=list(tokens), n=2, max_tokens=3, seed=70_000 + i, logprobs=0, **TARGET)
+        r = server.post("/v1/completions", body)
+        assert r.status_code == 200, r.text
+        out = r.json()
+        firsts = [pieces[c["logprobs"]["tokens"][0]] for c in sorted(out["choices"], key=lambda c: c["index"])]
+        return tuple(firsts), out["timings"]
+
+    counts: dict = {}
+    drafted = accepted = 0
+    with ThreadPoolExecutor(CLIENTS) as pool:
+        for key, t in pool.map(ask, range(n)):
+            counts[key] = counts.get(key, 0) + 1
+            drafted += t["draft_n"]
+            accepted += t["draft_n_accepted"]
+    rows_per_round = _metric(server, "pyspec_batch_rows") / _metric(server, "pyspec_rounds")
+    return counts, drafted, accepted, rows_per_round
+
+
+def test_served_samples_are_independent_draws_of_the_target(case, gemma_path):
+    tokens, pieces, exact, n = case
+    server = _server(gemma_path, "correct")
+    try:
+        counts, drafted, accepted, rows = sample_joint(server, tokens, pieces, n)
+    finally:
+        assert server.stop() == 0
+    stat, df, pv = pooled_chisquare(counts, exact, n)
+    print(f"server n=2 x {CLIENTS} clients, ngram k=1: N={n} chi2={stat:.2f} df={df} p={pv:.3g} "
+          f"drafted={drafted} accepted={accepted} rows/round={rows:.1f}")
+    assert drafted >= 2 * n and accepted > 0, "the drafts were not verified: the path did not fire"
+    # One request alone has at most 2 x 2 rows a round: more means requests shared rounds.
+    assert rows > 4, "requests never shared a round: continuous batching was not exercised"
+    assert pv > ALPHA
+
+
+def test_negative_control_server_with_the_broken_residual(case, gemma_path):
+    tokens, pieces, exact, n = case
+    server = _server(gemma_path, "residual_is_p")
+    try:
+        counts, drafted, _, _ = sample_joint(server, tokens, pieces, n)
+    finally:
+        assert server.stop() == 0
+    stat, df, pv = pooled_chisquare(counts, exact, n)
+    print(f"NEGATIVE CONTROL server residual=p: N={n} chi2={stat:.2f} p={pv:.3g} drafted={drafted}")
+    assert pv < ALPHA
