@@ -6,6 +6,7 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <atomic>
 #include <memory>
 #include <string>
 #include <vector>
@@ -13,6 +14,11 @@
 namespace pyspec_bind {
 
 namespace py = pybind11;
+
+// A flag another thread sets to stop a generation (the Python layer sets it on Ctrl-C).
+struct CancelToken {
+    std::atomic<bool> flag{false};
+};
 
 // Binds a plain struct field by field; the names, in order, become the class's
 // FIELDS, which the keyword constructor and to_dict() go by.

@@ -32,10 +32,12 @@ namespace py = pybind11;
 using namespace pyspec;
 
 using namespace pybind11::literals;
+using pyspec_bind::CancelToken;
 using pyspec_bind::Struct;
 
 void bind_sampling(py::module_& m);
 void bind_info(py::module_& m);
+void bind_tools(py::module_& m);
 
 namespace {
 
@@ -59,13 +61,11 @@ void translate_errors(std::exception_ptr p) {
         raise_pyspec("DecodeError", e.what());
     } catch (const IncompatibleModelsError& e) {
         raise_pyspec("IncompatibleModelsError", e.what());
+    } catch (const QuantizeError& e) {
+        raise_pyspec("QuantizeError", e.what());
     }
 }
 
-// A flag another thread sets to stop a generation (the Python layer sets it on Ctrl-C).
-struct CancelToken {
-    std::atomic<bool> flag{false};
-};
 
 // Streams to an optional Python callable and checks for Ctrl-C between tokens.
 // A Python exception (KeyboardInterrupt included) stops generation; it is
@@ -236,6 +236,8 @@ PYBIND11_MODULE(_core, m) {
         .def_property_readonly("flash_attn", &Model::flash_attn, "as run: 1 on, 0 off, -1 auto and unreported")
         .def_property_readonly("flash_attn_requested", [](const Model& m) { return m.params().flash_attn; })
         .def_property_readonly("description", &Model::description)
+        .def_property_readonly("n_params", &Model::n_params)
+        .def_property_readonly("file_type", &Model::file_type, "llama_model_ftype (LLAMA_FTYPE_*)")
         .def_property_readonly("vocab_type", &Model::vocab_type)
         .def_property_readonly("bos", &Model::bos)
         .def_property_readonly("eos", &Model::eos)
@@ -663,4 +665,5 @@ PYBIND11_MODULE(_core, m) {
           "The seed of sequence j of a batch seeded with `seed`.");
 
     bind_info(m);
+    bind_tools(m);
 }

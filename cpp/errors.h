@@ -12,6 +12,8 @@ struct InvalidModelError : std::runtime_error { using std::runtime_error::runtim
 struct ContextOverflowError : std::runtime_error { using std::runtime_error::runtime_error; };
 struct DecodeError : std::runtime_error { using std::runtime_error::runtime_error; };
 struct IncompatibleModelsError : std::runtime_error { using std::runtime_error::runtime_error; };
+// llama_model_quantize failed (its reason in the message).
+struct QuantizeError : std::runtime_error { using std::runtime_error::runtime_error; };
 // A decode stopped by the caller's cancel flag (Ctrl-C); the cache is left as before the call.
 struct Cancelled : std::runtime_error { using std::runtime_error::runtime_error; };
 

@@ -22,6 +22,7 @@ namespace {
 std::mutex g_log_mutex;
 std::string g_last_error;            // accumulated text of the latest error message
 std::atomic<int> g_verbose_models{0};
+std::atomic<void (*)(const char*)> g_observer{nullptr};
 ggml_log_level g_prev_level = GGML_LOG_LEVEL_NONE;
 // What llama.cpp chose for flash attention "auto" while this thread created a
 // context (llama.h has no getter; the choice is only logged): 1 on, 0 off, -1 unsaid.
@@ -40,6 +41,7 @@ void log_callback(ggml_log_level level, const char* text, void*) noexcept {
         if (level == GGML_LOG_LEVEL_CONT) level = g_prev_level;
         else g_prev_level = level;
         note_flash_attn(text);
+        if (auto observer = g_observer.load()) observer(text);
         if (level == GGML_LOG_LEVEL_ERROR) {
             std::lock_guard<std::mutex> lock(g_log_mutex);
             if (g_last_error.size() < 4096) g_last_error += text;
@@ -56,6 +58,8 @@ void log_callback(ggml_log_level level, const char* text, void*) noexcept {
 }  // namespace
 
 void install_log_filter() { llama_log_set(log_callback, nullptr); }
+
+void set_log_observer(void (*observer)(const char* text)) { g_observer.store(observer); }
 
 std::string take_last_llama_error() {
     std::lock_guard<std::mutex> lock(g_log_mutex);
@@ -207,6 +211,10 @@ std::string Model::description() const {
     const int32_t n = llama_model_desc(model_.get(), buf, sizeof(buf));
     return n > 0 ? std::string(buf, std::min<size_t>(n, sizeof(buf) - 1)) : std::string();
 }
+
+uint64_t Model::n_params() const { return llama_model_n_params(model_.get()); }
+
+int32_t Model::file_type() const { return static_cast<int32_t>(llama_model_ftype(model_.get())); }
 
 // ---------------------------------------------------------------- tokenizer
 

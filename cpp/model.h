@@ -57,6 +57,8 @@ public:
     // was auto and llama.cpp did not say what it chose.
     int32_t flash_attn() const { return flash_attn_; }
     std::string description() const;
+    uint64_t n_params() const;   // llama_model_n_params
+    int32_t file_type() const;   // llama_model_ftype: the quantisation the file declares (LLAMA_FTYPE_*)
 
     // Tokenizer. add_special adds BOS/EOS as the model's metadata asks;
     // parse_special turns "<|im_start|>"-style text into control tokens.
@@ -176,5 +178,8 @@ private:
 // exception messages); info is printed only when a model asks for verbose.
 void install_log_filter();
 std::string take_last_llama_error();
+// A function that sees every log line before the filter (nullptr: none); used to
+// follow llama_model_quantize, which reports progress only in its log.
+void set_log_observer(void (*observer)(const char* text));
 
 }  // namespace pyspec

@@ -29,5 +29,9 @@ class IncompatibleModelsError(PyspecError, ValueError):
     """The draft and target models do not share a vocabulary."""
 
 
+class QuantizeError(PyspecError, RuntimeError):
+    """llama.cpp could not quantize the model (its reason is the message)."""
+
+
 class GPUOffloadUnavailableError(PyspecError, ValueError):
     """GPU layers were asked for (``strict``), but this llama.cpp build has no GPU backend."""

@@ -20,9 +20,10 @@ def main() -> None:
     """
 
 
-from . import bench, generate, serve, tools  # noqa: E402  (each registers its commands on main)
+from . import agree, bench, generate, serve, tools  # noqa: E402  (each registers its commands on main)
 
 generate.register(main)
 serve.register(main)
 tools.register(main)
+agree.register(main)
 bench.register(main)

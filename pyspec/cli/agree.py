@@ -1,0 +1,250 @@
+"""`pyspec agree` (how two models agree) and `pyspec quantize` (libllama's quantiser)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+
+import click
+
+from ..errors import PyspecError
+from ..quantize import TYPES
+from .options import command_errors, load_model, report_options
+
+ROW_FORMAT = [  # (label, key, format) of the summary table
+    ("positions", "n_positions", "{:d}"),
+    ("acceptance α (settings)", "acceptance_mean", "{:.4f}"),
+    ("  α p1 / p10 / median", ("acceptance_p1", "acceptance_p10", "acceptance_median"), "{:.3f}"),
+    ("top-1 agreement (α at T=0)", "top1_agreement", "{:.4f}"),
+    ("KL mean (nats)", "kl_mean", "{:.5f}"),
+    ("  KL median / p90 / p99", ("kl_median", "kl_p90", "kl_p99"), "{:.4f}"),
+    ("  KL p99.9 / max", ("kl_p999", "kl_max"), "{:.3f}"),
+    ("p(next token) ref / cand", ("token_prob_ref", "token_prob_cand"), "{:.3f}"),
+    ("perplexity ratio cand/ref", "ppl_ratio", "{:.4f}"),
+]
+
+
+def _cell(summary: dict, key, fmt: str) -> str:
+    keys = key if isinstance(key, tuple) else (key,)
+    return " / ".join(fmt.format(summary[k]) if math.isfinite(summary[k]) else str(summary[k]) for k in keys)
+
+
+def format_report(r: dict) -> str:
+    cats = ["all"] + list(r["per_category"])
+    cols = {"all": r, **r["per_category"]}
+    lines = []
+    for role in ("reference", "candidate"):
+        m = r["models"][role]
+        lines.append(f"{role:<10} {m['path']}  ({m['type']}, {m['n_params'] / 1e6:.0f}M parameters)")
+    s = r["settings"]
+    lines.append(f"sampling   T={s['temperature']:g} top-k={s['top_k']} top-p={s['top_p']:g} min-p={s['min_p']:g}; "
+                 f"{s['streams']} streams, teacher-forced")
+    table = [[""] + cats] + [[label] + [_cell(cols[c], key, fmt) for c in cats] for label, key, fmt in ROW_FORMAT]
+    widths = [max(len(row[i]) for row in table) for i in range(len(cats) + 1)]
+    lines.append("")
+    lines += ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))
+              for row in table]
+    spec = r["speculation"]
+    lines.append("")
+    lines.append("speculation (the candidate drafting for the reference, k tokens per round):")
+    has_speed = "speedup" in spec["sampled"][0]
+    header = "  k  tokens/pass  " + ("speed-up  " if has_speed else "") + "| greedy: tokens/pass" + \
+             ("  speed-up" if has_speed else "")
+    lines.append(header)
+    for a, g in zip(spec["sampled"], spec["greedy"]):
+        row = f"  {a['k']}  {a['tokens_per_pass']:11.2f}  " + (f"{a['speedup']:7.2f}x  " if has_speed else "")
+        row += f"|         {g['tokens_per_pass']:11.2f}" + (f"  {g['speedup']:7.2f}x" if has_speed else "")
+        lines.append(row)
+    by_pos = " ".join(f"{a:.2f}" for a in spec["acceptance_by_position"])
+    lines.append(f"  acceptance by draft position 1..{len(spec['acceptance_by_position'])}: {by_pos}")
+    if has_speed:
+        best = max(spec["sampled"], key=lambda p: p["speedup"])
+        pays = "pays" if best["speedup"] > 1 else "does not pay"
+        lines.append(f"  on this machine drafting {pays} at these settings: best k={best['k']}, "
+                     f"{best['speedup']:.2f}x (reference V(n) and candidate step timed here)")
+    lines.append("")
+    lines.append(f"verdict: {r['verdict'].upper()}: {r['reason']}")
+    return "\n".join(lines)
+
+
+def _finite(x):
+    """JSON has no infinity or NaN: such values become null."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_finite(v) for v in x]
+    return x
+
+
+def plot_agreement(rows, path: str, title: str) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise click.ClickException("--plot needs matplotlib: pip install 'pyspec-llama[plot]'") from e
+    import numpy as np
+
+    alpha = np.sort(np.concatenate([r["alpha"] for r in rows]))
+    kl = np.sort(np.concatenate([r["kl"] for r in rows]))
+    cdf = np.arange(1, len(alpha) + 1) / len(alpha)
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+    a.plot(alpha, cdf)
+    a.set_xlabel("acceptance α = 1 - TV(p, q) per position")
+    a.set_ylabel("fraction of positions ≤ x")
+    a.set_xlim(0, 1)
+    b.plot(np.clip(kl, 1e-6, None), cdf)
+    b.set_xscale("log")
+    b.set_xlabel("KL(p ‖ q) per position (nats; < 1e-6 drawn at 1e-6)")
+    for ax in (a, b):
+        ax.grid(alpha=0.3)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+@click.command()
+@click.argument("reference")
+@click.argument("candidate")
+@click.option("--text", "text_file", type=click.File("r", encoding="utf-8"), default=None,
+              help="Score this text (cut into --window-token streams) instead of the built-in mix.")
+@click.option("--prompts", "prompts_file", type=click.File("r", encoding="utf-8"), default=None,
+              help="One prompt per line: each is continued by the reference (--max-tokens, at the sampling "
+                   "settings) and the continuation is scored: the tokens speculation would draft.")
+@click.option("--max-tokens", "-n", default=128, show_default=True, type=click.IntRange(min=1),
+              help="Continuation length of each --prompts prompt.")
+@click.option("--raw", is_flag=True, help="Send --prompts as is, without the reference's chat template.")
+@click.option("--window", default=512, show_default=True, type=click.IntRange(min=2),
+              help="Tokens per stream of a --text file.")
+@click.option("--temperature", "-t", default=1.0, show_default=True, type=float,
+              help="Sampling temperature of alpha (and of --prompts continuations); T = 0 is always reported too.")
+@click.option("--top-k", default=0, show_default=True, type=int, help="Top-k of both models' distributions; 0 = off.")
+@click.option("--top-p", default=1.0, show_default=True, type=float, help="Top-p; 1 = off.")
+@click.option("--min-p", default=0.0, show_default=True, type=float, help="Min-p; 0 = off.")
+@click.option("--seed", "-s", default=0, show_default=True, type=click.IntRange(0, 2**63 - 1),
+              help="Seed of the --prompts continuations (prompt i: seed + i).")
+@click.option("--draft-max", "-k", default=8, show_default=True, type=click.IntRange(1, 32),
+              help="Predict speculation for k = 1..K draft tokens per round.")
+@click.option("--costs/--no-costs", default=True, show_default=True,
+              help="Time both models here to predict speed-ups (--no-costs: tokens per pass only).")
+@click.option("--n-ctx", default=2048, show_default=True, type=click.IntRange(min=16),
+              help="Context of each model: the longest stream must fit.")
+@click.option("--threads", default=None, type=click.IntRange(min=1), help="CPU threads [default: physical cores].")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@report_options("the report (acceptance_mean, kl_mean, top1_agreement, n_positions, verdict, per_category, "
+                "speculation, ...)", "the CDFs of per-position acceptance and KL")
+def agree(reference, candidate, text_file, prompts_file, max_tokens, raw, window, temperature, top_k, top_p, min_p,
+          seed, draft_max, costs, n_ctx, threads, quiet, json_path, plot_path) -> None:
+    """How CANDIDATE agrees with REFERENCE (GGUF paths or default model names
+    sharing one vocabulary), position by position over the same text.
+
+    For each position both models read (teacher-forced): acceptance
+    α = Σ min(p, q) = 1 - TV(p, q) at the sampling settings (the probability
+    that a token CANDIDATE drafts is accepted by REFERENCE), top-1 agreement
+    (α at T = 0), KL(p ‖ q) of the full T = 1 distributions (as
+    llama-perplexity --kl-divergence) and the probability of the text's next
+    token under each. Prints means and percentiles per category, the
+    speculation view (acceptance by draft position, expected tokens per
+    target pass and the predicted speed-up for k = 1..8 from both models'
+    costs timed on this machine), and a verdict for a quantised CANDIDATE:
+    healthy / suspicious / broken, against published KL scoreboards for its
+    quantisation type. Text: a built-in mix (code, prose, math, chat),
+    --text FILE, or --prompts FILE continued by REFERENCE.
+    """
+    from ..agree import agree as run_agree, builtin_streams, prompt_streams, text_streams
+
+    if text_file and prompts_file:
+        raise click.UsageError("give --text or --prompts, not both")
+    if plot_path:  # fail before minutes of work, not after
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise click.ClickException("--plot needs matplotlib: pip install 'pyspec-llama[plot]'") from None
+    show = not quiet and json_path != "-"
+    with command_errors():
+        load = dict(n_ctx=n_ctx, n_threads=threads)
+        ref = load_model(reference, **load)
+        cand = load_model(candidate, **load)
+        sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
+        if prompts_file:
+            prompts = [line.rstrip("\n") for line in prompts_file if line.strip()]
+            with _bar(len(prompts), "continuing prompts", show) as bar:
+                streams = prompt_streams(ref, prompts, max_tokens=max_tokens, chat=not raw, seed=seed,
+                                         progress=bar.update, **sampling)
+        elif text_file:
+            streams = text_streams(ref, text_file.read(), window)
+        else:
+            streams = builtin_streams(ref)
+        with _bar(sum(s.n_rows for s in streams), "scoring positions", show) as bar:
+            report = run_agree(ref, cand, streams, ks=range(1, draft_max + 1), costs=costs, progress=bar.update,
+                               keep_rows=bool(plot_path), **sampling)
+    rows = report.pop("rows", None)
+    if plot_path:
+        plot_agreement(rows, plot_path, f"{report['models']['candidate']['path']} vs its reference")
+    if json_path:
+        text = json.dumps(_finite(report), indent=2)
+        if json_path == "-":
+            click.echo(text)
+            return
+        with open(json_path, "w", encoding="utf-8") as f:
+            f.write(text + "\n")
+    click.echo(format_report(report))
+
+
+def _bar(length: int, label: str, show: bool):
+    import io
+
+    return click.progressbar(length=length, label=label, file=sys.stderr if show else io.StringIO(),
+                             show_pos=True)
+
+
+@click.command()
+@click.argument("source")
+@click.argument("output", type=click.Path(dir_okay=False))
+@click.option("--type", "qtype", required=True, type=click.Choice(list(TYPES), case_sensitive=False),
+              help="Quantisation type (llama-quantize's names).")
+@click.option("--allow-requantize", is_flag=True,
+              help="Accept an already quantised SOURCE (its rounding adds to the new one; an F16/BF16/F32 "
+                   "source is better).")
+@click.option("--force", is_flag=True, help="Overwrite OUTPUT if it exists.")
+@click.option("--threads", default=None, type=click.IntRange(min=1), help="CPU threads [default: all].")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+def quantize(source, output, qtype, allow_requantize, force, threads, quiet) -> None:
+    """Quantise SOURCE (a GGUF path or default model name) to OUTPUT with
+    libllama's own llama_model_quantize.
+
+    OUTPUT appears only when complete (written under a temporary name beside
+    it, then renamed); Ctrl-C or a failure leaves nothing behind. Check the
+    result with `pyspec agree SOURCE OUTPUT`.
+    """
+    from ..quantize import quantize as run_quantize
+
+    state = {"bar": None}
+
+    def progress(done: int, total: int) -> None:
+        if quiet:
+            return
+        if state["bar"] is None:
+            state["bar"] = _bar(total, f"quantizing to {qtype.upper()}", True).__enter__()
+        state["bar"].update(done - state["bar"].pos)
+
+    with command_errors(errors=(PyspecError, ValueError, OSError)):
+        try:
+            path = run_quantize(source, output, qtype.upper(), allow_requantize=allow_requantize,
+                                n_threads=threads or 0, overwrite=force, progress=progress)
+        finally:
+            if state["bar"] is not None:
+                state["bar"].__exit__(None, None, None)
+    size = os.path.getsize(path)
+    click.echo(f"wrote {path} ({qtype.upper()}, {size / 2**20:.1f} MiB)")
+
+
+def register(main: click.Group) -> None:
+    main.add_command(agree)
+    main.add_command(quantize)

@@ -1,0 +1,119 @@
+"""`pyspec quantize`: requantise a GGUF file with libllama's own
+llama_model_quantize (cpp/quantize.h).
+
+Atomic: the output appears under its name only once complete (written beside
+it under a temporary name, then renamed). llama_model_quantize cannot be
+stopped midway, so it runs in a child process (this module run as a script)
+that reports progress on its stdout: Ctrl-C kills the child and removes the
+partial file at once, and nothing is left half-written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from typing import Callable, Optional, Union
+
+from . import _core, errors
+
+TYPES = tuple(_core.quantize_types())
+
+
+def quantize(source: Union[str, os.PathLike], output: Union[str, os.PathLike], type: str, *,
+             allow_requantize: bool = False, n_threads: int = 0, overwrite: bool = False,
+             progress: Optional[Callable[[int, int], None]] = None) -> Path:
+    """Write ``source`` (a path or default model name) quantised to ``type``
+    (one of TYPES) at ``output``. ``progress(done, total)`` is called as tensors
+    are written. Raises ModelNotFoundError, FileExistsError (unless
+    ``overwrite``), ValueError (unknown type, output = input), QuantizeError
+    (llama.cpp's reason, e.g. an already quantised source without
+    ``allow_requantize``); after KeyboardInterrupt no output is left."""
+    from .model import _resolve_path
+
+    if type not in TYPES:
+        raise ValueError(f"unknown quantisation type {type!r}: one of {', '.join(TYPES)}")
+    source = _resolve_path(source)
+    out = Path(output).expanduser()
+    if out.exists() and out.resolve() == Path(source).resolve():
+        raise ValueError("the output would overwrite the input")
+    if out.exists() and not overwrite:
+        raise FileExistsError(f"{out} exists (overwrite it with --force)")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent)
+    os.close(fd)
+    cmd = [sys.executable, "-m", "pyspec.quantize", source, tmp, type, str(n_threads), str(int(allow_requantize))]
+    # Its own session: the terminal's Ctrl-C reaches this process, which stops the child.
+    child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             start_new_session=True)
+    stderr: list = []
+    drain = threading.Thread(target=lambda: stderr.append(child.stderr.read()), daemon=True)
+    drain.start()
+    try:
+        failure = None
+        for line in child.stdout:
+            msg = json.loads(line)
+            if "done" in msg and progress:
+                progress(msg["done"], msg["total"])
+            failure = msg if "error" in msg else failure
+        rc = child.wait()
+        drain.join()
+        if failure is not None:
+            raise _error(failure, allow_requantize)
+        if rc != 0:
+            raise errors.QuantizeError(f"the quantisation process failed (exit {rc}): {''.join(stderr).strip()}")
+        os.replace(tmp, out)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return out
+
+
+def _error(failure: dict, allow_requantize: bool) -> Exception:
+    cls = getattr(errors, failure["error"], None) or {"ValueError": ValueError}.get(failure["error"], RuntimeError)
+    message = failure["message"]
+    if cls is errors.QuantizeError and "requantiz" in message and not allow_requantize:
+        message += (" (the source is already quantised: pass --allow-requantize, accepting a second rounding "
+                    "on top of the first)")
+    return cls(message)
+
+
+def _child(source: str, output: str, qtype: str, n_threads: str, allow: str) -> int:
+    """The child: quantize on a thread, report progress and the outcome as JSON lines."""
+    box: dict = {}
+    done = threading.Event()
+
+    def work() -> None:
+        try:
+            _core.quantize(source, output, qtype, int(n_threads), allow == "1")
+        except Exception as e:  # reported to the parent
+            box["err"] = e
+        finally:
+            done.set()
+
+    threading.Thread(target=work, daemon=True).start()
+    last = None
+    while True:
+        finished = done.wait(0.2)
+        now = _core.quantize_progress()
+        if now != last and now[1] > 0:
+            print(json.dumps({"done": now[0], "total": now[1]}), flush=True)
+            last = now
+        if finished:
+            break
+    if "err" in box:
+        err = box["err"]
+        print(json.dumps({"error": err.__class__.__name__, "message": str(err)}), flush=True)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_child(*sys.argv[1:6]))
