@@ -169,19 +169,32 @@ def test_quantize_errors_are_clear_and_leave_nothing(gemma_path, tmp_path):
     assert out.returncode == 1 and "--force" in out.stderr and (tmp_path / "e.gguf").read_bytes() == b"keep"
 
 
-@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
-def test_ctrl_c_during_quantize_leaves_no_file(target_path, tmp_path):
-    """The default target takes ~15 s to quantise here: interrupted after 3 s."""
+def _interrupted(*args: str, after: float) -> str:
+    """Run `pyspec ARGS`, send SIGINT after `after` seconds; its stderr once it exits 130."""
     exe = shutil.which("pyspec")
     cmd = [exe] if exe else [sys.executable, "-m", "pyspec.cli"]
-    proc = subprocess.Popen(cmd + ["quantize", target_path, str(tmp_path / "t8.gguf"), "--type", "Q8_0",
-                                   "--allow-requantize"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(3)
-    assert proc.poll() is None, "finished before the interrupt: the test needs a slower quantisation"
+    proc = subprocess.Popen(cmd + list(args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(after)
+    assert proc.poll() is None, "finished before the interrupt: the test needs longer work"
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 130 and "Traceback" not in err, err
+    return err
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+def test_ctrl_c_during_quantize_leaves_no_file(target_path, tmp_path):
+    """The default target takes ~15 s to quantise here: interrupted after 3 s."""
+    _interrupted("quantize", target_path, str(tmp_path / "t8.gguf"), "--type", "Q8_0", "--allow-requantize",
+                 after=3)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+def test_ctrl_c_during_agree_exits_cleanly(gemma_path):
+    """Scoring the built-in texts takes ~15 s here: interrupted after 4 s (the core stops within a decode)."""
+    err = _interrupted("agree", gemma_path, gemma_path, "--no-costs", after=4)
+    assert "interrupted" in err
 
 
 def test_expected_rounds_match_a_simulation_and_the_geometric_shortcut_does_not():

@@ -90,16 +90,22 @@ def sample_joint(server: ServerProcess, tokens, pieces, n: int):
     return counts, drafted, accepted, rows_per_round
 
 
-def test_served_samples_are_independent_draws_of_the_target(case, gemma_path):
+def served_chisquare(gemma_path, case, variant: str):
+    """Sample through a server with acceptance rule `variant`; chi-square against p0 x p0."""
     tokens, pieces, exact, n = case
-    server = _server(gemma_path, "correct")
+    server = _server(gemma_path, variant)
     try:
         counts, drafted, accepted, rows = sample_joint(server, tokens, pieces, n)
     finally:
         assert server.stop() == 0
     stat, df, pv = pooled_chisquare(counts, exact, n)
-    print(f"server n=2 x {CLIENTS} clients, ngram k=1: N={n} chi2={stat:.2f} df={df} p={pv:.3g} "
+    print(f"server [{variant}] n=2 x {CLIENTS} clients, ngram k=1: N={n} chi2={stat:.2f} df={df} p={pv:.3g} "
           f"drafted={drafted} accepted={accepted} rows/round={rows:.1f}")
+    return pv, n, drafted, accepted, rows
+
+
+def test_served_samples_are_independent_draws_of_the_target(case, gemma_path):
+    pv, n, drafted, accepted, rows = served_chisquare(gemma_path, case, "correct")
     assert drafted >= 2 * n and accepted > 0, "the drafts were not verified: the path did not fire"
     # One request alone has at most 2 x 2 rows a round: more means requests shared rounds.
     assert rows > 4, "requests never shared a round: continuous batching was not exercised"
@@ -107,12 +113,5 @@ def test_served_samples_are_independent_draws_of_the_target(case, gemma_path):
 
 
 def test_negative_control_server_with_the_broken_residual(case, gemma_path):
-    tokens, pieces, exact, n = case
-    server = _server(gemma_path, "residual_is_p")
-    try:
-        counts, drafted, _, _ = sample_joint(server, tokens, pieces, n)
-    finally:
-        assert server.stop() == 0
-    stat, df, pv = pooled_chisquare(counts, exact, n)
-    print(f"NEGATIVE CONTROL server residual=p: N={n} chi2={stat:.2f} p={pv:.3g} drafted={drafted}")
+    pv, *_ = served_chisquare(gemma_path, case, "residual_is_p")
     assert pv < ALPHA

@@ -70,18 +70,13 @@ def speculation_view(reference, candidate, rows, ks: Sequence[int], costs: bool)
     k_max = max(ks)
     view: Dict = {"acceptance_by_position": acceptance_by_position(sampled, k_max),
                   "acceptance_by_position_greedy": acceptance_by_position(greedy, k_max)}
+    v, step = None, 0.0
     if costs:
         from ..bench.simulate import batch_costs
 
         v = batch_costs(reference, k_max + 1)
         step = batch_costs(candidate, 1)[1]
         view["costs"] = {"reference_batch_s": {str(n): t for n, t in v.items()}, "candidate_step_s": step}
-    else:
-        v, step = {n: 1.0 for n in range(1, k_max + 2)}, 0.0  # unused: speed-ups dropped below
-    for name, alphas in (("sampled", sampled), ("greedy", greedy)):
-        preds = predict(alphas, v, step, ks)
-        if not costs:
-            for p in preds:
-                del p["speedup"]
-        view[name] = preds
+    view["sampled"] = predict(sampled, ks, v, step)
+    view["greedy"] = predict(greedy, ks, v, step)
     return view

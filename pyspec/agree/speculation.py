@@ -21,7 +21,7 @@ speed-up = n_rows * V(1) / (R(0) * (k * c + V(k + 1))).
 
 from __future__ import annotations
 
-from typing import Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -63,13 +63,17 @@ def acceptance_by_position(streams: Sequence[np.ndarray], k: int) -> List[float]
     return [float(accepted[j] / reached[j]) if reached[j] else 0.0 for j in range(1, k + 1)]
 
 
-def predict(streams: Sequence[np.ndarray], costs: Dict[int, float], step: float, ks: Sequence[int]) -> List[dict]:
-    """Per k: expected tokens per pass and the predicted speed-up (costs: the
-    reference's V(n) in seconds for n = 1..max(ks) + 1; step: the candidate's)."""
+def predict(streams: Sequence[np.ndarray], ks: Sequence[int], costs: Optional[Dict[int, float]] = None,
+            step: float = 0.0) -> List[dict]:
+    """Per k: expected tokens per reference pass and, given costs (the
+    reference's V(n) in seconds for n = 1..max(ks) + 1, and the candidate's
+    single-token step), the predicted speed-up over plain decoding."""
     rows = sum(len(a) for a in streams)
     out = []
     for k in ks:
         rounds = sum(expected_rounds(a, k) for a in streams)
-        out.append({"k": k, "tokens_per_pass": rows / rounds,
-                    "speedup": rows * costs[1] / (rounds * (k * step + costs[k + 1]))})
+        p = {"k": k, "tokens_per_pass": rows / rounds}
+        if costs is not None:
+            p["speedup"] = rows * costs[1] / (rounds * (k * step + costs[k + 1]))
+        out.append(p)
     return out

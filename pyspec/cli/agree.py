@@ -115,8 +115,9 @@ def plot_agreement(rows, path: str, title: str) -> None:
 @click.option("--text", "text_file", type=click.File("r", encoding="utf-8"), default=None,
               help="Score this text (cut into --window-token streams) instead of the built-in mix.")
 @click.option("--prompts", "prompts_file", type=click.File("r", encoding="utf-8"), default=None,
-              help="One prompt per line: each is continued by the reference (--max-tokens, at the sampling "
-                   "settings) and the continuation is scored: the tokens speculation would draft.")
+              help="One prompt per line (or a JSON string, or {\"prompt\": ...}, per line for prompts with "
+                   "newlines): each is continued by the reference (--max-tokens, at the sampling settings) and "
+                   "the continuation is scored: the tokens speculation would draft.")
 @click.option("--max-tokens", "-n", default=128, show_default=True, type=click.IntRange(min=1),
               help="Continuation length of each --prompts prompt.")
 @click.option("--raw", is_flag=True, help="Send --prompts as is, without the reference's chat template.")
@@ -173,7 +174,7 @@ def agree(reference, candidate, text_file, prompts_file, max_tokens, raw, window
         cand = load_model(candidate, **load)
         sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
         if prompts_file:
-            prompts = [line.rstrip("\n") for line in prompts_file if line.strip()]
+            prompts = [_prompt(line) for line in prompts_file if line.strip()]
             with _bar(len(prompts), "continuing prompts", show) as bar:
                 streams = prompt_streams(ref, prompts, max_tokens=max_tokens, chat=not raw, seed=seed,
                                          progress=bar.update, **sampling)
@@ -195,6 +196,21 @@ def agree(reference, candidate, text_file, prompts_file, max_tokens, raw, window
         with open(json_path, "w", encoding="utf-8") as f:
             f.write(text + "\n")
     click.echo(format_report(report))
+
+
+def _prompt(line: str) -> str:
+    """A --prompts line: a JSON string or {"prompt": ...} (JSON lines), else the line itself."""
+    line = line.rstrip("\n")
+    if line.lstrip()[:1] in ('"', "{"):
+        try:
+            value = json.loads(line)
+        except ValueError:
+            return line
+        if isinstance(value, dict) and isinstance(value.get("prompt"), str):
+            return value["prompt"]
+        if isinstance(value, str):
+            return value
+    return line
 
 
 def _bar(length: int, label: str, show: bool):
