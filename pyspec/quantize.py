@@ -3,8 +3,8 @@ llama_model_quantize (cpp/quantize.h).
 
 Atomic: the output appears under its name only once complete (written beside
 it under a temporary name, then renamed). llama_model_quantize cannot be
-stopped midway, so it runs in a child process (this module run as a script)
-that reports progress on its stdout: Ctrl-C kills the child and removes the
+stopped midway, so it runs in a child process (_child) that reports progress
+on its stdout: Ctrl-C kills the child and removes the
 partial file at once, and nothing is left half-written.
 """
 
@@ -22,6 +22,7 @@ from typing import Callable, Optional, Union
 from . import _core, errors
 
 TYPES = tuple(_core.quantize_types())
+_CHILD = "import sys; sys.path.pop(0); from pyspec.quantize import _child; sys.exit(_child(*sys.argv[1:6]))"
 
 
 def quantize(source: Union[str, os.PathLike], output: Union[str, os.PathLike], type: str, *,
@@ -38,7 +39,7 @@ def quantize(source: Union[str, os.PathLike], output: Union[str, os.PathLike], t
     if type not in TYPES:
         raise ValueError(f"unknown quantisation type {type!r}: one of {', '.join(TYPES)}")
     source = _resolve_path(source)
-    out = Path(output).expanduser()
+    out = Path(output).expanduser().absolute()
     if out.exists() and out.resolve() == Path(source).resolve():
         raise ValueError("the output would overwrite the input")
     if out.exists() and not overwrite:
@@ -46,17 +47,26 @@ def quantize(source: Union[str, os.PathLike], output: Union[str, os.PathLike], t
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent)
     os.close(fd)
-    cmd = [sys.executable, "-m", "pyspec.quantize", source, tmp, type, str(n_threads), str(int(allow_requantize))]
-    # Its own session: the terminal's Ctrl-C reaches this process, which stops the child.
-    child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             start_new_session=True)
-    stderr: list = []
-    drain = threading.Thread(target=lambda: stderr.append(child.stderr.read()), daemon=True)
-    drain.start()
+    child = None
     try:
+        # Not `python -m`: that puts the working directory first on sys.path, and a
+        # source checkout there (a pyspec/ without the compiled core) would shadow
+        # the installed package. Here the child drops that entry.
+        cmd = [sys.executable, "-c", _CHILD, source, tmp, type, str(n_threads), str(int(allow_requantize))]
+        # Its own session: the terminal's Ctrl-C reaches this process, which stops the
+        # child. Its stdin is a pipe from us: should we die unannounced, the child sees
+        # it close, removes the partial file and exits.
+        child = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 text=True, start_new_session=True)
+        stderr: list = []
+        drain = threading.Thread(target=lambda: stderr.append(child.stderr.read()), daemon=True)
+        drain.start()
         failure = None
         for line in child.stdout:
-            msg = json.loads(line)
+            try:
+                msg = json.loads(line)
+            except ValueError:  # not ours (a library's print): ignore
+                continue
             if "done" in msg and progress:
                 progress(msg["done"], msg["total"])
             failure = msg if "error" in msg else failure
@@ -66,9 +76,12 @@ def quantize(source: Union[str, os.PathLike], output: Union[str, os.PathLike], t
             raise _error(failure, allow_requantize)
         if rc != 0:
             raise errors.QuantizeError(f"the quantisation process failed (exit {rc}): {''.join(stderr).strip()}")
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp made it private; the output is an ordinary file
         os.replace(tmp, out)
     finally:
-        if child.poll() is None:
+        if child is not None and child.poll() is None:
             child.kill()
             child.wait()
         if os.path.exists(tmp):
@@ -77,7 +90,8 @@ def quantize(source: Union[str, os.PathLike], output: Union[str, os.PathLike], t
 
 
 def _error(failure: dict, allow_requantize: bool) -> Exception:
-    cls = getattr(errors, failure["error"], None) or {"ValueError": ValueError}.get(failure["error"], RuntimeError)
+    cls = getattr(errors, failure["error"], None) or {"ValueError": ValueError}.get(failure["error"],
+                                                                                   errors.QuantizeError)
     message = failure["message"]
     if cls is errors.QuantizeError and "requantiz" in message and not allow_requantize:
         message += (" (the source is already quantised: pass --allow-requantize, accepting a second rounding "
@@ -98,7 +112,15 @@ def _child(source: str, output: str, qtype: str, n_threads: str, allow: str) -> 
         finally:
             done.set()
 
+    def orphaned() -> None:  # stdin closes when the parent dies: leave nothing behind
+        sys.stdin.read()
+        if not done.is_set():
+            if os.path.exists(output):
+                os.unlink(output)
+            os._exit(1)
+
     threading.Thread(target=work, daemon=True).start()
+    threading.Thread(target=orphaned, daemon=True).start()
     last = None
     while True:
         finished = done.wait(0.2)
@@ -114,6 +136,3 @@ def _child(source: str, output: str, qtype: str, n_threads: str, allow: str) -> 
         return 1
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(_child(*sys.argv[1:6]))

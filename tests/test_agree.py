@@ -19,7 +19,7 @@ import pytest
 import pyspec
 from pyspec import _core
 from pyspec.agree import agree, builtin_streams
-from pyspec.agree.speculation import expected_rounds
+from pyspec.agree.speculation import acceptance_by_position, expected_rounds
 from pyspec.agree.verdict import judge
 from pyspec.generation import sampling_params
 
@@ -54,9 +54,11 @@ def test_a_model_against_itself_agrees_exactly(gemma_path):
             assert np.all(rows["alpha"] == 1.0) and np.all(rows["kl"] == 0.0) and rows["top1"].all()
             assert np.array_equal(rows["logp_ref"], rows["logp_cand"])
         assert r["ppl_ratio"] == 1.0 and r["verdict"] == "healthy"
-        # Every draft accepted: k + 1 tokens per pass (up to the streams' ends).
-        assert [p["tokens_per_pass"] for p in r["speculation"]["sampled"]] == pytest.approx(
-            [k + 1 for k in range(1, 9)], rel=0.05)
+        # Every draft accepted: k + 1 tokens per pass, but for each stream's last round.
+        exact = [sum(s.n_rows for s in streams) / sum(math.ceil(s.n_rows / (k + 1)) for s in streams)
+                 for k in range(1, 9)]
+        assert [p["tokens_per_pass"] for p in r["speculation"]["sampled"]] == pytest.approx(exact, rel=1e-12)
+        assert r["speculation"]["acceptance_by_position"] == [1.0] * 8
 
 
 def _numpy_rows(ref, cand, tokens, temperature, top_k):
@@ -169,38 +171,44 @@ def test_quantize_errors_are_clear_and_leave_nothing(gemma_path, tmp_path):
     assert out.returncode == 1 and "--force" in out.stderr and (tmp_path / "e.gguf").read_bytes() == b"keep"
 
 
-def _interrupted(*args: str, after: float) -> str:
-    """Run `pyspec ARGS`, send SIGINT after `after` seconds; its stderr once it exits 130."""
+def _interrupted(*args: str, started: str) -> str:
+    """Run `pyspec ARGS`, send SIGINT a second after stderr shows `started`; its
+    stderr once it exits 130."""
     exe = shutil.which("pyspec")
     cmd = [exe] if exe else [sys.executable, "-m", "pyspec.cli"]
     proc = subprocess.Popen(cmd + list(args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(after)
-    assert proc.poll() is None, "finished before the interrupt: the test needs longer work"
+    seen = []
+    for line in proc.stderr:  # the work has begun once this line is out
+        seen.append(line)
+        if started in line:
+            break
+    time.sleep(1)
+    assert proc.poll() is None, f"finished before the interrupt: {''.join(seen)}"
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=30)
+    _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130 and "Traceback" not in err, err
     return err
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 def test_ctrl_c_during_quantize_leaves_no_file(target_path, tmp_path):
-    """The default target takes ~15 s to quantise here: interrupted after 3 s."""
+    """The default target takes ~15 s to quantise here: interrupted a second in."""
     _interrupted("quantize", target_path, str(tmp_path / "t8.gguf"), "--type", "Q8_0", "--allow-requantize",
-                 after=3)
+                 started="pyspec quantize:")
     assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 def test_ctrl_c_during_agree_exits_cleanly(gemma_path):
-    """Scoring the built-in texts takes ~15 s here: interrupted after 4 s (the core stops within a decode)."""
-    err = _interrupted("agree", gemma_path, gemma_path, "--no-costs", after=4)
+    """Scoring the built-in texts takes ~15 s here: interrupted a second in (the core stops within a decode)."""
+    err = _interrupted("agree", gemma_path, gemma_path, "--no-costs", started="pyspec agree: scoring")
     assert "interrupted" in err
 
 
 def test_expected_rounds_match_a_simulation_and_the_geometric_shortcut_does_not():
     """The speculation view's dynamic programme against a Monte Carlo of the round
     process it models (rounds of k drafts, draft j at row i accepted with
-    probability alpha[i]), on a stream with runs of easy and hard rows. Test:
+    probability alpha[i + j - 1]), on a stream with runs of easy and hard rows. Test:
     |DP - simulated mean| < 4 standard errors (two-sided, alpha ~ 6e-5; 20,000
     runs). Negative control, the same test: the geometric formula from the mean
     alpha (what a summary number would predict) must be rejected."""
@@ -231,6 +239,16 @@ def test_expected_rounds_match_a_simulation_and_the_geometric_shortcut_does_not(
     assert not test(geometric)
 
 
+def test_acceptance_by_position_on_streams_shorter_than_the_draft():
+    assert acceptance_by_position([np.ones(3)], 8) == [1.0] * 3 + [None] * 5
+    assert acceptance_by_position([np.array([1, 1, 0, 1, 1, 1.0])], 3) == [5 / 6, 3 / 4, 1 / 2]
+
+
+def test_agree_refuses_options_that_would_be_ignored(gemma_path):
+    out = pyspec_cmd("agree", gemma_path, gemma_path, "--window", "64")
+    assert out.returncode == 2 and "--window applies to --text only" in out.stderr
+
+
 def test_verdicts_for_non_finite_logits_and_other_models():
     q8 = 7  # LLAMA_FTYPE_MOSTLY_Q8_0
     ok = dict(kl_mean=0.001, top1=0.99, cand_type=q8, cand_params=10**9, ref_params=10**9)
@@ -239,3 +257,5 @@ def test_verdicts_for_non_finite_logits_and_other_models():
     assert judge(nonfinite=0, **{**ok, "kl_mean": 0.02}).verdict == "suspicious"
     assert judge(nonfinite=0, **{**ok, "top1": 0.3}).verdict == "broken"
     assert judge(nonfinite=0, **{**ok, "cand_params": 5 * 10**8}).verdict == "not-a-quantization"
+    odd = judge(nonfinite=0, **{**ok, "cand_type": 38})  # a type without a published band
+    assert odd.verdict == "healthy" and "no published band" in odd.reason

@@ -97,7 +97,8 @@ def served_chisquare(gemma_path, case, variant: str):
     try:
         counts, drafted, accepted, rows = sample_joint(server, tokens, pieces, n)
     finally:
-        assert server.stop() == 0
+        status = server.stop()
+    assert status == 0, f"the server exited with {status}"
     stat, df, pv = pooled_chisquare(counts, exact, n)
     print(f"server [{variant}] n=2 x {CLIENTS} clients, ngram k=1: N={n} chi2={stat:.2f} df={df} p={pv:.3g} "
           f"drafted={drafted} accepted={accepted} rows/round={rows:.1f}")

@@ -8,10 +8,12 @@ them with probability
     P_i(k) = alpha[i] ... alpha[i+k-1],
 emits j + 1 tokens (the accepted ones, then the target's own), and the next
 round starts at row i + j + 1. The expected number of rounds R(0) over the stream
-follows by dynamic programming, R(i) = 1 + sum_j P_i(j) R(i + j + 1), so the
-prediction keeps the stream's runs of easy and hard text (a mean alpha fed to the
-geometric formula would not). At T = 0, alpha[t] is 0 or 1 (top-1 agreement) and
-teacher forcing on the reference's own greedy text makes the count exact.
+follows by dynamic programming, R(i) = 1 + sum_j P_i(j) R(i + j + 1) (rows past
+the stream's end count as rejected: a round ends there), so the prediction keeps
+the stream's runs of easy and hard text (a mean alpha fed to the geometric
+formula would not). At T = 0, alpha[t] is 0 or 1 (top-1 agreement); on the
+reference's own greedy continuations (`pyspec agree --prompts -t 0`) teacher
+forcing is exactly what speculative decoding sees, so the count is exact there.
 
 Cost, as the auto policy models it (cpp/auto_policy.h): a round of k drafted
 tokens takes k * c + V(k + 1), c the candidate's single-token step, V(n) the
@@ -46,21 +48,22 @@ def tokens_per_pass(streams: Sequence[np.ndarray], k: int) -> float:
     return rows / sum(expected_rounds(a, k) for a in streams)
 
 
-def acceptance_by_position(streams: Sequence[np.ndarray], k: int) -> List[float]:
+def acceptance_by_position(streams: Sequence[np.ndarray], k: int) -> List[Optional[float]]:
     """Acceptance of the j-th drafted token given the earlier ones were accepted
-    (j = 1..k), over rounds started at every row."""
+    (j = 1..k), over rounds started at every row that leaves room for j drafts;
+    None where no stream is long enough."""
     reached = np.zeros(k + 1)
     accepted = np.zeros(k + 1)
     for a in streams:
         n = len(a)
-        run = np.ones(n)  # P(the first j - 1 drafts of a round at row i were accepted)
+        run = np.ones(n)  # run[i]: P(the first j - 1 drafts of a round at row i were accepted)
         for j in range(1, k + 1):
-            step = np.zeros(n)
-            step[: n - j + 1] = a[j - 1:]
+            m = max(n - j + 1, 0)  # rounds whose j-th draft falls inside the stream
+            run = run[:m]
             reached[j] += run.sum()
-            run = run * step
+            run = run * a[j - 1:j - 1 + m]
             accepted[j] += run.sum()
-    return [float(accepted[j] / reached[j]) if reached[j] else 0.0 for j in range(1, k + 1)]
+    return [float(accepted[j] / reached[j]) if reached[j] else None for j in range(1, k + 1)]
 
 
 def predict(streams: Sequence[np.ndarray], ks: Sequence[int], costs: Optional[Dict[int, float]] = None,

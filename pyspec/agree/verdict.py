@@ -79,12 +79,15 @@ def judge(*, kl_mean: float, top1: float, nonfinite: int, cand_type: int, cand_p
         return Verdict("not-a-quantization", f"the candidate has {cand_params / 1e6:.0f}M parameters and the "
                        f"reference {ref_params / 1e6:.0f}M: another model, not a quantisation of it (see the "
                        "speculation view for how well it drafts)", name)
+    borrowed = name not in PUBLISHED_KL  # judged by the loosest band, and said so
     published = PUBLISHED_KL.get(name, PUBLISHED_KL["Q2_K"])
     healthy = min(HEALTHY * published * (SMALL if cand_params < SMALL_PARAMS else 1.0), HEALTHY_NATS)
-    low_bit = name.startswith(("Q2", "IQ2", "IQ1"))
+    low_bit = borrowed or name.startswith(("Q2", "IQ2", "IQ1"))
     broken = min(BROKEN * published, BROKEN_NATS_LOW_BIT if low_bit else BROKEN_NATS)
     broken = max(broken, 2 * healthy)
     edges = dict(type=name, healthy_below=healthy, broken_above=broken)
+    if borrowed:
+        name = f"{name} (no published band: Q2_K's applied)"
     if nonfinite:
         return Verdict("broken", f"the candidate's logits were NaN or infinite at {nonfinite} positions", **edges)
     if kl_mean >= broken:

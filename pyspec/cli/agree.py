@@ -57,7 +57,7 @@ def format_report(r: dict) -> str:
         row = f"  {a['k']}  {a['tokens_per_pass']:11.2f}  " + (f"{a['speedup']:7.2f}x  " if has_speed else "")
         row += f"|         {g['tokens_per_pass']:11.2f}" + (f"  {g['speedup']:7.2f}x" if has_speed else "")
         lines.append(row)
-    by_pos = " ".join(f"{a:.2f}" for a in spec["acceptance_by_position"])
+    by_pos = " ".join("-" if a is None else f"{a:.2f}" for a in spec["acceptance_by_position"])
     lines.append(f"  acceptance by draft position 1..{len(spec['acceptance_by_position'])}: {by_pos}")
     if has_speed:
         best = max(spec["sampled"], key=lambda p: p["speedup"])
@@ -158,10 +158,13 @@ def agree(reference, candidate, text_file, prompts_file, max_tokens, raw, window
     quantisation type. Text: a built-in mix (code, prose, math, chat),
     --text FILE, or --prompts FILE continued by REFERENCE.
     """
-    from ..agree import agree as run_agree, builtin_streams, prompt_streams, text_streams
-
     if text_file and prompts_file:
         raise click.UsageError("give --text or --prompts, not both")
+    ctx = click.get_current_context()
+    for name, needs, given in (("max_tokens", "--prompts", prompts_file), ("seed", "--prompts", prompts_file),
+                               ("raw", "--prompts", prompts_file), ("window", "--text", text_file)):
+        if not given and ctx.get_parameter_source(name) != click.core.ParameterSource.DEFAULT:
+            raise click.UsageError(f"--{name.replace('_', '-')} applies to {needs} only")
     if plot_path:  # fail before minutes of work, not after
         try:
             import matplotlib  # noqa: F401
@@ -169,6 +172,8 @@ def agree(reference, candidate, text_file, prompts_file, max_tokens, raw, window
             raise click.ClickException("--plot needs matplotlib: pip install 'pyspec-llama[plot]'") from None
     show = not quiet and json_path != "-"
     with command_errors():
+        from ..agree import agree as run_agree, builtin_streams, prompt_streams, text_streams
+
         load = dict(n_ctx=n_ctx, n_threads=threads)
         ref = load_model(reference, **load)
         cand = load_model(candidate, **load)
@@ -182,6 +187,9 @@ def agree(reference, candidate, text_file, prompts_file, max_tokens, raw, window
             streams = text_streams(ref, text_file.read(), window)
         else:
             streams = builtin_streams(ref)
+        if show:  # a line, not only the bar: logs and tests see that scoring began
+            click.echo(f"pyspec agree: scoring {sum(s.n_rows for s in streams)} positions of {len(streams)} "
+                       f"streams", err=True)
         with _bar(sum(s.n_rows for s in streams), "scoring positions", show) as bar:
             report = run_agree(ref, cand, streams, ks=range(1, draft_max + 1), costs=costs, progress=bar.update,
                                keep_rows=bool(plot_path), **sampling)
@@ -247,6 +255,7 @@ def quantize(source, output, qtype, allow_requantize, force, threads, quiet) -> 
         if quiet:
             return
         if state["bar"] is None:
+            click.echo(f"pyspec quantize: {total} tensors to {qtype.upper()}", err=True)
             state["bar"] = _bar(total, f"quantizing to {qtype.upper()}", True).__enter__()
         state["bar"].update(done - state["bar"].pos)
 
