@@ -247,6 +247,8 @@ def test_acceptance_by_position_on_streams_shorter_than_the_draft():
 def test_agree_refuses_options_that_would_be_ignored(gemma_path):
     out = pyspec_cmd("agree", gemma_path, gemma_path, "--window", "64")
     assert out.returncode == 2 and "--window applies to --text only" in out.stderr
+    out = pyspec_cmd("agree", gemma_path, gemma_path, "--top-p", "0")
+    assert out.returncode == 1 and "top_p" in out.stderr and "Traceback" not in out.stderr
 
 
 def test_verdicts_for_non_finite_logits_and_other_models():

@@ -173,11 +173,13 @@ def agree(reference, candidate, text_file, prompts_file, max_tokens, raw, window
     show = not quiet and json_path != "-"
     with command_errors():
         from ..agree import agree as run_agree, builtin_streams, prompt_streams, text_streams
+        from ..generation import sampling_params
 
+        sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
+        sampling_params(**sampling)  # bad settings fail now, not after the models load
         load = dict(n_ctx=n_ctx, n_threads=threads)
         ref = load_model(reference, **load)
         cand = load_model(candidate, **load)
-        sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
         if prompts_file:
             prompts = [_prompt(line) for line in prompts_file if line.strip()]
             with _bar(len(prompts), "continuing prompts", show) as bar:
