@@ -202,14 +202,19 @@ def test_disconnects_and_a_burst_leave_the_server_healthy_and_its_cache_free(ser
                 if chunks >= 3:
                     break
     # A burst past the slots (8) and the queue (4).
-    body = {"prompt": "Monday, Tuesday,", "max_tokens": 40}
+    # Greedy: a sampled answer may end early at an end-of-text token, which is not a loss.
+    body = {"prompt": "Monday, Tuesday,", "max_tokens": 40, "temperature": 0}
     with ThreadPoolExecutor(20) as pool:
         answers = list(pool.map(lambda _: server.post("/v1/completions", body), range(20)))
     busy = [r for r in answers if r.status_code == 503]
     ok = [r for r in answers if r.status_code == 200]
     assert len(busy) + len(ok) == 20, [r.status_code for r in answers]
     assert busy and all(r.headers.get("retry-after") for r in busy)
-    assert len(ok) >= 4 and all(r.json()["usage"]["completion_tokens"] == 40 for r in ok)
+    assert len(ok) >= 4
+    for r in ok:  # nothing cut short: the whole 40 tokens, or the model's own end
+        answer = r.json()
+        finish, n = answer["choices"][0]["finish_reason"], answer["usage"]["completion_tokens"]
+        assert (finish, n) == ("length", 40) or (finish == "stop" and n < 40), (finish, n)
     h = server.wait_idle()
     assert h["status"] == "ok" and h["slots_busy"] == 0 and h["queue_depth"] == 0
     assert h["kv_cells_running"] == 0, h
