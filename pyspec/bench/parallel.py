@@ -26,6 +26,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 from .. import _core
 from ..model import Model
+from .plot import pyplot
 from .runners import LlamaCppRunner, Settings
 
 
@@ -197,13 +198,7 @@ def acceptance_by_position(consensus: List[dict]) -> List[float]:
 
 def plot_parallel(parallel: List[dict], consensus: List[dict], path: str) -> None:
     """Speed-up against n beside the ceiling n/V(n); acceptance by draft position."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as e:  # pragma: no cover - the optional extra
-        raise RuntimeError("--plot needs matplotlib: pip install 'pyspec-llama[plot]'") from e
+    plt = pyplot()
     ns = sorted({r["n"] for r in parallel})
     fig, axes = plt.subplots(1, 2 if consensus else 1, figsize=(11 if consensus else 6, 4), squeeze=False)
     ax = axes[0][0]

@@ -35,7 +35,9 @@ def _palette(n: int) -> list:
     return [colormaps["turbo"](i / max(n - 1, 1)) for i in range(n)]
 
 
-def plot(result: dict, path: str) -> None:
+def pyplot():
+    """matplotlib.pyplot on the file-only Agg backend; RuntimeError naming the
+    extra when matplotlib is missing (every --plot goes through here)."""
     try:
         import matplotlib
 
@@ -43,6 +45,11 @@ def plot(result: dict, path: str) -> None:
         import matplotlib.pyplot as plt
     except ImportError as e:  # pragma: no cover - depends on the environment
         raise RuntimeError("--plot needs matplotlib: pip install 'pyspec-llama[plot]'") from e
+    return plt
+
+
+def plot(result: dict, path: str) -> None:
+    plt = pyplot()
     table = result["summary"]
     runners = result["runners"]
     cats = [c for c in table if c != "all"] + ["all"]

@@ -81,14 +81,11 @@ def _finite(x):
 
 
 def plot_agreement(rows, path: str, title: str) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as e:  # pragma: no cover - depends on the environment
-        raise click.ClickException("--plot needs matplotlib: pip install 'pyspec-llama[plot]'") from e
     import numpy as np
+
+    from ..bench.plot import pyplot
+
+    plt = pyplot()
 
     alpha = np.sort(np.concatenate([r["alpha"] for r in rows]))
     kl = np.sort(np.concatenate([r["kl"] for r in rows]))
@@ -166,10 +163,12 @@ def agree(reference, candidate, text_file, prompts_file, max_tokens, raw, window
         if not given and ctx.get_parameter_source(name) != click.core.ParameterSource.DEFAULT:
             raise click.UsageError(f"--{name.replace('_', '-')} applies to {needs} only")
     if plot_path:  # fail before minutes of work, not after
+        from ..bench.plot import pyplot
+
         try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            raise click.ClickException("--plot needs matplotlib: pip install 'pyspec-llama[plot]'") from None
+            pyplot()
+        except RuntimeError as e:
+            raise click.ClickException(str(e)) from None
     show = not quiet and json_path != "-"
     with command_errors():
         from ..agree import agree as run_agree, builtin_streams, prompt_streams, text_streams
@@ -198,14 +197,11 @@ def agree(reference, candidate, text_file, prompts_file, max_tokens, raw, window
     rows = report.pop("rows", None)
     if plot_path:
         plot_agreement(rows, plot_path, f"{report['models']['candidate']['path']} vs its reference")
-    if json_path:
-        text = json.dumps(_finite(report), indent=2)
-        if json_path == "-":
-            click.echo(text)
-            return
-        with open(json_path, "w", encoding="utf-8") as f:
-            f.write(text + "\n")
-    click.echo(format_report(report))
+    if json_path:  # as the benches write theirs ('-': stdout, without the table)
+        with click.open_file(json_path, "w") as f:
+            f.write(json.dumps(_finite(report), indent=2) + "\n")
+    if json_path != "-":
+        click.echo(format_report(report))
 
 
 def _prompt(line: str) -> str:
