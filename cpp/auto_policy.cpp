@@ -16,6 +16,13 @@ constexpr int32_t kFirstInterval = 8;
 constexpr int32_t kFreshCap = 3;        // longest first draft of a newly found n-gram source
 constexpr int32_t kMaxInterval = 256;
 constexpr int32_t kCalibration[] = {1, 2, 4, 8, 16, 32, 64};
+// The clock (auto_policy.h).
+constexpr double kClockZ = 1.0;          // confidence of a suspension: mean + z * se < 0
+constexpr double kClockVarFloor = 0.25;  // tokens^2: a few rounds never look certain
+constexpr double kClockMinRounds = 3;
+constexpr double kClockCarry = 0.5;      // weight of the last generation's evidence in a new one
+constexpr int32_t kClockCarryRounds = 4; // longest suspension carried into a new generation
+constexpr int32_t kExploreMin = 32;      // tokens left below which no paid exploration starts
 
 double ema(double old, double x, double rate) { return old < 0 ? x : (1 - rate) * old + rate * x; }
 
@@ -82,9 +89,26 @@ double AutoPolicy::verify_cost_estimate(int32_t n) const {
     return std::max(v1_, 0.0) * r;
 }
 
-double AutoPolicy::round_cost(int32_t own_rows) const {
-    return verify_cost_estimate(std::min(other_rows_ + own_rows, kMaxBatch));
+double AutoPolicy::host_cost(int32_t rows) const {
+    return std::max(host_1_, 0.0) + std::max(host_row_, 0.0) * std::max(rows - 1, 0);
 }
+
+double AutoPolicy::round_cost(int32_t own_rows) const {
+    const int32_t n = std::min(other_rows_ + own_rows, kMaxBatch);
+    return verify_cost_estimate(n) + host_cost(n);
+}
+
+int AutoPolicy::kind_of(int bucket, int32_t k) {
+    const int source = bucket == kModelBucket ? 0 : 1;  // the draft model, or lookup (any match)
+    const int cls = k <= 1 ? 0 : k <= 3 ? 1 : k <= 7 ? 2 : 3;
+    return source * kLengthClasses + cls;
+}
+
+bool AutoPolicy::kind_suspended(int bucket, int32_t k) const {
+    return clock_on_ && round_ < clock_[static_cast<size_t>(kind_of(bucket, k))].until;
+}
+
+bool AutoPolicy::suspended(const DraftPlan& plan, int32_t k) const { return kind_suspended(bucket_of(plan), k); }
 
 double AutoPolicy::rate(const Bucket& b, double alpha, int32_t k) const {
     if (k == 0) return (other_seqs_ + 1.0) / round_cost(1);
@@ -115,7 +139,7 @@ LengthBid AutoPolicy::bid(int32_t round_max, const DraftPlan& plan) const {
     const Bucket& b = buckets_[static_cast<size_t>(bucket_of(plan))];
     LengthBid out;
     if (plan.source == DraftSource::kModel && could_pay(b)) return out;  // plans_jointly said no
-    out.alpha = plan.source == DraftSource::kModel ? 0.0 : b.alpha();
+    out.alpha = plan.source == DraftSource::kModel ? 0.0 : b.alpha_low();
     out.cost = std::max(b.cost, 0.0);
     out.longest = out.alpha > 0 ? longest_for(round_max, plan) : 0;
     return out;
@@ -137,14 +161,15 @@ std::vector<int32_t> AutoPolicy::allot_lengths(const std::vector<LengthBid>& bid
     std::stable_sort(gains.begin(), gains.end(), [](const Gain& a, const Gain& b) { return a.value > b.value; });
     const int32_t n = static_cast<int32_t>(bids.size());
     const int32_t top = std::min(max_rows, kMaxBatch);
-    double best = n / verify_cost_estimate(std::min(n, kMaxBatch));
+    double best = n / (verify_cost_estimate(std::min(n, kMaxBatch)) + host_cost(std::min(n, kMaxBatch)));
     size_t best_m = 0;
     double tokens = n, drafting = 0;
     for (size_t m = 1; m <= gains.size() && n + static_cast<int32_t>(m) <= top; ++m) {
         tokens += gains[m - 1].value;
         drafting += bids[gains[m - 1].seq].cost;
-        const double v = verify_cost(n + static_cast<int32_t>(m));
+        double v = verify_cost(n + static_cast<int32_t>(m));
         if (v <= 0) continue;  // only measured sizes: CPU batch costs are jagged
+        v += host_cost(n + static_cast<int32_t>(m));
         const double r = tokens / (drafting + v);
         if (r > best * kTieMargin) {
             best = r;
@@ -179,6 +204,15 @@ void AutoPolicy::allotted(const DraftPlan& plan, int32_t k) {
 
 void AutoPolicy::begin_generation() {
     for (Bucket& b : buckets_) b.accepted = b.tried = 0;
+    // The clock's evidence from earlier text is a prior here: half its weight, and a
+    // suspension it left is re-probed within the first few rounds.
+    for (Clock& c : clock_) {
+        c.n *= kClockCarry;
+        c.sum *= kClockCarry;
+        c.sum2 *= kClockCarry;
+        c.until = std::max(0, std::min(c.until - round_, kClockCarryRounds));
+    }
+    round_ = 0;
 }
 
 bool AutoPolicy::could_pay(const Bucket& b) const {
@@ -196,28 +230,43 @@ bool AutoPolicy::may_draft(DraftSource source) const {
     DraftPlan plan;
     plan.source = source;
     plan.match_len = source == DraftSource::kNgram ? 12 : 0;
-    return could_pay(buckets_[static_cast<size_t>(bucket_of(plan))]);
+    const Bucket& b = buckets_[static_cast<size_t>(bucket_of(plan))];
+    // A drafter whose cost is unknown is only used to measure it, which a short
+    // answer does not pay for (next_length): then it is not even prefilled.
+    if (b.cost < 0 && remaining_ < kExploreMin) return false;
+    return could_pay(b);
 }
 
 int32_t AutoPolicy::next_length(int32_t round_max, const DraftPlan& plan) {
     Bucket& b = plan_round(plan);
     const int32_t longest = longest_for(round_max, plan);
     if (longest <= 0 || v1_ <= 0) return 0;  // a plain step measures v1 first
+    const bool may_explore = remaining_ >= kExploreMin;
     if (b.cost < 0) {  // the drafter's cost is unknown: one short draft measures it
+        if (!may_explore || kind_suspended(planned_bucket_, 1)) return 0;
         b.probing = true;
         return planned_k_ = 1;
     }
-    int32_t best_k = 0;
-    double best = rate(b, 0, 0);
-    const double alpha = b.alpha();
+    // The model's choice, then the clock's: a suspended kind is not chosen.
+    int32_t best_k = 0, model_k = 0;
+    const double plain = rate(b, 0, 0);
+    double best = plain, model_best = plain;
+    // Lookups are judged at alpha's lower bound (Bucket::alpha_low); a draft model's
+    // alpha is steadier, and its belief re-plans the draft as it goes.
+    const double alpha = plan.source == DraftSource::kModel ? b.alpha() : b.alpha_low();
     for (int32_t k = 1; k <= longest; ++k) {
         if (k > 1 && verify_cost(std::min(other_rows_ + k + 1, kMaxBatch)) <= 0) continue;  // only measured sizes
         const double r = rate(b, alpha, k);
-        if (r > best * kTieMargin) {
+        if (r > model_best * kTieMargin) {
+            model_best = r;
+            model_k = k;
+        }
+        if (r > best * kTieMargin && !kind_suspended(planned_bucket_, k)) {
             best = r;
             best_k = k;
         }
     }
+    vetoes_ += model_k > 0 && kind_suspended(planned_bucket_, model_k);
     if (best_k > 0) return drafting_won(b, best_k);
     if (b.probing) {
         // A probe that was accepted hints that the text changed: probe again at
@@ -229,7 +278,7 @@ int32_t AutoPolicy::next_length(int32_t round_max, const DraftPlan& plan) {
     // A source that guesses its next token (n-gram lookup) is judged on every plain
     // round for free (observe); only the others need paid probes.
     if (plan.next_guess >= 0) return 0;
-    if (++b.plain_streak >= b.interval && could_pay(b)) {
+    if (++b.plain_streak >= b.interval && may_explore && !kind_suspended(planned_bucket_, 1) && could_pay(b)) {
         b.plain_streak = 0;
         b.probing = true;
         return planned_k_ = 1;
@@ -300,6 +349,12 @@ void AutoPolicy::observe(const RoundReport& r) {
         ratio_[static_cast<size_t>(n)] = ema(ratio_[static_cast<size_t>(n)], r.verify_s / v1_, kCostRate);
     }
     const int bi = bucket_of(r.plan);
+    // The clock judges rounds that ran alone (their wall time is theirs).
+    if (r.round_s > 0 && n == r.drafted + 1) {
+        learn_host(r, n);
+        judge(r, bi);
+    }
+    ++round_;
     Bucket& b = buckets_[static_cast<size_t>(bi)];
     // A catch-up on many tokens (after plain rounds) is not a per-token drafting cost.
     const bool in_step = r.plan.source == DraftSource::kNgram || r.plan.lag <= 2;
@@ -328,6 +383,41 @@ void AutoPolicy::observe(const RoundReport& r) {
     }
     beliefs_.clear();
     reach_.clear();
+}
+
+void AutoPolicy::learn_host(const RoundReport& r, int32_t rows) {
+    const double host = std::max(r.round_s - r.draft_s - r.verify_s, 0.0);
+    if (rows == 1) {
+        host_1_ = ema(host_1_, host, kCostRate);
+    } else if (host_1_ >= 0) {
+        host_row_ = ema(host_row_, std::max(host - host_1_, 0.0) / (rows - 1), kCostRate);
+    }
+}
+
+void AutoPolicy::judge(const RoundReport& r, int bucket) {
+    if (r.plan.length <= 0) {  // a plain round: the clock's yardstick
+        plain_round_s_ = ema(plain_round_s_, r.round_s, kCostRate);
+        return;
+    }
+    // Until a plain round has run alone, the model's own estimate of one.
+    const double plain = plain_round_s_ > 0 ? plain_round_s_ : verify_cost_estimate(1) + host_cost(1);
+    if (plain <= 0) return;
+    Clock& c = clock_[static_cast<size_t>(kind_of(bucket, std::max(r.drafted, 1)))];
+    const double d = (r.accepted + 1) - r.round_s / plain;
+    c.n += 1;
+    c.sum += d;
+    c.sum2 += d * d;
+    if (c.n < kClockMinRounds) return;
+    const double mean = c.sum / c.n;
+    const double var = std::max(c.sum2 / c.n - mean * mean, kClockVarFloor);
+    if (mean + kClockZ * std::sqrt(var / c.n) < 0) {
+        // Slower than plain with confidence: suspended, each time for longer.
+        ++suspensions_;
+        c.until = round_ + 1 + c.backoff;
+        c.backoff = std::min(2 * c.backoff, kMaxInterval);
+    } else if (mean > 0) {
+        c.backoff = kFirstInterval;
+    }
 }
 
 void AutoPolicy::learn(Bucket& b, double hit) {

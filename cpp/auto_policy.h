@@ -10,6 +10,8 @@
 //            copy cursor has followed, are copied text), or a copy re-anchored
 //            near where it diverged (ngram_drafter.h);
 //   alpha_b  acceptance of a draft token given the earlier ones were accepted
+//            (a lookup's lengths are chosen at its lower bound, alpha_b less one
+//            standard error of the evidence behind it: Bucket::alpha_low)
 //            (measured: about the same at every position of a bucket's drafts).
 //            Text decides it, so this generation's own counts weigh most, and
 //            its latest positions most of all:
@@ -60,6 +62,31 @@
 // probes, so text that turns repetitive is noticed at once and text that does not
 // costs nothing.
 //
+// Host work: a round also costs host time besides the target decode (the
+// distributions of its rows over the vocabulary, verification, emitting text):
+// H(n) = h_1 + h_row * (n - 1) for n rows, learnt from every round that ran
+// alone (its wall time less drafting and decoding), so every cost above is
+// V(n) + H(n), not V(n) alone.
+//
+// The clock has the last word. The model above is a prior that picks what to
+// try; every round that ran alone is also judged by its wall time. A kind
+// (source: draft model or lookup, x length class 1, 2-3, 4-7, 8+) keeps, for its rounds,
+//   d = tokens emitted - round wall time / plain round wall time,
+// the tokens it gained over plain decoding in the same time (plain rounds'
+// wall time is a running average). When d's mean is below 0 with confidence
+// (mean + z * se < 0, z = 1, at least 3 rounds, se from a variance floor of
+// 0.25 tokens^2) the kind is suspended: the policy does not choose it, whatever
+// the model predicts, for `backoff` rounds (8, doubling to 256 each time it is
+// suspended again), and then re-probes it: its next round is judged again.
+// A new generation carries half the evidence of the last one, and a kind still
+// suspended then stays so for at most its first 4 rounds: what earlier text
+// taught is a prior, and it cannot cost new text its gains for long.
+// Suspending is a decision made before a draft is drawn: lossless.
+//
+// Exploration a short answer cannot pay back is not started: paid probes and
+// the first draft that measures a drafter's cost need at least 32 tokens left
+// to generate (set_remaining).
+//
 // Probes: while plain decoding wins for a source, a 1-token draft after every
 // `interval` plain rounds refreshes alpha, so the policy leaves plain mode when
 // the text changes character. The interval doubles (8 .. 256) after each failed
@@ -71,6 +98,7 @@
 #pragma once
 
 #include <array>
+#include <cmath>
 #include <cstdint>
 #include <utility>
 #include <vector>
@@ -92,6 +120,7 @@ public:
     bool stop_after(int32_t i, const Distribution& belief, int32_t token) override;
     void observe(const RoundReport& round) override;
     void set_batch(int32_t other_rows, int32_t other_seqs) override;
+    void set_remaining(int32_t tokens) override { remaining_ = tokens; }
     bool plans_jointly(bool model) const override;
     LengthBid bid(int32_t round_max, const DraftPlan& plan) const override;
     std::vector<int32_t> allot_lengths(const std::vector<LengthBid>& bids, int32_t max_rows) const override;
@@ -112,6 +141,18 @@ public:
     void recorded_draft_cost(double seconds);
     double acceptance(const DraftPlan& plan) const;  // alpha_b, this generation's blend
     int32_t probe_interval(const DraftPlan& plan) const;
+    double host_cost(int32_t rows) const;  // H(n): host seconds of a round of n rows (0 until measured)
+    double plain_round_cost() const { return plain_round_s_; }  // wall time of a plain round, -1 unknown
+    // Whether the clock has suspended drafting k tokens from this plan's source (its kind).
+    bool suspended(const DraftPlan& plan, int32_t k) const;
+    // Kinds the clock suspended, and rounds where the model's choice was a suspended
+    // kind and the policy chose otherwise: counters since construction.
+    int64_t clock_suspensions() const { return suspensions_; }
+    int64_t clock_vetoes() const { return vetoes_; }
+    // Whether the clock judges (default). Off, choices follow the cost model alone,
+    // so they no longer depend on how each round's wall time fell.
+    bool clock() const { return clock_on_; }
+    void set_clock(bool on) { clock_on_ = on; }
     // The batch timings calibrated() was given (size, seconds): what is worth keeping on disk.
     const std::vector<std::pair<int32_t, double>>& calibration() const { return calibration_; }
 
@@ -123,6 +164,8 @@ public:
     static constexpr int32_t kConfBins = 6;
     static constexpr double kWeight = 2;     // pseudo-observations behind A_b in a new generation
     static constexpr double kRecency = 0.85; // per-position decay of this generation's counts
+    static constexpr double kAlphaZ = 1.0;   // standard errors below the mean that lengths are chosen at
+    static constexpr int kLengthClasses = 4;  // the clock's draft lengths: 1, 2-3, 4-7, 8+
 
 private:
     struct Bucket {
@@ -130,6 +173,14 @@ private:
         double accepted = 0;         // draft positions accepted in this generation
         double tried = 0;            // ... and verified
         double alpha() const { return (accepted + kWeight * long_run) / (tried + kWeight); }
+        // What a length is chosen by: alpha less one standard error of its evidence
+        // (tried + kWeight observations). Choosing by the mean trusts a lucky streak
+        // (a 15-token draft after two 3-token hits, on math: -8 steps); a copy that
+        // keeps being accepted soon earns the same long drafts.
+        double alpha_low() const {
+            const double a = alpha();
+            return std::max(0.0, a - kAlphaZ * std::sqrt(a * (1 - a) / (tried + kWeight + 1)));
+        }
         double cost = -1;            // seconds per drafted token; -1 = not measured
         int32_t plain_streak = 0;    // plain rounds since the last draft from this bucket
         int32_t interval = 8;        // plain rounds between probes
@@ -162,8 +213,26 @@ private:
     // The round drafts k tokens from b: its probe schedule starts over. Returns k.
     int32_t drafting_won(Bucket& b, int32_t k);
 
+    // The clock's record of one kind (bucket x length class): its rounds' gains d.
+    struct Clock {
+        double n = 0, sum = 0, sum2 = 0;  // rounds (earlier generations' weighted down), sums of d, d^2
+        int32_t until = 0;                // suspended while round_ < until
+        int32_t backoff = 8;              // rounds of the next suspension
+    };
+    static int kind_of(int bucket, int32_t k);
+    bool kind_suspended(int bucket, int32_t k) const;
+    void judge(const RoundReport& r, int bucket);  // the clock's verdict on a round that ran alone
+    void learn_host(const RoundReport& r, int32_t rows);
+
     int32_t draft_max_;
     std::array<Bucket, kBuckets> buckets_;
+    std::array<Clock, 2 * kLengthClasses> clock_;
+    double plain_round_s_ = -1;       // wall time of a plain round that ran alone (running average)
+    double host_1_ = -1, host_row_ = -1;  // H(n) = host_1 + host_row * (n - 1); -1 = not measured
+    int32_t round_ = 0;               // rounds observed in this generation
+    int32_t remaining_ = 1 << 30;     // tokens left to generate (set_remaining)
+    int64_t suspensions_ = 0, vetoes_ = 0;
+    bool clock_on_ = true;
     double v1_ = -1;                  // single-token step, seconds
     std::vector<double> ratio_;       // r(n) = V(n) / v1, index n; -1 = not measured
     bool calibrated_ = false;

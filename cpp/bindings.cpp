@@ -430,13 +430,19 @@ PYBIND11_MODULE(_core, m) {
         .def("observe",
              [](LengthPolicy& p, int32_t drafted, int32_t accepted, double draft_s, double verify_s,
                 const std::string& source, int32_t match_len, int32_t lag, bool near_copy, int32_t next_guess,
-                int32_t guess_hit, int32_t batch_rows) {
-                 p.observe({make_plan(source, match_len, lag, near_copy, next_guess), drafted, accepted, draft_s,
-                            verify_s, batch_rows, guess_hit});
+                int32_t guess_hit, int32_t batch_rows, double round_s, int32_t length) {
+                 DraftPlan plan = make_plan(source, match_len, lag, near_copy, next_guess);
+                 plan.length = length < -1 ? drafted : length;  // the length the policy chose (default: drafted)
+                 p.observe({plan, drafted, accepted, draft_s, verify_s, batch_rows, guess_hit, round_s});
              },
              py::arg("drafted"), py::arg("accepted"), py::arg("draft_s"), py::arg("verify_s"),
              py::arg("source") = "model", py::arg("match_len") = 0, py::arg("lag") = 1, py::arg("near_copy") = false,
-             py::arg("next_guess") = -1, py::arg("guess_hit") = -1, py::arg("batch_rows") = 0)
+             py::arg("next_guess") = -1, py::arg("guess_hit") = -1, py::arg("batch_rows") = 0,
+             py::arg("round_s") = 0.0, py::arg("length") = -2,
+             "Report a round: round_s is its whole wall time (0: unknown, the clock ignores it); length the "
+             "length the policy chose (default: drafted).")
+        .def("set_remaining", &LengthPolicy::set_remaining, py::arg("tokens"),
+             "At most this many tokens are left to generate in the current generation.")
         .def("set_batch", &LengthPolicy::set_batch, py::arg("other_rows"), py::arg("other_seqs"),
              "The next round's decode also holds other_rows rows of other_seqs other sequences (0, 0: alone).")
         .def("plans_jointly", &LengthPolicy::plans_jointly, py::arg("model") = false,
@@ -475,6 +481,23 @@ PYBIND11_MODULE(_core, m) {
                  return p.probe_interval(make_plan(s, match_len, 0));
              },
              py::arg("source") = "model", py::arg("match_len") = 0)
+        .def("host_cost", &AutoPolicy::host_cost, py::arg("rows"),
+             "Estimated host seconds (distributions, verification, emitting) of a round of n rows.")
+        .def_property_readonly("plain_round_cost", &AutoPolicy::plain_round_cost,
+                               "Wall time of a plain round that ran alone (running average; -1 unknown).")
+        .def("suspended",
+             [](const AutoPolicy& p, int32_t k, const std::string& s, int32_t match_len, bool near_copy) {
+                 return p.suspended(make_plan(s, match_len, 0, near_copy), k);
+             },
+             py::arg("k"), py::arg("source") = "model", py::arg("match_len") = 0, py::arg("near_copy") = false,
+             "Whether the clock has suspended drafting k tokens from this source now.")
+        .def_property("clock", &AutoPolicy::clock, &AutoPolicy::set_clock,
+                      "Whether the clock judges choices by their wall time (default True; False: the cost model "
+                      "alone decides, independent of how round times fell).")
+        .def_property_readonly("clock_suspensions", &AutoPolicy::clock_suspensions,
+                               "Kinds (source x draft length) the clock suspended, since construction.")
+        .def_property_readonly("clock_vetoes", &AutoPolicy::clock_vetoes,
+                               "Rounds where the model's choice was suspended by the clock, since construction.")
         .def_property_readonly("calibration", [](const AutoPolicy& p) {
             return std::map<int32_t, double>(p.calibration().begin(), p.calibration().end());
         }, "The target batch timings it was calibrated with ({size: seconds}), to keep on disk.");

@@ -6,6 +6,8 @@
 #include <exception>
 #include <stdexcept>
 #include <thread>
+#include <cstdio>
+#include <cstdlib>
 
 #include "errors.h"
 #include "model_drafter.h"
@@ -106,6 +108,7 @@ struct BatchSession::Sequence {
     double draft_s = 0;
     int32_t first_row = 0;         // its first logits row in the verification batch
     VerifyResult vr{0, -1};
+    RoundReport report;            // what the round did, for its policy and statistics
 
     GenerationStats& stats() { return result.stats; }
     int32_t generated() const { return static_cast<int32_t>(result.tokens.size()); }
@@ -336,6 +339,7 @@ void BatchSession::start(Sequence& s) {
         s.join_drafter();
         if (s.drafter_error) std::rethrow_exception(s.drafter_error);
     } else if (s.uses_drafter(draft_max)) {
+        if (s.policy) s.policy->set_remaining(s.max_tokens);
         // A policy that will not draft from the model soon spares it the prompt.
         const bool prefill_draft = !s.policy || s.policy->may_draft(DraftSource::kModel);
         s.drafter->begin(prompt, s.params.draft_sampling, prefill_draft);
@@ -468,7 +472,10 @@ void BatchSession::draft_all(const std::vector<Sequence*>& active, int32_t draft
         const int32_t rm = round_max(*s, draft_cap);
         if (!joint) {
             // Batch-aware policies weigh the decode this sequence's rows join.
-            if (s->policy) s->policy->set_batch(others + planned_drafts, others);
+            if (s->policy) {
+                s->policy->set_batch(others + planned_drafts, others);
+                s->policy->set_remaining(s->max_tokens - s->generated());
+            }
             LengthPolicy* policy = s->policy;
             s->start_round(rm, [policy, rm](const DraftPlan& p) {
                 return policy ? policy->next_length(rm, p) : rm;
@@ -776,13 +783,25 @@ bool BatchSession::step() {
             s->vr = verify(e_.p_.data(), s->q.data(), s->drafts.data(), n, s->rng, shared_.variant);
             // 4. Roll back: the sequence's cache keeps its committed tokens and the accepted drafts.
             target_.truncate(static_cast<int32_t>(s->history.size()) + s->vr.n_accepted, s->id);
-            const int32_t guess_hit =
-                n == 0 && s->plan.next_guess >= 0 ? s->vr.next_token == s->plan.next_guess : -1;
-            const RoundReport report{s->plan, n, s->vr.n_accepted, s->draft_s, verify_s, decode_rows, guess_hit};
-            if (s->policy) s->policy->observe(report);
-            s->stats().count_round(report);
+            s->report = RoundReport{s->plan, n, s->vr.n_accepted, s->draft_s, verify_s, decode_rows,
+                                    n == 0 && s->plan.next_guess >= 0 ? s->vr.next_token == s->plan.next_guess : -1};
+            s->stats().count_round(s->report);  // (before emit: a sequence that finishes hands its stats over)
         }
         for (Sequence* s : active) emit(*s);
+        // The policy hears the round with its whole wall time (drafting, decode,
+        // distributions, verification, emitting): what the clock judges choices by.
+        const double round_s = since(t);
+        for (Sequence* s : active) {
+            s->report.round_s = round_s;
+            if (s->policy) s->policy->observe(s->report);
+            if (std::getenv("PYSPEC_TRACE_TMP")) {  // TEMP diagnosis
+                const RoundReport& r = s->report;
+                std::fprintf(stderr, "R src=%d m=%d fresh=%d near=%d len=%d dr=%d acc=%d draft=%.2f ver=%.2f round=%.2f ctx=%zu\n",
+                             (int)r.plan.source, r.plan.match_len, (int)r.plan.fresh, (int)r.plan.near_copy,
+                             r.plan.length, r.drafted, r.accepted, 1e3 * r.draft_s, 1e3 * r.verify_s, 1e3 * round_s,
+                             s->history.size());
+            }
+        }
         // Host work of the round (sampling, emitting), shared among its sequences.
         if (!active.empty()) {
             double now_timed = 0;

@@ -27,6 +27,10 @@ struct RoundReport {
     // guess (1) or not (0), which is what accepting a one-token draft would have
     // shown (P = p(guess) either way); -1 otherwise.
     int32_t guess_hit = -1;
+    // The round's whole wall time: drafting, the target decode, distributions,
+    // verification and emitting (shared with the other sequences of its decode);
+    // 0 when unknown.
+    double round_s = 0;
 };
 
 // What a sequence's draft would be worth this round (LengthPolicy::bid).
@@ -55,6 +59,10 @@ public:
     // Before next_length in a batch: the decode this sequence's rows join will
     // also hold `other_rows` rows of `other_seqs` other sequences (0, 0: alone).
     virtual void set_batch(int32_t /*other_rows*/, int32_t /*other_seqs*/) {}
+    // Before next_length: at most this many tokens are left to generate
+    // (max_tokens less those emitted), so that exploration a short answer
+    // cannot pay back is not started.
+    virtual void set_remaining(int32_t /*tokens*/) {}
     // Joint planning of a decode shared by several sequences (BatchSession).
     // Alone, a sequence beside seven others can only reach the next cheap batch
     // size (8 -> 16 rows on a CPU) by drafting eight tokens itself; eight

@@ -234,18 +234,27 @@ def test_auto_times_batches_once_per_machine(gemma_path, tmp_path, monkeypatch):
 def test_auto_keeps_the_draft_models_cost_across_processes(gemma_path, tmp_path, monkeypatch):
     """A draft model that cannot pay on this machine is measured once per machine:
     a new process (new models, new decoder) reads its cost from disk and neither
-    prefills nor runs it. Control: the first process, with nothing on record,
-    prefills it and measures it (one draft decode: auto stops before the first
-    token, and that decode is what it costs)."""
+    prefills nor runs it. Control: the first process, with nothing on record and
+    a long enough answer to pay for the measurement, prefills it and measures it
+    (one draft decode: auto stops before the first token, and that decode is
+    what it costs)."""
     from pyspec import calibration
 
     monkeypatch.setenv("PYSPEC_CACHE", str(tmp_path))
     target = pyspec.Model(gemma_path, n_ctx=512)
     prompt = "The weather today is sunny and"
 
+    # A short answer does not pay for measuring the draft model (issue 22): with
+    # nothing on record, 8 tokens neither prefill nor run it.
+    draft = pyspec.Model(gemma_path, n_ctx=512)
+    short = pyspec.SpeculativeDecoder(target, draft, drafter="model", policy="auto")
+    out = short.generate(prompt, chat=False, max_tokens=8, temperature=0)
+    assert out.stats.drafted == 0 and draft._core.cached() == [], "a short answer paid to measure the draft model"
+    assert calibration._entry(draft._core).get(calibration.DRAFT_TOKEN, 0) == 0
+
     draft = pyspec.Model(gemma_path, n_ctx=512)
     first = pyspec.SpeculativeDecoder(target, draft, drafter="model", policy="auto")
-    out = first.generate(prompt, chat=False, max_tokens=8, temperature=0)
+    out = first.generate(prompt, chat=False, max_tokens=40, temperature=0)
     assert len(draft._core.cached()) > 0 and out.stats.draft_s > 0, "the control did not prefill and run the draft"
     assert calibration._entry(draft._core).get(calibration.DRAFT_TOKEN, 0) > 0, "the draft cost was not kept"
     # The same model as its own draft costs a target step per token: it cannot pay on a CPU.
@@ -288,6 +297,7 @@ def test_a_hybrid_whose_draft_model_cannot_pay_drafts_as_lookup_alone(gemma_path
         spec = pyspec.SpeculativeDecoder(target, draft_model, drafter=drafter, policy="auto")
         policy = spec.policy_object()
         policy.calibrated(sizes, [1.0] * len(sizes))  # flat: every draft pays
+        policy.clock = False  # the same decisions in both runs, however their rounds' times fall
         if draft_model is not None:
             policy.recorded_draft_cost(1e3)  # the draft model cannot pay
         return spec.generate(prompt, chat=False, max_tokens=60, temperature=0).stats

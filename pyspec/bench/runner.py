@@ -35,7 +35,7 @@ def run_bench(
             r.run(prompt_tokens[first.id], Settings(max_tokens=8, temperature=settings.temperature))
     samples: List[Sample] = []
     total = reps * len(items) * len(runners)
-    bar = _progress(total, progress)
+    bar = progress_bar(total, progress)
     for rep in range(reps):
         for p in items:
             for r in runners:
@@ -56,7 +56,7 @@ def run_bench(
     }
 
 
-def _progress(total: int, enabled: bool):
+def progress_bar(total: int, enabled: bool):
     """A one-line progress bar on stderr (a no-op when disabled)."""
     state = {"done": 0}
 

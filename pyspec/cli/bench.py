@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import asdict
 
 import click
 
@@ -36,9 +37,21 @@ from .options import (DEFAULT_DRAFT, DEFAULT_MODEL, IntList, command_errors, fla
                    "[default: 16; svip 40, its paper's cap].")
 @click.option("--lookup", default=10, show_default=True, type=click.IntRange(min=0),
               help="Tokens per draft for llama-cpp-python's LlamaPromptLookupDecoding (0 = skip that runner).")
-@report_options("every figure and sample", "ratios per category and runner, and acceptance by draft position")
-def bench(model, categories, per_category, max_tokens, temperature, reps, threads, n_ctx, flash_attn, draft, k_values,
-          policies, ngram_policies, hybrid_policies, cap, lookup, json_path, plot_path) -> None:
+@click.option("--paired", default=None, metavar="A,B[,C...]",
+              help="Paired mode: run only these configurations, alternately (ABBA) on every prompt, and report "
+                   "each one's speed ratio to the first (A) as a geometric mean over prompts with a 95 % "
+                   "bootstrap interval, per category and for ordinary / copy-heavy / all prompts. A configuration "
+                   "is plain, default (hybrid + auto with the draft model) or DRAFTER[:POLICY[:K]], e.g. "
+                   "ngram, model:fixed:4. The runner options (-k, --policy, --ngram, --hybrid, --cap, --lookup) "
+                   "do not apply. Use --reps >= 4.")
+@click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0),
+              help="Seed of the first repetition (repetition r uses seed + r); matters for -t > 0.")
+@report_options("every figure and sample", "ratios per category and runner, and acceptance by draft position "
+                "(--paired: each category's ratio with its interval, and every prompt's)")
+@click.pass_context
+def bench(ctx, model, categories, per_category, max_tokens, temperature, reps, threads, n_ctx, flash_attn, draft,
+          k_values, policies, ngram_policies, hybrid_policies, cap, lookup, paired, seed, json_path,
+          plot_path) -> None:
     """Measure decode speed side by side with llama-cpp-python.
 
     Runs the shipped prompt suite (chat template applied) through each runner,
@@ -61,6 +74,16 @@ def bench(model, categories, per_category, max_tokens, temperature, reps, thread
     from ..speculative import SpeculativeDecoder
 
     n_threads = threads or physical_cores()
+    if paired is not None:
+        from click.core import ParameterSource
+
+        ignored = [f"--{n.replace('_', '-')}" for n in ("k_values", "policies", "ngram_policies", "hybrid_policies",
+                                                         "cap", "lookup")
+                   if ctx.get_parameter_source(n) == ParameterSource.COMMANDLINE]
+        if ignored:
+            raise click.UsageError(f"--paired runs its own configurations; {', '.join(ignored)} would be ignored")
+        return _bench_paired(model, draft, paired, categories, per_category, max_tokens, temperature, reps, seed,
+                             n_threads, n_ctx, flash_attn, json_path, plot_path)
     with command_errors():
         load = dict(n_ctx=n_ctx, n_threads=n_threads, flash_attn=flash_attn)
         target = load_model(model, **load)
@@ -98,7 +121,7 @@ def bench(model, categories, per_category, max_tokens, temperature, reps, thread
         result = run_bench(
             runners,
             lambda text: target.prompt_tokens(text),
-            settings=Settings(max_tokens=max_tokens, temperature=temperature),
+            settings=Settings(max_tokens=max_tokens, temperature=temperature, seed=seed),
             categories=categories or None,
             per_category=per_category,
             reps=reps,
@@ -118,6 +141,64 @@ def bench(model, categories, per_category, max_tokens, temperature, reps, thread
     if json_path != "-":
         click.echo(f"flash attention {target.flash_attn} for pyspec and llama-cpp-python (--flash-attn {flash_attn})")
         click.echo(result["table"])
+
+
+def _bench_paired(model, draft, paired, categories, per_category, max_tokens, temperature, reps, seed, n_threads,
+                  n_ctx, flash_attn, json_path, plot_path) -> None:
+    """`pyspec bench --paired`: see pyspec/bench/paired.py for the method."""
+    from ..errors import PyspecError
+    from ..bench.paired import format_paired, parse_config, plot_paired, run_paired, summarize_pair
+    from ..bench.runner import progress_bar
+    from ..bench.runners import PyspecRunner, Settings
+    from ..bench.suite import prompts as suite_prompts
+    from ..speculative import SpeculativeDecoder
+
+    try:
+        configs = [parse_config(x) for x in paired.split(",") if x.strip()]
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--paired") from e
+    names = [c.name for c in configs]
+    if len(configs) < 2 or len(set(names)) != len(names):
+        raise click.BadParameter("give at least two different configurations, e.g. plain,default",
+                                 param_hint="--paired")
+    with command_errors(errors=(PyspecError, ValueError, OSError, RuntimeError)):
+        if plot_path:  # fail before a long run, not after it
+            from ..bench.plot import pyplot
+
+            pyplot()
+        items = suite_prompts(categories or None, per_category)
+        load = dict(n_ctx=n_ctx, n_threads=n_threads, flash_attn=flash_attn)
+        target = load_model(model, **load)
+        draft_model = load_model(draft, **load) if any(c.needs_draft_model for c in configs) else None
+        runners = []
+        for c in configs:
+            if c.drafter is None:
+                runners.append(PyspecRunner(target, c.name))
+                continue
+            gen = SpeculativeDecoder(target, draft_model if c.needs_draft_model else None, drafter=c.drafter,
+                                     policy=c.policy, draft_max=c.draft_max)
+            runners.append(PyspecRunner(gen, c.name))
+        settings = Settings(max_tokens=max_tokens, temperature=temperature, seed=seed)
+        for r in runners:  # page in weights, warm caches and calibrations: the first run of a process is slow
+            r.run(target.prompt_tokens(items[0].text), Settings(max_tokens=8, temperature=temperature))
+        bar = progress_bar(reps * len(items) * len(runners), True)
+        samples = run_paired(runners, items, target.prompt_tokens, settings=settings, reps=reps, progress=bar)
+        bar(None)
+    base = names[0]
+    summary = {n: summarize_pair(samples, base, n, seed=seed) for n in names[1:]}
+    result = {
+        "base": base, "configurations": names, "reps": reps, "order": "ABBA",
+        "settings": asdict(settings), "threads": n_threads, "flash_attn": target.flash_attn,
+        "model": target.path, "draft": draft if draft_model is not None else None,
+        "paired": summary, "samples": [asdict(s) for s in samples],
+    }
+    if json_path:
+        with click.open_file(json_path, "w") as f:
+            json.dump(result, f, indent=2)
+    if plot_path:
+        plot_paired(result, plot_path)
+    if json_path != "-":
+        click.echo(format_paired(summary, base))
 
 
 
