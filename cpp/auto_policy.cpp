@@ -355,6 +355,7 @@ void AutoPolicy::observe(const RoundReport& r) {
         judge(r, bi);
     }
     ++round_;
+    ++rounds_seen_;
     Bucket& b = buckets_[static_cast<size_t>(bi)];
     // A catch-up on many tokens (after plain rounds) is not a per-token drafting cost.
     const bool in_step = r.plan.source == DraftSource::kNgram || r.plan.lag <= 2;
@@ -453,6 +454,25 @@ void AutoPolicy::calibrated(const std::vector<int32_t>& sizes, const std::vector
         }
     }
     calibrated_ = true;
+}
+
+std::vector<double> AutoPolicy::memory() const {
+    std::vector<double> out;
+    for (int b = 1; b < kBuckets; ++b) out.push_back(buckets_[static_cast<size_t>(b)].long_run);
+    out.push_back(host_1_);
+    out.push_back(host_row_);
+    return out;
+}
+
+void AutoPolicy::remember(const std::vector<double>& m) {
+    if (rounds_seen_ > 0 || m.size() != static_cast<size_t>(kBuckets + 1)) return;  // its own evidence wins
+    for (int b = 1; b < kBuckets; ++b) {
+        const double a = m[static_cast<size_t>(b - 1)];
+        if (std::isfinite(a) && a >= 0 && a <= 1) buckets_[static_cast<size_t>(b)].long_run = a;
+    }
+    const double h1 = m[kBuckets - 1], hrow = m[kBuckets];
+    if (std::isfinite(h1) && h1 >= 0) host_1_ = h1;
+    if (std::isfinite(hrow) && hrow >= 0) host_row_ = hrow;
 }
 
 double AutoPolicy::draft_cost(DraftSource source) const {

@@ -153,6 +153,13 @@ public:
     // so they no longer depend on how each round's wall time fell.
     bool clock() const { return clock_on_; }
     void set_clock(bool on) { clock_on_ = on; }
+    // What it has learnt that outlives a process (pyspec/calibration.py keeps it on
+    // disk per model and machine): the long-run acceptance of each lookup bucket
+    // (1..7; the model's depends on the draft pair) and the host costs h_1, h_row.
+    // remember() takes it only before this policy has seen a round of its own.
+    std::vector<double> memory() const;
+    void remember(const std::vector<double>& memory);
+    int64_t rounds_seen() const { return rounds_seen_; }
     // The batch timings calibrated() was given (size, seconds): what is worth keeping on disk.
     const std::vector<std::pair<int32_t, double>>& calibration() const { return calibration_; }
 
@@ -232,6 +239,7 @@ private:
     int32_t round_ = 0;               // rounds observed in this generation
     int32_t remaining_ = 1 << 30;     // tokens left to generate (set_remaining)
     int64_t suspensions_ = 0, vetoes_ = 0;
+    int64_t rounds_seen_ = 0;
     bool clock_on_ = true;
     double v1_ = -1;                  // single-token step, seconds
     std::vector<double> ratio_;       // r(n) = V(n) / v1, index n; -1 = not measured

@@ -491,6 +491,12 @@ PYBIND11_MODULE(_core, m) {
              },
              py::arg("k"), py::arg("source") = "model", py::arg("match_len") = 0, py::arg("near_copy") = false,
              "Whether the clock has suspended drafting k tokens from this source now.")
+        .def_property_readonly("memory", &AutoPolicy::memory,
+                               "What it learnt that outlives a process: long-run acceptance of the lookup buckets "
+                               "(match 1, 2, 3, 4-7, 8-11, >= 12, re-anchored copy), then host seconds h_1, h_row.")
+        .def("remember", &AutoPolicy::remember, py::arg("memory"),
+             "Start from an earlier process's memory (ignored once this policy has seen a round).")
+        .def_property_readonly("rounds_seen", &AutoPolicy::rounds_seen)
         .def_property("clock", &AutoPolicy::clock, &AutoPolicy::set_clock,
                       "Whether the clock judges choices by their wall time (default True; False: the cost model "
                       "alone decides, independent of how round times fell).")

@@ -6,8 +6,6 @@
 #include <exception>
 #include <stdexcept>
 #include <thread>
-#include <cstdio>
-#include <cstdlib>
 
 #include "errors.h"
 #include "model_drafter.h"
@@ -794,13 +792,6 @@ bool BatchSession::step() {
         for (Sequence* s : active) {
             s->report.round_s = round_s;
             if (s->policy) s->policy->observe(s->report);
-            if (std::getenv("PYSPEC_TRACE_TMP")) {  // TEMP diagnosis
-                const RoundReport& r = s->report;
-                std::fprintf(stderr, "R src=%d m=%d fresh=%d near=%d len=%d dr=%d acc=%d draft=%.2f ver=%.2f round=%.2f ctx=%zu\n",
-                             (int)r.plan.source, r.plan.match_len, (int)r.plan.fresh, (int)r.plan.near_copy,
-                             r.plan.length, r.drafted, r.accepted, 1e3 * r.draft_s, 1e3 * r.verify_s, 1e3 * round_s,
-                             s->history.size());
-            }
         }
         // Host work of the round (sampling, emitting), shared among its sequences.
         if (!active.empty()) {

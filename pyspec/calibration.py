@@ -2,7 +2,11 @@
 per model and machine, not once per process: the target's verification batches
 and the draft model's cost per drafted token. Without the latter, every new
 process would prefill the draft model and probe it once only to learn that it
-cannot pay on this machine.
+cannot pay on this machine. Beside them, what auto learnt about text that
+outlives a call (``AutoPolicy.memory``: the long-run acceptance of each lookup
+bucket and the host work per round), so that a new process, and a short
+answer in it, starts from what earlier ones learnt instead of the built-in
+priors.
 
 The policy object owns the numbers (it asks the engine to time batch sizes on
 first use, measures the draft model when it drafts, and refines both online);
@@ -21,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import time
 from pathlib import Path
 from typing import Dict, Sequence
 
@@ -44,6 +49,9 @@ def machine_key(core_model) -> str:
 
 
 DRAFT_TOKEN = "draft_token_s"  # a draft model's entry: seconds per drafted token (beside its batch sizes)
+MEMORY = "auto_memory"  # a target's entry: AutoPolicy.memory
+MEMORY_EVERY_S = 60.0   # a process writes its memory at most this often (a server answers many calls)
+_memory_written: Dict[str, float] = {}
 
 
 def prepare(policies: Sequence["_core.LengthPolicy"], core_model, draft_model=None) -> None:
@@ -53,6 +61,7 @@ def prepare(policies: Sequence["_core.LengthPolicy"], core_model, draft_model=No
     holds) and the draft model's cost per token. The file is read once."""
     known = None
     cost = None
+    memory = None
     for policy in policies:
         rows = min(core_model.n_batch, (policy.draft_max + 1) * core_model.n_seq)
         sizes = policy.calibration_sizes(rows)
@@ -64,16 +73,25 @@ def prepare(policies: Sequence["_core.LengthPolicy"], core_model, draft_model=No
             cost = _entry(draft_model).get(DRAFT_TOKEN) if cost is None else cost
             if isinstance(cost, (int, float)) and cost > 0:
                 policy.recorded_draft_cost(float(cost))
+        if isinstance(policy, _core.AutoPolicy) and policy.rounds_seen == 0:
+            memory = _entry(core_model).get(MEMORY) if memory is None else memory
+            if isinstance(memory, list) and all(isinstance(x, (int, float)) for x in memory):
+                policy.remember([float(x) for x in memory])
 
 
 def keep(policy: "_core.LengthPolicy", core_model, stats, draft_model=None) -> None:
     """Record the timings a generation just measured: new batch timings
-    (``stats.calibrate_s > 0``), and the draft model's cost when it moved by more
-    than a tenth from the one on record (not a file write per generation)."""
+    (``stats.calibrate_s > 0``), the draft model's cost when it moved by more
+    than a tenth from the one on record, and the policy's memory at most once a
+    minute (not a file write per generation)."""
     if not isinstance(policy, _core.AutoPolicy):
         return
     if stats.calibrate_s > 0:
         save(core_model, policy.calibration)
+    key = machine_key(core_model)
+    if time.monotonic() - _memory_written.get(key, -MEMORY_EVERY_S) >= MEMORY_EVERY_S and policy.rounds_seen > 0:
+        _memory_written[key] = time.monotonic()
+        _update(core_model, {MEMORY: [float(x) for x in policy.memory]})
     cost = policy.draft_cost("model")
     if draft_model is not None and cost > 0:
         recorded = _entry(draft_model).get(DRAFT_TOKEN)
@@ -112,7 +130,7 @@ def save(core_model, timings: Dict[int, float]) -> None:
     _update(core_model, {str(n): float(s) for n, s in timings.items() if s > 0})
 
 
-def _update(core_model, fields: Dict[str, float]) -> None:
+def _update(core_model, fields: Dict[str, object]) -> None:
     data = _read()
     key = machine_key(core_model)
     entry = data.get(key) if isinstance(data.get(key), dict) else {}

@@ -289,3 +289,90 @@ def test_negative_control_jointly_without_a_cheap_size_nothing_is_drafted():
     p = guessed_lookup_policy(linear)
     alpha = p.acceptance("ngram", 5)
     assert p.allot_lengths([(alpha, 0.0, 16)] * 8) == [0] * 8
+
+
+# ------------------------------------------------------------------ the clock
+
+FLAT_STEPS = {n: 1.0 for n in (1, 2, 4, 8, 16, 32)}  # the model: every draft pays
+
+
+def clock_play(policy, rounds, *, round_cost, accept, source="ngram", match_len=12):
+    """Like play(), but every round also reports its whole wall time,
+    round_cost(rows) seconds, while the model is held to the flat calibration
+    (re-pinned before each round, as a model that is wrong would stay wrong)."""
+    chosen = []
+    sizes = sorted(FLAT_STEPS)
+    for _ in range(rounds):
+        policy.calibrated(sizes, [STEP * FLAT_STEPS[n] for n in sizes])
+        k = policy.next_length(16, source, match_len, 1)
+        chosen.append(k)
+        acc = 0
+        while acc < k and accept(acc):
+            acc += 1
+        t = round_cost(k + 1)
+        policy.observe(k, acc, 0.0, t, source, match_len, 1, round_s=t, length=k)
+    return chosen
+
+
+def test_the_clock_suspends_a_kind_the_model_believes_in():
+    """The cost model says a 16-row batch costs one step (flat calibration), so a
+    lookup accepted 80 % of the time looks worth drafting long; the clock sees every
+    such round take 8 plain steps for ~5 tokens, suspends the kind whatever the
+    model predicts, re-probes it after a back-off that doubles, and the policy
+    spends most rounds on what pays by the clock."""
+    p = calibrated_policy(FLAT_STEPS)
+    assert p.clock
+    rng = np.random.default_rng(0)
+    wall = lambda rows: STEP * (1.0 if rows == 1 else 0.5 * rows)  # noqa: E731 - the machine, not the model
+    chosen = clock_play(p, 200, round_cost=wall, accept=lambda i: rng.random() < 0.8)
+    long_drafts = [i for i, k in enumerate(chosen) if k >= 8]
+    print("long drafts at rounds", long_drafts, "suspensions", p.clock_suspensions, "vetoes", p.clock_vetoes)
+    assert p.clock_suspensions >= 2 and p.clock_vetoes > 0
+    assert p.suspended(15, "ngram", 12) or p.suspended(7, "ngram", 12) or p.suspended(3, "ngram", 12)
+    assert len(long_drafts) < 20  # without the clock: every round (the control below)
+    # Re-probed with back-off: the gaps between long drafts grow.
+    gaps = np.diff(long_drafts)
+    assert len(gaps) >= 2 and gaps[-1] > gaps[0], gaps
+
+
+def test_negative_control_without_the_clock_the_model_drafts_long_every_round():
+    """The same machine and text with the clock off (or a machine that matches
+    the model): the model's belief wins every round."""
+    p = calibrated_policy(FLAT_STEPS)
+    p.clock = False
+    rng = np.random.default_rng(0)
+    wall = lambda rows: STEP * (1.0 if rows == 1 else 0.5 * rows)  # noqa: E731
+    chosen = clock_play(p, 200, round_cost=wall, accept=lambda i: rng.random() < 0.8)
+    assert sum(k >= 8 for k in chosen) > 180
+    q = calibrated_policy(FLAT_STEPS)
+    rng = np.random.default_rng(0)
+    chosen = clock_play(q, 200, round_cost=lambda rows: STEP, accept=lambda i: rng.random() < 0.8)
+    assert q.clock_suspensions == 0 and sum(k >= 8 for k in chosen) > 180
+
+
+def test_a_new_generation_carries_at_most_a_short_suspension():
+    """What earlier text taught the clock is a prior: a kind suspended for long in
+    one generation is re-probed within the first 4 rounds of the next."""
+    p = calibrated_policy(FLAT_STEPS)
+    wall = lambda rows: STEP * (1.0 if rows == 1 else 0.5 * rows)  # noqa: E731
+    rng = np.random.default_rng(0)
+    clock_play(p, 60, round_cost=wall, accept=lambda i: rng.random() < 0.8)
+    assert p.clock_suspensions > 0
+    p.begin_generation()
+    chosen = clock_play(p, 5, round_cost=lambda rows: STEP, accept=lambda i: True)
+    assert any(k >= 8 for k in chosen[:5]), chosen
+
+
+def test_host_work_is_learnt_and_counted():
+    """A round's host time beyond the decode (distributions over the vocabulary,
+    verification, text) grows with its rows; auto learns H(n) = h1 + h_row (n - 1)
+    from rounds' wall times and adds it to every cost."""
+    p = calibrated_policy(CPU_STEPS)
+    assert p.host_cost(16) == 0  # nothing measured yet
+    for k in [0, 3, 0, 7, 0, 15] * 20:
+        n = k + 1
+        verify = STEP * np.interp(n, sorted(CPU_STEPS), [CPU_STEPS[s] for s in sorted(CPU_STEPS)])
+        host = 0.002 + 0.001 * (n - 1)
+        p.observe(k, k, 0.0, verify, "ngram", 12, 1, round_s=verify + host, length=k)
+    assert p.host_cost(1) == pytest.approx(0.002, rel=0.05)
+    assert p.host_cost(16) == pytest.approx(0.017, rel=0.1)

@@ -255,6 +255,56 @@ def test_negative_control_guess_path_broken_residual(gemma_models, ngram_case):
     assert pv < ALPHA, f"the broken residual was not detected on the guess path (p={pv:.3g})"
 
 
+def pin_clock_suspension(spec) -> None:
+    """auto with verification as cheap as a step (every lookup draft pays by the
+    model), and a clock that has seen two-token lookup drafts lose: a plain round
+    of 100 s, then three rounds drafting 2 that kept nothing in 300 s each. The
+    kind (lookup, 2-3 tokens) is suspended, and a new generation carries the
+    suspension into its first rounds, so the first round drafts 1 token where the
+    model would draft 2 (counted in clock_vetoes). The suspending rounds are
+    reported on a long match (another acceptance bucket than this prompt's), so
+    that the acceptance the model uses here stays this text's own."""
+    policy = spec.policy_object()
+    policy.observe(0, 0, 0.0, 100.0, "ngram", 20, 1, round_s=100.0, length=0)
+    for _ in range(3):
+        policy.observe(2, 0, 0.0, 300.0, "ngram", 20, 1, round_s=300.0, length=2)
+    policy.calibrated([1, 2, 3], [100.0, 100.0, 100.0])
+
+
+def clock_run(target, tokens, n, **kw) -> tuple:
+    spec = pyspec.SpeculativeDecoder(target, drafter="ngram", policy="auto", draft_max=2)
+    counts, totals, drafting = run(spec, tokens, n, pin=pin_clock_suspension, **kw)
+    vetoes = spec.policy_object().clock_vetoes
+    assert vetoes >= n // 2, f"the clock's suspension did not change the chosen length ({vetoes} vetoes)"
+    assert totals["length_hist"][1] > 0 and drafting >= n // 2, f"too few drafts to exercise verification {totals}"
+    return counts, totals, vetoes
+
+
+def test_clock_suspension_path_is_lossless(gemma_models, ngram_case):
+    """Issue 22: a length the clock has suspended is not chosen, whatever the model
+    predicts; that decision is made before a draft is drawn, so the law of the
+    output must not move. The path must fire (vetoed rounds, one-token drafts)."""
+    target, _ = gemma_models
+    tokens, exact, wrong, n = ngram_case
+    assert power(exact, wrong, n, max(len(exact) - 1, 1)) > 0.99
+    counts, totals, vetoes = clock_run(target, tokens, n)
+    stat, df, pv = pooled_chisquare(counts, exact, n)
+    print(f"clock suspension: N={n} chi2={stat:.2f} df={df} p={pv:.3g} vetoes={vetoes} "
+          f"lengths={totals['length_hist']}")
+    assert pv > ALPHA, f"samples differ from the target distribution (p={pv:.3g})"
+
+
+def test_negative_control_clock_suspension_broken_residual(gemma_models, ngram_case):
+    """The same configuration with the broken residual (residual = p) must be rejected."""
+    target, _ = gemma_models
+    tokens, exact, _, n = ngram_case
+    counts, totals, vetoes = clock_run(target, tokens, n, _variant="residual_is_p")
+    stat, df, pv = pooled_chisquare(counts, exact, n)
+    print(f"NEGATIVE CONTROL clock suspension, residual=p: N={n} chi2={stat:.2f} df={df} p={pv:.3g} "
+          f"vetoes={vetoes}")
+    assert pv < ALPHA, f"the broken residual was not detected on the clock's path (p={pv:.3g})"
+
+
 def test_hybrid_model_rounds_accept_nearly_everything_when_q_equals_p(gemma_models):
     """Draft = target model with the target's own settings: q = p up to rounding,
     so model-drafted tokens are rejected only with probability TV(p, q). A draft

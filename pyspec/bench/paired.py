@@ -3,8 +3,11 @@
 A per-prompt median of two runs moves by about +-8 % on these machines, so a
 systematic 5 % loss hides in it. Here every (prompt, repetition) runs all
 configurations back to back, in ABBA order (the order reverses every other
-repetition, so a drift of the machine's speed within a pair cancels), and the
-figure is the ratio of decode speeds *within* a pair:
+repetition, so a drift of the machine's speed within a pair cancels; with more
+than two configurations it also rotates, so that over 2n repetitions each of n
+runs at every position equally often: the first run after a new prompt was
+measured ~2 % slower), and the figure is the ratio of decode speeds *within* a
+pair:
 
     ratio(p, r)  = rate_B(p, r) / rate_A(p, r)          one prompt p, one repetition r
     ratio(p)     = geometric mean over r of ratio(p, r)
@@ -86,13 +89,12 @@ def parse_config(text: str) -> Config:
 
 def run_paired(runners: Sequence, items: Sequence[BenchPrompt], tokenize: Callable[[str], List[int]], *,
                settings: Settings, reps: int, progress: Callable[[Optional[str]], None]) -> List[Sample]:
-    """Every (repetition, prompt) runs every runner back to back: in the given
-    order on even repetitions, reversed on odd ones (ABBA). Repetition r uses
-    seed settings.seed + r on every side."""
+    """Every (repetition, prompt) runs every runner back to back (run_order).
+    Repetition r uses seed settings.seed + r on every side."""
     tokens = {p.id: tokenize(p.text) for p in items}
     samples: List[Sample] = []
     for rep in range(reps):
-        order = list(runners) if rep % 2 == 0 else list(reversed(runners))
+        order = run_order(list(runners), rep)
         s_rep = Settings(**{**asdict(settings), "seed": settings.seed + rep})
         for p in items:
             for r in order:
@@ -102,6 +104,15 @@ def run_paired(runners: Sequence, items: Sequence[BenchPrompt], tokenize: Callab
                 samples.append(s)
                 progress(f"{p.id} {r.name}")
     return samples
+
+
+def run_order(configs: list, rep: int) -> list:
+    """Repetition rep's order: rotated left by rep // 2, reversed on odd
+    repetitions. Two configurations: AB BA BA AB (ABBA); three: ABC CBA BCA ACB
+    CAB BAC, each at every position twice in six repetitions."""
+    k = (rep // 2) % len(configs)
+    order = configs[k:] + configs[:k]
+    return order[::-1] if rep % 2 else order
 
 
 def _rate(s: Sample) -> float:

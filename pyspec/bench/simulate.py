@@ -70,8 +70,9 @@ def simulate(prompt: List[int], output: List[int], costs: Dict[int, float], n_vo
             cost = costs[len(drafts) + 1]
             if observer is not None:  # a plain round's checked guess included
                 guess_hit = int(output[pos] == plan["next_guess"]) if not drafts and plan["next_guess"] >= 0 else -1
+                # The simulated round's wall time is its batch's cost: the clock judges it too.
                 observer.observe(len(drafts), acc, 0.0, cost, "ngram", plan["match_len"], 0, plan["near_copy"],
-                                 plan["next_guess"], guess_hit)
+                                 plan["next_guess"], guess_hit, round_s=cost, length=k)
             seconds += cost
             pos += acc + 1
         return plain / seconds

@@ -44,13 +44,14 @@ from .options import (DEFAULT_DRAFT, DEFAULT_MODEL, IntList, command_errors, fla
                    "is plain, default (hybrid + auto with the draft model) or DRAFTER[:POLICY[:K]], e.g. "
                    "ngram, model:fixed:4. The runner options (-k, --policy, --ngram, --hybrid, --cap, --lookup) "
                    "do not apply. Use --reps >= 4.")
+@click.option("--raw", is_flag=True, help="Use the prompts as raw text (no chat template: models without one).")
 @click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0),
               help="Seed of the first repetition (repetition r uses seed + r); matters for -t > 0.")
 @report_options("every figure and sample", "ratios per category and runner, and acceptance by draft position "
                 "(--paired: each category's ratio with its interval, and every prompt's)")
 @click.pass_context
 def bench(ctx, model, categories, per_category, max_tokens, temperature, reps, threads, n_ctx, flash_attn, draft,
-          k_values, policies, ngram_policies, hybrid_policies, cap, lookup, paired, seed, json_path,
+          k_values, policies, ngram_policies, hybrid_policies, cap, lookup, paired, raw, seed, json_path,
           plot_path) -> None:
     """Measure decode speed side by side with llama-cpp-python.
 
@@ -83,7 +84,7 @@ def bench(ctx, model, categories, per_category, max_tokens, temperature, reps, t
         if ignored:
             raise click.UsageError(f"--paired runs its own configurations; {', '.join(ignored)} would be ignored")
         return _bench_paired(model, draft, paired, categories, per_category, max_tokens, temperature, reps, seed,
-                             n_threads, n_ctx, flash_attn, json_path, plot_path)
+                             n_threads, n_ctx, flash_attn, raw, json_path, plot_path)
     with command_errors():
         load = dict(n_ctx=n_ctx, n_threads=n_threads, flash_attn=flash_attn)
         target = load_model(model, **load)
@@ -120,7 +121,7 @@ def bench(ctx, model, categories, per_category, max_tokens, temperature, reps, t
                                           prompt_lookup=lookup))
         result = run_bench(
             runners,
-            lambda text: target.prompt_tokens(text),
+            lambda text: target.prompt_tokens(text, chat=not raw),
             settings=Settings(max_tokens=max_tokens, temperature=temperature, seed=seed),
             categories=categories or None,
             per_category=per_category,
@@ -144,7 +145,7 @@ def bench(ctx, model, categories, per_category, max_tokens, temperature, reps, t
 
 
 def _bench_paired(model, draft, paired, categories, per_category, max_tokens, temperature, reps, seed, n_threads,
-                  n_ctx, flash_attn, json_path, plot_path) -> None:
+                  n_ctx, flash_attn, raw, json_path, plot_path) -> None:
     """`pyspec bench --paired`: see pyspec/bench/paired.py for the method."""
     from ..errors import PyspecError
     from ..bench.paired import format_paired, parse_config, plot_paired, run_paired, summarize_pair
@@ -179,10 +180,11 @@ def _bench_paired(model, draft, paired, categories, per_category, max_tokens, te
                                      policy=c.policy, draft_max=c.draft_max)
             runners.append(PyspecRunner(gen, c.name))
         settings = Settings(max_tokens=max_tokens, temperature=temperature, seed=seed)
+        tokenize = lambda text: target.prompt_tokens(text, chat=not raw)  # noqa: E731
         for r in runners:  # page in weights, warm caches and calibrations: the first run of a process is slow
-            r.run(target.prompt_tokens(items[0].text), Settings(max_tokens=8, temperature=temperature))
+            r.run(tokenize(items[0].text), Settings(max_tokens=8, temperature=temperature))
         bar = progress_bar(reps * len(items) * len(runners), True)
-        samples = run_paired(runners, items, target.prompt_tokens, settings=settings, reps=reps, progress=bar)
+        samples = run_paired(runners, items, tokenize, settings=settings, reps=reps, progress=bar)
         bar(None)
     base = names[0]
     summary = {n: summarize_pair(samples, base, n, seed=seed) for n in names[1:]}

@@ -17,6 +17,8 @@ sequences never share one.
 
 from __future__ import annotations
 
+import bisect
+
 import asyncio
 import collections
 import itertools
@@ -220,12 +222,14 @@ class Scheduler:
                 params = _core.GenerateParams(max_tokens=max_tokens, sampling=sampling, draft_sampling=sampling,
                                               seed=base, stop=s.stop,
                                               logprobs=-1 if s.logprobs is None else s.logprobs)
+                # The lowest free slot: one client's requests keep one slot, whose
+                # policy goes on learning (and whose draft sequence keeps the chat).
                 c = Choice(index=index, prompt=prompt, seed=seed, slot=self._free_slots.pop(0))
                 try:
                     drafter, c.policy = self._drafting(s, c.slot)
                     c.handle = self._session.add(prompt, params, drafter=drafter, policy=c.policy, stream=index)
                 except BaseException:  # refused: its slot goes back (the choices added before run on)
-                    self._free_slots.append(c.slot)
+                    bisect.insort(self._free_slots, c.slot)
                     raise
                 self._by_handle[c.handle] = (job, c)
                 job.choices.append(c)
@@ -292,7 +296,7 @@ class Scheduler:
     def _end(self, job: Job) -> None:
         for c in job.choices:
             if c.slot >= 0:
-                self._free_slots.append(c.slot)
+                bisect.insort(self._free_slots, c.slot)
                 c.slot = -1
 
     @staticmethod
