@@ -220,7 +220,7 @@ private:
     // The round drafts k tokens from b: its probe schedule starts over. Returns k.
     int32_t drafting_won(Bucket& b, int32_t k);
 
-    // The clock's record of one kind (bucket x length class): its rounds' gains d.
+    // The clock's record of one kind (source x length class): its rounds' gains d.
     struct Clock {
         double n = 0, sum = 0, sum2 = 0;  // rounds (earlier generations' weighted down), sums of d, d^2
         int32_t until = 0;                // suspended while round_ < until

@@ -60,9 +60,11 @@ def case(gemma_path):
 
 @pytest.fixture(scope="module")
 def n_shared(case):
-    """The shared-stream law sits on the diagonal: far fewer samples show it."""
+    """The shared-stream law sits on the diagonal: far fewer samples show it. At
+    least 60: at N = 30 the power approximation is loose (one machine's kernels
+    gave p = 0.0018 against the 0.001 the control must reach)."""
     _, _, exact, _, wrong_shared, _ = case
-    return max(30, required_n(exact, wrong_shared, len(exact) - 1))
+    return max(60, required_n(exact, wrong_shared, len(exact) - 1))
 
 
 def joint(spec, tokens, n, **kw):
@@ -100,7 +102,9 @@ def pin_joint_costs(spec) -> None:
     gives each sample a one-token draft. Re-pinned before each sample: every
     round refines the estimates from real timings."""
     for slot in range(2):
-        spec.policy_object("auto", draft_max=2, slot=slot).calibrated([1, 2, 3, 4], [100.0, 100.0, 100.0, 100.0])
+        policy = spec.policy_object("auto", draft_max=2, slot=slot)
+        policy.calibrated([1, 2, 3, 4], [100.0, 100.0, 100.0, 100.0])
+        policy.clock = False  # pinned costs model another machine; the clock would judge this one
 
 
 def joint_plan_run(spec, tokens, n, **kw):

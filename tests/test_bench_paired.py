@@ -20,8 +20,8 @@ import random
 
 import pytest
 
-from pyspec.bench.paired import (bootstrap_interval, format_paired, pair_logs, parse_config, run_order,
-                                 summarize_pair)
+from pyspec.bench.paired import (bootstrap_interval, comparisons, format_paired, pair_logs, parse_config,
+                                 run_order, summarize_pair)
 from pyspec.bench.runners import Sample
 
 PROMPTS = [f"{c}/{i}" for c in ("code", "math", "qa", "translation") for i in range(3)]
@@ -51,7 +51,9 @@ def test_pairs_match_prompt_and_repetition():
     assert summary["all"]["ratio"] == pytest.approx(2.0)
     assert summary["all"]["low"] == pytest.approx(2.0) and summary["all"]["high"] == pytest.approx(2.0)
     assert summary["ordinary"]["below_1"] == 0
-    assert "[B / A]" in format_paired({"B": summary}, "A")
+    assert "[B / A]" in format_paired({"B / A": summary})
+    assert comparisons(["plain", "ngram", "default"]) == [("plain", "ngram"), ("plain", "default"),
+                                                          ("ngram", "default")]
 
 
 def test_groups_split_copy_heavy_from_ordinary_prompts():
@@ -137,7 +139,7 @@ def test_paired_command_end_to_end(gemma_path, tmp_path):
     first = order[0][1]  # the categories' order as given: translation/0
     assert order[:2] == [(0, first, "plain"), (0, first, "ngram")]
     assert [o for o in order if o[0] == 1][:2] == [(1, first, "ngram"), (1, first, "plain")]  # ABBA
-    rows = result["paired"]["ngram"]
+    rows = result["paired"]["ngram / plain"]
     # A pair counts where both sides decoded past their first token (a raw prompt may end at once).
     timed = {(s["extra"]["rep"], s["prompt_id"]) for s in result["samples"] if s["n_generated"] > 1 and
              s["runner"] == "plain"} & {(s["extra"]["rep"], s["prompt_id"]) for s in result["samples"]

@@ -34,6 +34,8 @@ control; 624 needed); default Qwen pair, N = 420 (386 needed). Slow tier
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -319,11 +321,14 @@ def test_lossless_default_pair(target_path, draft_path, n):
     """The default Qwen pair (0.5B drafting for 1.5B, model drafter, fixed k = 1,
     the draft sampling with the target's settings) samples the target's two-token
     law. alpha = 0.001. Sized against the broken-residual law of this pair:
-    default tier N = 420 (390 needed for 0.99), slow tier N = 6,000."""
+    default tier N = 420 (390 needed for 0.99 on one machine, 436 on another:
+    the laws come from this machine's logits, so N grows to 1.05 x what they
+    need), slow tier N = 6,000."""
     target = pyspec.Model(target_path, n_ctx=256, seed=0)
     draft = pyspec.Model(draft_path, n_ctx=256, seed=0)
     spec = pyspec.SpeculativeDecoder(target, draft, drafter="model", policy="fixed", draft_max=1)
     tokens, exact, wrong = lossless_case(target, draft, {})
+    n = max(n, math.ceil(1.05 * required_n(exact, wrong)))
     assert_power(exact, wrong, n, "default pair vs residual=p")
     counts = sample(spec, tokens, n, {})
     stat, df, pv = pooled_chisquare(counts, exact, n)

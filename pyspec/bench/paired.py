@@ -190,11 +190,25 @@ def summarize_pair(samples: Sequence[Sample], base: str, other: str, n_boot: int
     return out
 
 
-def format_paired(summary: Dict[str, Dict[str, dict]], base: str) -> str:
-    lines = [f"decode speed ratio to {base}: geometric mean over prompts, 95 % bootstrap interval "
-             f"(prompts and repetitions resampled); 'below' = prompts under 1.00x at their median"]
-    for other, rows in summary.items():
-        lines.append(f"[{other} / {base}]")
+def comparisons(names: Sequence[str]) -> List[tuple]:
+    """(earlier, later) for every pair of configurations: each against the first,
+    then against every other earlier one (plain,ngram,default: ngram / plain,
+    default / plain, default / ngram)."""
+    return [(a, b) for j, b in enumerate(names) for a in names[:j]]
+
+
+def summarize_all(samples: Sequence[Sample], names: Sequence[str], seed: int = 0) -> Dict[str, Dict[str, dict]]:
+    """{"B / A": summarize_pair(samples, A, B)} for every comparison, the first
+    configuration's first."""
+    pairs = sorted(comparisons(names), key=lambda ab: names.index(ab[0]))
+    return {f"{b} / {a}": summarize_pair(samples, a, b, seed=seed) for a, b in pairs}
+
+
+def format_paired(summary: Dict[str, Dict[str, dict]]) -> str:
+    lines = ["decode speed ratio B / A: geometric mean over prompts, 95 % bootstrap interval "
+             "(prompts and repetitions resampled); 'below' = prompts under 1.00x at their median"]
+    for pair, rows in summary.items():
+        lines.append(f"[{pair}]")
         lines.append(f"  {'group':<15} {'ratio':>7}  {'95 % interval':>15}  {'prompts':>7}  {'below':>5}  worst")
         for name, r in rows.items():
             lines.append(f"  {name:<15} {r['ratio']:6.3f}x  [{r['low']:.3f}, {r['high']:.3f}]  {r['n_prompts']:7d}  "
@@ -203,7 +217,7 @@ def format_paired(summary: Dict[str, Dict[str, dict]], base: str) -> str:
 
 
 def plot_paired(result: dict, path: str) -> None:
-    """One panel per compared configuration: each prompt's median ratio (dots)
+    """One panel per comparison: each prompt's median ratio (dots)
     and each category's / group's geometric mean with its interval (bars)."""
     from .plot import _palette, pyplot
 
@@ -211,7 +225,7 @@ def plot_paired(result: dict, path: str) -> None:
     pairs = result["paired"]
     fig, axes = plt.subplots(1, len(pairs), figsize=(7 * len(pairs), 6), squeeze=False)
     colours = _palette(2)
-    for ax, (other, rows) in zip(axes[0], pairs.items()):
+    for ax, (pair, rows) in zip(axes[0], pairs.items()):
         names = list(rows)
         for y, name in enumerate(names):
             r = rows[name]
@@ -221,12 +235,12 @@ def plot_paired(result: dict, path: str) -> None:
             if not group:
                 ax.scatter(list(r["per_prompt"].values()), [y + 0.2] * len(r["per_prompt"]), s=12, color="grey")
         ax.axvline(1.0, color="black", linewidth=0.8)
-        ax.axvline(0.98, color="red", linewidth=0.6, linestyle=":")
+        ax.axvline(0.98, color="red", linewidth=0.6, linestyle=":", label="0.98")
         ax.set_yticks(range(len(names)))
         ax.set_yticklabels(names)
         ax.invert_yaxis()
-        ax.set_xlabel(f"decode tok/s ÷ {result['base']} (95 % bootstrap interval; dots: prompts)")
-        ax.set_title(f"{other} vs {result['base']}, T = {result['settings']['temperature']}, "
+        ax.set_xlabel("decode tok/s ratio (95 % bootstrap interval; dots: prompts' medians)")
+        ax.set_title(f"{pair}, T = {result['settings']['temperature']}, "
                      f"{result['settings']['max_tokens']} tokens, {result['reps']} reps")
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -39,8 +39,9 @@ from .options import (DEFAULT_DRAFT, DEFAULT_MODEL, IntList, command_errors, fla
               help="Tokens per draft for llama-cpp-python's LlamaPromptLookupDecoding (0 = skip that runner).")
 @click.option("--paired", default=None, metavar="A,B[,C...]",
               help="Paired mode: run only these configurations, alternately (ABBA) on every prompt, and report "
-                   "each one's speed ratio to the first (A) as a geometric mean over prompts with a 95 % "
-                   "bootstrap interval, per category and for ordinary / copy-heavy / all prompts. A configuration "
+                   "each one's speed ratio to every earlier one (B / A, C / A, C / B) as a geometric mean over "
+                   "prompts with a 95 % bootstrap interval, per category and for ordinary / copy-heavy / all "
+                   "prompts. A configuration "
                    "is plain, default (hybrid + auto with the draft model) or DRAFTER[:POLICY[:K]], e.g. "
                    "ngram, model:fixed:4. The runner options (-k, --policy, --ngram, --hybrid, --cap, --lookup) "
                    "do not apply. Use --reps >= 4.")
@@ -132,23 +133,30 @@ def bench(ctx, model, categories, per_category, max_tokens, temperature, reps, t
     result["flash_attn_requested"] = flash_attn
     result["model"] = target.path
     result["draft"] = draft if draft_model is not None else None
+    from ..bench.plot import plot
+
+    _report(result, json_path, plot_path, plot,
+            f"flash attention {target.flash_attn} for pyspec and llama-cpp-python (--flash-attn {flash_attn})\n"
+            + result["table"])
+
+
+def _report(result: dict, json_path, plot_path, draw, text: str) -> None:
+    """A bench's result: --json (the whole of it), --plot (draw), and the table on stdout
+    unless the JSON goes there."""
     if json_path:
         with click.open_file(json_path, "w") as f:
             json.dump(result, f, indent=2)
     if plot_path:
-        from ..bench.plot import plot
-
-        plot(result, plot_path)
+        draw(result, plot_path)
     if json_path != "-":
-        click.echo(f"flash attention {target.flash_attn} for pyspec and llama-cpp-python (--flash-attn {flash_attn})")
-        click.echo(result["table"])
+        click.echo(text)
 
 
 def _bench_paired(model, draft, paired, categories, per_category, max_tokens, temperature, reps, seed, n_threads,
                   n_ctx, flash_attn, raw, json_path, plot_path) -> None:
     """`pyspec bench --paired`: see pyspec/bench/paired.py for the method."""
     from ..errors import PyspecError
-    from ..bench.paired import format_paired, parse_config, plot_paired, run_paired, summarize_pair
+    from ..bench.paired import format_paired, parse_config, plot_paired, run_paired, summarize_all
     from ..bench.runner import progress_bar
     from ..bench.runners import PyspecRunner, Settings
     from ..bench.suite import prompts as suite_prompts
@@ -186,21 +194,14 @@ def _bench_paired(model, draft, paired, categories, per_category, max_tokens, te
         bar = progress_bar(reps * len(items) * len(runners), True)
         samples = run_paired(runners, items, tokenize, settings=settings, reps=reps, progress=bar)
         bar(None)
-    base = names[0]
-    summary = {n: summarize_pair(samples, base, n, seed=seed) for n in names[1:]}
+    summary = summarize_all(samples, names, seed=seed)
     result = {
-        "base": base, "configurations": names, "reps": reps, "order": "ABBA",
+        "configurations": names, "reps": reps, "order": "ABBA",
         "settings": asdict(settings), "threads": n_threads, "flash_attn": target.flash_attn,
         "model": target.path, "draft": draft if draft_model is not None else None,
         "paired": summary, "samples": [asdict(s) for s in samples],
     }
-    if json_path:
-        with click.open_file(json_path, "w") as f:
-            json.dump(result, f, indent=2)
-    if plot_path:
-        plot_paired(result, plot_path)
-    if json_path != "-":
-        click.echo(format_paired(summary, base))
+    _report(result, json_path, plot_path, plot_paired, format_paired(summary))
 
 
 
