@@ -376,3 +376,35 @@ def test_host_work_is_learnt_and_counted():
         p.observe(k, k, 0.0, verify, "ngram", 12, 1, round_s=verify + host, length=k)
     assert p.host_cost(1) == pytest.approx(0.002, rel=0.05)
     assert p.host_cost(16) == pytest.approx(0.017, rel=0.1)
+
+
+def test_memory_outlives_a_process(tmp_path, monkeypatch):
+    """What auto learnt about text (lookup buckets' long-run acceptance, host
+    costs) goes to disk beside the batch timings and seeds a fresh policy, but
+    never overrides a policy that has seen rounds of its own."""
+    from types import SimpleNamespace
+
+    from pyspec import calibration
+
+    p = calibrated_policy(CPU_STEPS)
+    clock_play(p, 30, round_cost=lambda rows: STEP * rows, accept=lambda i: False, match_len=5)
+    learnt = p.memory
+    assert len(learnt) == 9 and learnt[3] < 0.5  # the 4-7 match bucket learnt that nothing is accepted
+    fresh = _core.make_policy(_core.PolicyParams(name="auto", draft_max=16))
+    assert fresh.memory != learnt
+    fresh.remember(learnt)
+    assert fresh.memory == pytest.approx(learnt)
+    assert fresh.acceptance("ngram", 5) == pytest.approx(learnt[3])
+    p.remember([0.99] * 7 + [0.0, 0.0])  # seen rounds: its own evidence wins
+    assert p.memory == pytest.approx(learnt)
+
+    # On disk: keep() writes it, prepare() hands it to a policy that has seen nothing.
+    monkeypatch.setenv("PYSPEC_CACHE", str(tmp_path))
+    monkeypatch.setattr(calibration, "_memory_written", {})
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    core = SimpleNamespace(path=str(model), n_threads=2, n_gpu_layers=0, flash_attn="on", n_batch=512, n_seq=1)
+    calibration.keep(p, core, SimpleNamespace(calibrate_s=0.0))
+    new = _core.make_policy(_core.PolicyParams(name="auto", draft_max=16))
+    calibration.prepare([new], core)
+    assert new.memory == pytest.approx(learnt)
