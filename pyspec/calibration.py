@@ -58,23 +58,25 @@ def prepare(policies: Sequence["_core.LengthPolicy"], core_model, draft_model=No
     """Give each policy (a batch has one per sequence) the timings on record that
     it still wants: the target's batch sizes (if all are known; the engine's
     choice of sizes: one sequence's draft_max + 1 rows, per sequence the context
-    holds) and the draft model's cost per token. The file is read once."""
-    known = None
-    cost = None
-    memory = None
+    holds), the draft model's cost per token, and auto's memory to a policy
+    that has seen no round yet. Each model's entry is read at most once."""
+    entry = known = cost = None
     for policy in policies:
         rows = min(core_model.n_batch, (policy.draft_max + 1) * core_model.n_seq)
         sizes = policy.calibration_sizes(rows)
+        auto = isinstance(policy, _core.AutoPolicy)
+        if entry is None and (sizes or (auto and policy.rounds_seen == 0)):
+            entry = _entry(core_model)
         if sizes:
-            known = load(core_model) if known is None else known
+            known = _timings(entry) if known is None else known
             if all(n in known for n in sizes):
                 policy.calibrated(sizes, [known[n] for n in sizes])
-        if draft_model is not None and isinstance(policy, _core.AutoPolicy) and policy.draft_cost("model") < 0:
+        if draft_model is not None and auto and policy.draft_cost("model") < 0:
             cost = _entry(draft_model).get(DRAFT_TOKEN) if cost is None else cost
             if isinstance(cost, (int, float)) and cost > 0:
                 policy.recorded_draft_cost(float(cost))
-        if isinstance(policy, _core.AutoPolicy) and policy.rounds_seen == 0:
-            memory = _entry(core_model).get(MEMORY) if memory is None else memory
+        if auto and policy.rounds_seen == 0:
+            memory = entry.get(MEMORY)
             if isinstance(memory, list) and all(isinstance(x, (int, float)) for x in memory):
                 policy.remember([float(x) for x in memory])
 
@@ -88,9 +90,10 @@ def keep(policy: "_core.LengthPolicy", core_model, stats, draft_model=None) -> N
         return
     if stats.calibrate_s > 0:
         save(core_model, policy.calibration)
-    key = machine_key(core_model)
-    if time.monotonic() - _memory_written.get(key, -MEMORY_EVERY_S) >= MEMORY_EVERY_S and policy.rounds_seen > 0:
-        _memory_written[key] = time.monotonic()
+    # Throttled per model file in this process (machine_key would stat the file every call).
+    last = _memory_written.get(core_model.path, -MEMORY_EVERY_S)
+    if time.monotonic() - last >= MEMORY_EVERY_S and policy.rounds_seen > 0:
+        _memory_written[core_model.path] = time.monotonic()
         _update(core_model, {MEMORY: [float(x) for x in policy.memory]})
     cost = policy.draft_cost("model")
     if draft_model is not None and cost > 0:
@@ -114,12 +117,16 @@ def _entry(core_model) -> Dict[str, object]:
 
 def load(core_model) -> Dict[int, float]:
     """Seconds per target batch size on record for this model and machine ({} if none)."""
+    return _timings(_entry(core_model))
+
+
+def _timings(entry: Dict[str, object]) -> Dict[int, float]:
     out: Dict[int, float] = {}
-    for n, s in _entry(core_model).items():
+    for n, s in entry.items():
         try:
             n, s = int(n), float(s)
         except (TypeError, ValueError):
-            continue  # other fields of the entry (DRAFT_TOKEN), or a foreign value
+            continue  # other fields of the entry (DRAFT_TOKEN, MEMORY), or a foreign value
         if n > 0 and s > 0:
             out[n] = s
     return out
