@@ -22,7 +22,7 @@ import pytest
 
 from pyspec.bench.paired import (bootstrap_interval, comparisons, format_paired, pair_logs, parse_config,
                                  run_order, summarize_pair)
-from pyspec.bench.runners import Sample
+from pyspec.bench.backends import Sample
 
 PROMPTS = [f"{c}/{i}" for c in ("code", "math", "qa", "translation") for i in range(3)]
 

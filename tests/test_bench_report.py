@@ -8,7 +8,7 @@ from dataclasses import asdict
 import pytest
 
 from pyspec.bench.report import decode_rate, format_table, summarize
-from pyspec.bench.runners import Sample
+from pyspec.bench.backends import Sample
 
 
 def _s(runner, cat, n, secs, **extra):
@@ -77,7 +77,7 @@ class _FakeGenerator:
 def test_pyspec_runner_starts_every_run_from_empty_caches():
     """Runners share models: without a reset, later runners would reuse the
     prompt the previous one processed and report a shorter time to first token."""
-    from pyspec.bench.runners import PyspecRunner, Settings
+    from pyspec.bench.backends import PyspecRunner, Settings
 
     gen = _FakeGenerator()
     PyspecRunner(gen, "r").run([5, 6, 7], Settings(max_tokens=2))

@@ -29,7 +29,7 @@ import random
 from dataclasses import asdict, dataclass
 from typing import Callable, Dict, List, Optional, Sequence
 
-from .runners import Sample, Settings
+from .backends import Sample, Settings
 from .suite import BenchPrompt
 
 # Categories whose answers copy most of the prompt (where drafting must win);

@@ -27,7 +27,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 from .. import _core
 from ..model import Model
 from .plot import pyplot
-from .runners import LlamaCppRunner, Settings
+from .backends import LlamaCppRunner, Settings
 
 
 def decode_costs(target: Model, ns: Sequence[int], reps: int = 7, prefix: int = 32) -> Dict[int, float]:

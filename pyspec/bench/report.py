@@ -6,7 +6,7 @@ from collections import defaultdict
 from typing import Dict, List, Sequence
 
 from ..results import GenerationStats
-from .runners import Sample
+from .backends import Sample
 
 
 def decode_rate(samples: Sequence[Sample]) -> float:

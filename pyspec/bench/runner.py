@@ -7,7 +7,7 @@ from dataclasses import asdict
 from typing import Callable, Dict, List, Optional, Sequence
 
 from .report import format_table, summarize
-from .runners import Sample, Settings
+from .backends import Sample, Settings
 from .suite import prompts as suite_prompts
 
 BASELINE = "llama-cpp-python"

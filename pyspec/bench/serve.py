@@ -26,7 +26,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Dict, List, Sequence
 
-from ..server.process import ServerProcess, free_port, stream_completion
+from .server_process import ServerProcess, free_port, stream_completion
 
 PYSPEC, LLAMA, GENERATE = "pyspec serve", "llama-cpp-python server", "pyspec generate"
 

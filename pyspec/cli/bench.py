@@ -72,7 +72,7 @@ def bench(ctx, model, categories, per_category, max_tokens, temperature, reps, t
     """
     from .._platform import physical_cores
     from ..bench.runner import run_bench
-    from ..bench.runners import LlamaCppRunner, PyspecRunner, Settings
+    from ..bench.backends import LlamaCppRunner, PyspecRunner, Settings
     from ..speculative import SpeculativeDecoder
 
     n_threads = threads or physical_cores()
@@ -158,7 +158,7 @@ def _bench_paired(model, draft, paired, categories, per_category, max_tokens, te
     from ..errors import PyspecError
     from ..bench.paired import format_paired, parse_config, plot_paired, run_paired, summarize_all
     from ..bench.runner import progress_bar
-    from ..bench.runners import PyspecRunner, Settings
+    from ..bench.backends import PyspecRunner, Settings
     from ..bench.suite import prompts as suite_prompts
     from ..speculative import SpeculativeDecoder
 
@@ -286,7 +286,7 @@ def bench_parallel(model, sizes, max_tokens, temperature, reps, threads, prompt,
     """
     from .._platform import physical_cores
     from ..bench.parallel import plot_parallel, run_consensus, run_parallel, summarize
-    from ..bench.runners import LlamaCppRunner, Settings
+    from ..bench.backends import LlamaCppRunner, Settings
     from ..bench.suite import PROMPTS, prompts
 
     if 1 not in sizes:
