@@ -13,9 +13,9 @@ models and decoders; they take turns.
 from __future__ import annotations
 
 import queue
-import secrets
 import threading
-from typing import TYPE_CHECKING, Callable, Iterator, List, Mapping, Optional, Sequence, Union
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 from . import _core
 from .results import BatchStats, Completion, Completions, GenerationStats
@@ -46,7 +46,7 @@ SAMPLING_DEFAULTS = {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.
 SEED_BITS = 63
 
 
-def _interruptible(call: Callable[[], "_core.GenerateResult"], cancel: "_core.CancelToken") -> "_core.GenerateResult":
+def run_interruptible(call: Callable[[], "_core.GenerateResult"], cancel: "_core.CancelToken") -> "_core.GenerateResult":
     """Run ``call`` (a C++ generation) on a worker thread so that the main thread
     stays free to receive Ctrl-C; on KeyboardInterrupt, cancel the generation
     (llama.cpp's abort callback stops even a long prompt within a graph node),
@@ -91,31 +91,109 @@ def _wait_through_interrupts(finished: threading.Event) -> None:
             continue
 
 
+def test_controls(spec: Union[None, Mapping[str, object], "_core.TestControls"]) -> "_core.TestControls":
+    """The TEST-ONLY negative controls of a generation (``_test=``): None (off),
+    a :class:`pyspec._core.TestControls`, or a dict of its fields (``variant``,
+    ``discard_below``, ``shared_stream``). They break losslessness on purpose, so
+    that the statistical tests can show they would catch such a bug."""
+    if spec is None:
+        return _core.TestControls()
+    if isinstance(spec, _core.TestControls):
+        return spec
+    return _core.TestControls(**dict(spec))
+
+
+@dataclass
+class SequenceSetup:
+    """What the engine needs to run one sequence, besides its prompt: the
+    settings, and the sequence's drafter and length policy (both None: plain
+    decoding; drafter None with a policy: the engine's own drafter)."""
+
+    params: "_core.GenerateParams"
+    drafter: Optional["_core.Drafter"] = None
+    policy: Optional["_core.LengthPolicy"] = None
+
+
 class Generator:
     """Base of :class:`~pyspec.Model` and :class:`~pyspec.SpeculativeDecoder`."""
 
     _engine: "_core.Engine"
     #: The model whose distribution the output follows (it also tokenizes).
     target: "Model"
+    #: Whether generations draft (a SpeculativeDecoder) or decode plainly.
+    speculative: bool = False
 
     def clear_cache(self) -> None:  # pragma: no cover - abstract
         """Forget the processed prompt, so the next call processes all of it."""
         raise NotImplementedError
 
-    def _draft_args(self, params: "_core.GenerateParams", _slots: int = 1,
-                    **kwargs) -> List[Optional["_core.LengthPolicy"]]:
-        """Fill the drafting fields of ``params`` from per-call arguments, and
-        return each sequence's length policy (subclasses; None: plain)."""
+    @property
+    def engine(self) -> "_core.Engine":
+        """The C++ engine that runs this generator's loop (for sessions: :meth:`open_session`)."""
+        return self._engine
+
+    # ------------------------------------------------------------ sequence set-up
+    def setup(
+        self,
+        *,
+        max_tokens: int,
+        temperature: float,
+        top_k: int,
+        top_p: float,
+        min_p: float,
+        seed: int,
+        stop: Optional[Sequence[str]] = None,
+        logprobs: Optional[int] = None,
+        slots: Sequence[int] = (0,),
+        drafters: str = "engine",
+        _test=None,
+        **draft_kwargs,
+    ) -> List[SequenceSetup]:
+        """The one way to set up sequences: ``generate``, ``generate_batch`` and
+        the server all come here. Returns one :class:`SequenceSetup` per entry of
+        ``slots`` (sequence slots of a batch or a server; each slot keeps its own
+        length policy across calls), sharing one ``GenerateParams``.
+
+        ``drafters`` says whose drafters the sequences use: ``"engine"`` (the
+        engine's own: a single generation), ``"batch"`` (new ones for this
+        batch) or ``"slots"`` (each slot's, kept across calls: a server).
+        ``draft_kwargs`` are the drafting settings (subclasses); ``_test`` the
+        TEST-ONLY negative controls (:func:`test_controls`). The core validates
+        every setting (ValueError)."""
+        if not 0 <= seed < 2**64:  # Python's ints are unbounded; the core's seed is 64-bit
+            raise ValueError(f"seed must be in [0, 2**64), got {seed}")
+        sampling = sampling_params(temperature, top_k, top_p, min_p)
+        params = _core.GenerateParams(max_tokens=max_tokens, sampling=sampling, draft_sampling=sampling, seed=seed,
+                                      stop=list(stop or []), logprobs=-1 if logprobs is None else logprobs)
+        params.test = test_controls(_test)
+        return [SequenceSetup(params, drafter, policy)
+                for drafter, policy in self._drafting(params, list(slots), drafters, **draft_kwargs)]
+
+    def _drafting(self, params: "_core.GenerateParams", slots: List[int], drafters: str,
+                  **kwargs) -> List[Tuple[Optional["_core.Drafter"], Optional["_core.LengthPolicy"]]]:
+        """Fill the drafting fields of ``params``; each slot's (drafter, policy).
+        Plain generation: nothing to fill, nothing drafts."""
         if kwargs:
             raise TypeError(f"unexpected arguments for plain generation: {', '.join(sorted(kwargs))}")
-        return [None] * _slots
+        return [(None, None)] * len(slots)
 
-    def _batch_drafters(self, n: int) -> List["_core.Drafter"]:
-        """One drafter per sequence of a batch (subclasses)."""
+    def record(self, setup: SequenceSetup, stats: "_core.GenerationStats") -> None:
+        """A sequence set up by :meth:`setup` finished with ``stats`` (the
+        speculative decoder keeps what its policy measured)."""
+
+    def open_session(self, on_token, *, prefill_chunk: int = 0, draft_cap: int = 0,
+                     _test=None) -> "_core.BatchSession":
+        """A continuous-batching session on this generator's models (a server's):
+        sequences set up with ``setup(drafters="slots")`` join and leave it
+        between rounds; no draft is longer than ``draft_cap``."""
+        shared = _core.GenerateParams(max_tokens=0, draft_max=draft_cap if self.speculative else 0,
+                                      prefill_chunk=prefill_chunk)
+        shared.test = test_controls(_test)
+        return self._engine.session(shared, on_token=on_token, draft_models=self._draft_models())
+
+    def _draft_models(self) -> List["_core.Model"]:
+        """The models a session drafts with, besides the target (subclasses)."""
         return []
-
-    def _after_run(self, policy: Optional["_core.LengthPolicy"], stats: "_core.GenerationStats") -> None:
-        """Hook for subclasses (the speculative decoder keeps batch timings)."""
 
     def prompt_tokens(self, prompt: Prompt, *, chat: bool = True):
         return self.target.prompt_tokens(prompt, chat=chat)
@@ -220,22 +298,23 @@ class Generator:
                 return on_token(j, piece.decode("utf-8", errors="replace"), drafted) if piece else True
 
         if seed is None:
-            seed = self._next_seed()
-        params = self._params(max_tokens, temperature, top_k, top_p, min_p, seed, stop)
-        policies = self._draft_args(params, _slots=len(token_lists), **draft_kwargs)
-        drafters = self._batch_drafters(len(token_lists)) if policies[0] is not None else []
+            seed = self.target.next_seed()
+        seqs = self.setup(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                          seed=seed, stop=stop, slots=range(len(token_lists)), drafters="batch", **draft_kwargs)
+        drafting = seqs[0].policy is not None
         cancel = cancel if cancel is not None else _core.CancelToken()
 
         def call():
-            return self._engine.generate_batch(token_lists, params, drafters=drafters,
-                                               policies=policies if drafters else [], on_token=callback,
-                                               cancel=cancel)
+            return self._engine.generate_batch(token_lists, seqs[0].params,
+                                               drafters=[s.drafter for s in seqs] if drafting else [],
+                                               policies=[s.policy for s in seqs] if drafting else [],
+                                               on_token=callback, cancel=cancel)
 
         on_main = threading.current_thread() is threading.main_thread()
-        outs, batch = _interruptible(call, cancel) if on_main else call()
+        outs, batch = run_interruptible(call, cancel) if on_main else call()
         choices = []
-        for j, (tokens, out) in enumerate(zip(token_lists, outs)):
-            self._after_run(policies[j], out.stats)
+        for j, (seq, tokens, out) in enumerate(zip(seqs, token_lists, outs)):
+            self.record(seq, out.stats)
             choices.append(self._completion(tokens, out, _core.sequence_seed(seed, j)))
         return Completions(choices, BatchStats(batch, seed, tuple(o.stats.ttft_s for o in outs)))
 
@@ -278,14 +357,6 @@ class Generator:
 
     # ------------------------------------------------------------ internals
     @staticmethod
-    def _params(max_tokens, temperature, top_k, top_p, min_p, seed, stop) -> "_core.GenerateParams":
-        if not 0 <= seed < 2**64:  # Python's ints are unbounded; the core's seed is 64-bit
-            raise ValueError(f"seed must be in [0, 2**64), got {seed}")
-        sampling = sampling_params(temperature, top_k, top_p, min_p)
-        return _core.GenerateParams(max_tokens=max_tokens, sampling=sampling, draft_sampling=sampling, seed=seed,
-                                    stop=list(stop or []))
-
-    @staticmethod
     def _completion(tokens, out: "_core.GenerateResult", seed: int) -> Completion:
         return Completion(
             text=out.text.decode("utf-8", errors="replace"),
@@ -298,20 +369,15 @@ class Generator:
     def _run(self, tokens, max_tokens, temperature, top_k, top_p, min_p, seed, stop, callback, cancel,
              draft_kwargs):
         if seed is None:
-            seed = self._next_seed()
-        params = self._params(max_tokens, temperature, top_k, top_p, min_p, seed, stop)
-        policy = self._draft_args(params, **draft_kwargs)[0]
+            seed = self.target.next_seed()
+        seq = self.setup(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                         seed=seed, stop=stop, **draft_kwargs)[0]
         cancel = cancel if cancel is not None else _core.CancelToken()
 
         def call() -> "_core.GenerateResult":
-            return self._engine.generate(tokens, params, policy=policy, on_token=callback, cancel=cancel)
+            return self._engine.generate(tokens, seq.params, policy=seq.policy, on_token=callback, cancel=cancel)
 
         on_main = threading.current_thread() is threading.main_thread()
-        out = _interruptible(call, cancel) if on_main else call()
-        self._after_run(policy, out.stats)
+        out = run_interruptible(call, cancel) if on_main else call()
+        self.record(seq, out.stats)
         return self._completion(tokens, out, seed)
-
-    def _next_seed(self) -> int:
-        """A fresh seed per call, or the next one of the model's seeded sequence."""
-        rng = self.target._seeds
-        return rng.getrandbits(SEED_BITS) if rng is not None else secrets.randbits(SEED_BITS)

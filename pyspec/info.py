@@ -108,7 +108,7 @@ def format_info(info: Dict[str, Any]) -> str:
         f"libllama          {info['libllama_path']}",
         f"                  shared with llama_cpp: {yes(info['libllama_shared_with_llama_cpp'])}",
         f"GPU offload       {yes(info['gpu_offload'])}"
-        + ("" if info["gpu_offload"] else "  (CPU-only build; see the README, \"GPU builds (CUDA, Metal)\")"),
+        + ("" if info["gpu_offload"] else "  (CPU-only build; see docs/gpu.md)"),
         f"flash attention   default {info['flash_attn_default']} (llama.cpp: {info['llama_cpp_flash_attn_default']}; "
         f"llama-cpp-python's Llama: flash_attn={info['llama_cpp_python_flash_attn_default']})",
         f"threads           {info['threads']} (physical cores; --threads overrides)",

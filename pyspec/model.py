@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import secrets
 import warnings
 from pathlib import Path
 from typing import List, Optional, Sequence, Union
@@ -11,10 +12,10 @@ from typing import List, Optional, Sequence, Union
 from . import _core
 from ._platform import physical_cores
 from .errors import GPUOffloadUnavailableError, ModelNotFoundError
-from .generation import Generator, Message, Prompt
+from .generation import SEED_BITS, Generator, Message, Prompt
 
 
-def _resolve_path(model: Union[str, os.PathLike]) -> str:
+def resolve_path(model: Union[str, os.PathLike]) -> str:
     """A file path as given, or a default model name pulled into the cache."""
     path = Path(os.fspath(model)).expanduser()
     if path.is_file():
@@ -32,11 +33,14 @@ def _resolve_path(model: Union[str, os.PathLike]) -> str:
 # Flash attention: "auto" lets llama.cpp enable it where the device supports it.
 FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}
 
+#: A model's settings as the core defaults them (n_ctx, n_batch, n_seq_max, ...).
+MODEL_DEFAULTS = _core.ModelParams()
+
 GPU_BUILD_HINT = (
     "install a GPU build of llama-cpp-python and rebuild pyspec against it: "
     "CMAKE_ARGS=\"-DGGML_CUDA=on\" pip install --no-cache-dir --force-reinstall --no-binary llama-cpp-python "
     "'llama-cpp-python==0.3.36', then `pip install --no-build-isolation .` in pyspec's source tree "
-    "(README: \"GPU builds (CUDA, Metal)\"; `pyspec info` shows the backends)"
+    "(docs/gpu.md; `pyspec info` shows the backends)"
 )
 
 
@@ -63,7 +67,7 @@ class Model(Generator):
     A Model may be shared by threads and decoders: they take turns on its context.
 
     ``flash_attn`` is "auto" (llama.cpp enables it where the device supports it;
-    off with ``n_seq_max`` > 1, see ``cpp/model.cpp``),
+    off with ``n_seq_max`` > 1, see ``cpp/model/model.cpp``),
     "on" or "off"; :attr:`flash_attn` tells what the context runs. ``n_gpu_layers``
     on a build without a GPU backend warns (the model runs on the CPU), or with
     ``strict=True`` raises :class:`~pyspec.GPUOffloadUnavailableError`.
@@ -73,15 +77,15 @@ class Model(Generator):
         self,
         model: Union[str, os.PathLike],
         *,
-        n_ctx: int = 4096,
+        n_ctx: int = MODEL_DEFAULTS.n_ctx,
         n_threads: Optional[int] = None,
-        n_gpu_layers: int = 0,
-        n_batch: int = 512,
+        n_gpu_layers: int = MODEL_DEFAULTS.n_gpu_layers,
+        n_batch: int = MODEL_DEFAULTS.n_batch,
         seed: Optional[int] = None,
-        verbose: bool = False,
+        verbose: bool = MODEL_DEFAULTS.verbose,
         flash_attn: str = "auto",
         strict: bool = False,
-        n_seq_max: int = 1,
+        n_seq_max: int = MODEL_DEFAULTS.n_seq_max,
     ) -> None:
         # The core validates the numbers; here only what Python adds: None and names.
         if n_threads is not None and n_threads < 1:
@@ -89,9 +93,9 @@ class Model(Generator):
         if flash_attn not in FLASH_ATTN:
             raise ValueError(f"flash_attn must be one of 'auto', 'on', 'off', got {flash_attn!r}")
         _check_gpu_offload(n_gpu_layers, strict)
-        path = _resolve_path(model)
-        self._core = _core.Model(
-            str(path),
+        path = resolve_path(model)
+        self._core = _core.Model(_core.ModelParams(
+            path=str(path),
             n_ctx=n_ctx,
             n_threads=n_threads or physical_cores(),
             n_gpu_layers=n_gpu_layers,
@@ -99,11 +103,22 @@ class Model(Generator):
             verbose=verbose,
             flash_attn=FLASH_ATTN[flash_attn],
             n_seq_max=n_seq_max,
-        )
+        ))
         self._engine = _core.Engine(self._core)
         # Seeds of generations that pass none: fresh entropy, or with `seed` a
         # reproducible sequence (a new sample each call, the same run each time).
         self._seeds = random.Random(seed) if seed is not None else None
+
+    @property
+    def native(self) -> "_core.Model":
+        """The C++ model (``pyspec._core.Model``) that engines, drafters and tools take."""
+        return self._core
+
+    def next_seed(self) -> int:
+        """The seed of a generation that passes none: fresh entropy, or the next
+        of the sequence that this model's ``seed`` started."""
+        rng = self._seeds
+        return rng.getrandbits(SEED_BITS) if rng is not None else secrets.randbits(SEED_BITS)
 
     @property
     def target(self) -> "Model":

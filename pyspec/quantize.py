@@ -1,5 +1,5 @@
 """`pyspec quantize`: requantise a GGUF file with libllama's own
-llama_model_quantize (cpp/quantize.h).
+llama_model_quantize (cpp/tools/quantize.h).
 
 Atomic: the output appears under its name only once complete (written beside
 it under a temporary name, then renamed). llama_model_quantize cannot be
@@ -34,11 +34,11 @@ def quantize(source: Union[str, os.PathLike], output: Union[str, os.PathLike], t
     ``overwrite``), ValueError (unknown type, output = input), QuantizeError
     (llama.cpp's reason, e.g. an already quantised source without
     ``allow_requantize``); after KeyboardInterrupt no output is left."""
-    from .model import _resolve_path
+    from .model import resolve_path
 
     if type not in TYPES:
         raise ValueError(f"unknown quantisation type {type!r}: one of {', '.join(TYPES)}")
-    source = _resolve_path(source)
+    source = resolve_path(source)
     out = Path(output).expanduser().absolute()
     if out.exists() and out.resolve() == Path(source).resolve():
         raise ValueError("the output would overwrite the input")

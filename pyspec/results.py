@@ -12,7 +12,7 @@ class GenerationStats:
     """Timings and counters of one generation.
 
     The fields are the C++ core's (``FIELDS``; each is documented in
-    ``cpp/stats.h``), plus the ``seed`` the generation used (pass it back to
+    ``cpp/engine/stats.h``), plus the ``seed`` the generation used (pass it back to
     reproduce it) and the rates derived here. ``decode_tok_s`` counts tokens
     after the first, over the time after the first, so prompt processing
     (``ttft_s``) does not dilute it. Drafting fields are zero for plain
@@ -89,7 +89,7 @@ class BatchStats:
     """Figures of a batch of sequences as a whole (each sequence's own are in its
     Completion.stats): rounds (one target decode each), rows decoded,
     ``aggregate_tok_s`` (tokens after each sequence's first, per second of
-    decoding) and the rest of ``cpp/engine.h``'s BatchStats."""
+    decoding) and the rest of ``cpp/engine/engine.h``'s BatchStats."""
 
     FIELDS: Tuple[str, ...] = tuple(_core.BatchStats.FIELDS) + ("seed", "ttft_s")
 

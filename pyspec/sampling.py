@@ -6,7 +6,7 @@ and numpy arguments to what the core takes, and the core validates them (setting
 shapes, probabilities), raising :class:`ValueError` with a message that says what is
 wrong.
 
-Order of the settings (documented in full at the top of ``cpp/sampling.cpp``), following
+Order of the settings (documented in full in ``cpp/core/sampling.h``), following
 llama.cpp's default sampler chain:
 
 1. ``temperature == 0``: greedy, one-hot on the largest logit (lowest token id on ties).

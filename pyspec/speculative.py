@@ -2,7 +2,7 @@
 keeps the target's distribution exactly (SPEC: Leviathan et al., Chen et al.).
 
 The drafters (``drafter=``) and length policies (``policy=``) are described
-once, in the README ("Drafters and policies"); their names, defaults and
+once, in docs/drafters.md (and auto in docs/auto-policy.md); their names, defaults and
 one-line summaries come from the C++ core (:data:`DRAFTERS`, :data:`POLICIES`).
 """
 
@@ -18,6 +18,10 @@ from .model import Model
 DRAFTERS: Dict[str, dict] = {d["name"]: d for d in _core.drafters()}
 #: name -> {"default_draft_max", "summary"}, in the core's order (the default, "auto", last).
 POLICIES: Dict[str, dict] = {p["name"]: p for p in _core.policies()}
+#: The policies' settings as the core defaults them (p_min, gamma, h).
+POLICY_DEFAULTS = _core.PolicyParams()
+#: The drafters' settings as the core defaults them (n-gram sizes).
+DRAFTER_DEFAULTS = _core.DrafterParams()
 
 
 class SpeculativeDecoder(Generator):
@@ -34,6 +38,8 @@ class SpeculativeDecoder(Generator):
     Raises :class:`~pyspec.IncompatibleModelsError` when the vocabularies differ.
     """
 
+    speculative = True
+
     def __init__(
         self,
         target: Model,
@@ -42,8 +48,8 @@ class SpeculativeDecoder(Generator):
         drafter: Optional[str] = None,
         policy: str = "auto",
         draft_max: Optional[int] = None,
-        ngram_min: int = 1,
-        ngram_max: int = 16,
+        ngram_min: int = DRAFTER_DEFAULTS.ngram_min,
+        ngram_max: int = DRAFTER_DEFAULTS.ngram_max,
     ) -> None:
         params = _core.DrafterParams(name=drafter or "", ngram_min=ngram_min, ngram_max=ngram_max)
         self.drafter = _core.drafter_name(params, draft is not None)
@@ -55,10 +61,11 @@ class SpeculativeDecoder(Generator):
         self.policy = policy
         self.draft_max = draft_max
         self._policies: Dict[Tuple, "_core.LengthPolicy"] = {}
+        self._slot_pool: Dict[str, List["_core.Drafter"]] = {}  # a session's drafters, per name (_slot_drafters)
         if draft_max != 0:  # fail now on a bad policy, not at the first call (0: plain, no policy)
             self.policy_object()
-        self._core_drafter = _core.make_drafter(params, target._core, self.draft._core if self.draft else None)
-        self._engine = _core.Engine(target._core, self._core_drafter)
+        self._core_drafter = _core.make_drafter(params, target.native, self._draft_native)
+        self._engine = _core.Engine(target.native, self._core_drafter)
 
     def __repr__(self) -> str:
         draft = f", draft={self.draft.path!r}" if self.draft is not None else ""
@@ -70,15 +77,19 @@ class SpeculativeDecoder(Generator):
         if self.draft is not None:
             self.draft.clear_cache()
 
-    def policy_object(self, policy: Optional[str] = None, *, draft_max: Optional[int] = None, p_min: float = 0.75,
-                      svip_gamma: float = 0.15, svip_h: float = 0.3, slot: int = 0) -> "_core.LengthPolicy":
+    def policy_object(self, policy: Optional[str] = None, *, draft_max: Optional[int] = None,
+                      p_min: float = POLICY_DEFAULTS.p_min, svip_gamma: float = POLICY_DEFAULTS.gamma,
+                      svip_h: float = POLICY_DEFAULTS.h, slot: int = 0) -> "_core.LengthPolicy":
         """The live length-policy object that generations with these settings use
         (one per setting, kept across calls; sequence ``slot`` of a batch has its
         own). ``auto`` returns a :class:`_core.AutoPolicy`, which exposes its cost
         model's estimates: ``verify_cost(n)``, ``draft_cost(source)``,
         ``acceptance(source, match_len)``."""
-        params = self._policy_params(policy or self.policy, self.draft_max if draft_max is None else draft_max,
-                                     p_min, svip_gamma, svip_h)
+        draft_max = self.draft_max if draft_max is None else draft_max
+        if draft_max is not None and draft_max < 0:  # the core reads -1 as "the policy's default"
+            raise ValueError(f"draft_max must be >= 0, got {draft_max}")
+        params = _core.PolicyParams(name=policy or self.policy, draft_max=-1 if draft_max is None else draft_max,
+                                    p_min=p_min, gamma=svip_gamma, h=svip_h)
         # One object per setting, kept across calls: adaptive policies remember.
         # Building it is where the core validates the settings (ValueError).
         key = tuple(getattr(params, f) for f in params.FIELDS) + (slot,)
@@ -86,34 +97,27 @@ class SpeculativeDecoder(Generator):
             self._policies[key] = _core.make_policy(params)
         return self._policies[key]
 
-    @staticmethod
-    def _policy_params(name: str, draft_max: Optional[int], p_min: float = 0.75, gamma: float = 0.15,
-                       h: float = 0.3) -> "_core.PolicyParams":
-        if draft_max is not None and draft_max < 0:  # the core reads -1 as "the policy's default"
-            raise ValueError(f"draft_max must be >= 0, got {draft_max}")
-        return _core.PolicyParams(name=name, draft_max=-1 if draft_max is None else draft_max, p_min=p_min,
-                                  gamma=gamma, h=h)
-
-    def _draft_args(
+    def _drafting(
         self,
         params: "_core.GenerateParams",
+        slots: List[int],
+        drafters: str,
         *,
+        drafter: Optional[str] = None,
         draft_max: Optional[int] = None,
         policy: Optional[str] = None,
-        p_min: float = 0.75,
-        svip_gamma: float = 0.15,
-        svip_h: float = 0.3,
+        p_min: float = POLICY_DEFAULTS.p_min,
+        svip_gamma: float = POLICY_DEFAULTS.gamma,
+        svip_h: float = POLICY_DEFAULTS.h,
         draft_temperature: Optional[float] = None,
         draft_top_k: Optional[int] = None,
         draft_top_p: Optional[float] = None,
         draft_min_p: Optional[float] = None,
-        _variant: str = "correct",
-        _discard_below: float = 0.0,
-        _shared_stream: bool = False,
-        _slots: int = 1,
-    ) -> List[Optional["_core.LengthPolicy"]]:
-        """Fill the drafting fields of ``params``; return the policy of each of
-        the ``_slots`` sequences (None: plain decoding)."""
+    ) -> List[Tuple[Optional["_core.Drafter"], Optional["_core.LengthPolicy"]]]:
+        """Fill the drafting fields of ``params``; each slot's (drafter, policy)
+        (see :meth:`~pyspec.generation.Generator.setup`). ``drafter`` (a name)
+        is for sessions' slots, which may draft with another drafter than the
+        decoder's; a batch drafts as :meth:`_batch_drafters` says."""
         s = params.sampling
         params.draft_sampling = sampling_params(
             s.temperature if draft_temperature is None else draft_temperature,
@@ -121,22 +125,29 @@ class SpeculativeDecoder(Generator):
             s.top_p if draft_top_p is None else draft_top_p,
             s.min_p if draft_min_p is None else draft_min_p,
         )
-        policies: List[Optional["_core.LengthPolicy"]] = [None] * _slots
-        if (self.draft_max if draft_max is None else draft_max) != 0:  # 0: plain decoding
-            for j in range(_slots):
-                policies[j] = self.policy_object(policy, draft_max=draft_max, p_min=p_min, svip_gamma=svip_gamma,
-                                                 svip_h=svip_h, slot=j)
-            calibration.prepare(policies, self.target._core, self.draft._core if self.draft else None)
-            params.draft_max = policies[0].draft_max
-        # TEST-ONLY negative controls: a wrong acceptance rule (_variant), or a stop
-        # rule that discards drawn draft tokens below a belief (_discard_below).
-        params.variant = _variant
-        params.test_discard_below = _discard_below
-        params.test_shared_stream = _shared_stream  # a batch's samples on one stream
         # Prefill both models at once only when they do not share the CPU cores.
-        on_gpu = [m._core.n_gpu_layers != 0 for m in (self.target, self.draft) if m is not None]
+        on_gpu = [m.native.n_gpu_layers != 0 for m in (self.target, self.draft) if m is not None]
         params.parallel_prefill = len(on_gpu) == 2 and on_gpu[0] != on_gpu[1]
-        return policies
+        plain = (self.draft_max if draft_max is None else draft_max) == 0
+        if plain and drafters != "slots":
+            return [(None, None)] * len(slots)
+        if plain:  # a session's sequence drafts through its slot's drafter, with a policy that never drafts
+            policies = [self.policy_object("fixed", draft_max=0, slot=j) for j in slots]
+        else:
+            policies = [self.policy_object(policy, draft_max=draft_max, p_min=p_min, svip_gamma=svip_gamma,
+                                           svip_h=svip_h, slot=j) for j in slots]
+            calibration.prepare(policies, self.target.native, self._draft_native)
+            params.draft_max = policies[0].draft_max
+        if drafters == "engine":
+            chosen: List[Optional["_core.Drafter"]] = [None] * len(slots)
+        elif drafters == "batch":
+            chosen = list(self._batch_drafters(len(slots)))
+        elif drafters == "slots":
+            pool = self._slot_drafters(drafter or self.drafter)
+            chosen = [pool[j] for j in slots]
+        else:
+            raise ValueError(f"drafters must be 'engine', 'batch' or 'slots', got {drafters!r}")
+        return list(zip(chosen, policies))
 
     def _batch_drafters(self, n: int) -> List["_core.Drafter"]:
         """One drafter per sequence of a batch (drafters keep per-sequence state):
@@ -146,11 +157,29 @@ class SpeculativeDecoder(Generator):
         if self.draft is not None and self.draft.n_seq_max < n:
             raise ValueError(f"{n} sequences drafting with a draft model need it loaded with n_seq_max >= {n} "
                              f"(this one holds {self.draft.n_seq_max}): pyspec.Model(..., n_seq_max={n})")
-        n_min, n_max = self._ngram_sizes
         name = self.drafter if self.draft is not None else self._batch_drafter
-        params = _core.DrafterParams(name=name, ngram_min=n_min, ngram_max=n_max)
-        return _core.make_batch_drafters(params, self.target._core, self.draft._core if self.draft else None, n)
+        return self._make_drafters(name, n)
 
-    def _after_run(self, policy: Optional["_core.LengthPolicy"], stats) -> None:
-        if policy is not None:
-            calibration.keep(policy, self.target._core, stats, self.draft._core if self.draft else None)
+    def _slot_drafters(self, name: str) -> List["_core.Drafter"]:
+        """The drafters of a session's slots for drafter ``name``, kept across
+        requests: slot j drafts in sequence j of the draft model's context."""
+        if name not in self._slot_pool:
+            n = min(m.n_seq_max for m in (self.target, self.draft) if m is not None)
+            self._slot_pool[name] = self._make_drafters(name, n)
+        return self._slot_pool[name]
+
+    def _make_drafters(self, name: str, n: int) -> List["_core.Drafter"]:
+        n_min, n_max = self._ngram_sizes
+        params = _core.DrafterParams(name=name, ngram_min=n_min, ngram_max=n_max)
+        return _core.make_batch_drafters(params, self.target.native, self._draft_native, n)
+
+    @property
+    def _draft_native(self) -> Optional["_core.Model"]:
+        return self.draft.native if self.draft is not None else None
+
+    def _draft_models(self) -> List["_core.Model"]:
+        return [self.draft.native] if self.draft is not None else []
+
+    def record(self, setup, stats) -> None:
+        if setup.policy is not None:
+            calibration.keep(setup.policy, self.target.native, stats, self._draft_native)

@@ -3,7 +3,7 @@
 One pass of both models over the same token streams (teacher-forced, in the
 C++ core) gives, per position, the acceptance alpha = 1 - TV(p, q) at the
 chosen sampling settings, top-1 agreement (alpha at T = 0), KL(p || q) and the
-stream's next token's probability under both (cpp/agreement.h defines them).
+stream's next token's probability under both (cpp/tools/agreement.h defines them).
 From those: summaries per category (measure.py), a health verdict for a
 quantised candidate (verdict.py, bands from published KL scoreboards), and the
 speculation view, the speed-up drafting with the candidate would bring on this
@@ -36,7 +36,7 @@ def agree(reference, candidate, streams: Optional[Sequence[Stream]] = None, *, t
     (and ``rows``, each stream's per-position arrays, with ``keep_rows``)."""
     from .. import _core
 
-    _core.check_compatible(reference._core, candidate._core)
+    _core.check_compatible(reference.native, candidate.native)
     streams = list(streams) if streams is not None else builtin_streams(reference)
     if not streams:
         raise ValueError("no token stream to score")
@@ -44,16 +44,16 @@ def agree(reference, candidate, streams: Optional[Sequence[Stream]] = None, *, t
                  progress=progress)
     report: Dict = summarize(rows)
     v = judge(kl_mean=report["kl_mean"], top1=report["top1_agreement"], nonfinite=report["nonfinite"],
-              cand_type=candidate._core.file_type, cand_params=candidate._core.n_params,
-              ref_params=reference._core.n_params)
+              cand_type=candidate.native.file_type, cand_params=candidate.native.n_params,
+              ref_params=reference.native.n_params)
     report.update(verdict=v.verdict, reason=v.reason, healthy_below=v.healthy_below, broken_above=v.broken_above)
     categories: Dict[str, List] = {}
     for s, r in zip(streams, rows):
         categories.setdefault(s.category, []).append(r)
     report["per_category"] = {c: summarize(rs) for c, rs in categories.items()}
     report["speculation"] = speculation_view(reference, candidate, rows, ks, costs)
-    report["models"] = {role: {"path": m.path, "description": m._core.description, "type": type_name(m._core.file_type),
-                               "n_params": int(m._core.n_params)}
+    report["models"] = {role: {"path": m.path, "description": m.native.description, "type": type_name(m.native.file_type),
+                               "n_params": int(m.native.n_params)}
                         for role, m in (("reference", reference), ("candidate", candidate))}
     report["settings"] = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p,
                           "streams": len(streams)}

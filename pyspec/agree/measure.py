@@ -2,7 +2,7 @@
 
 A stream is a token list both models read (teacher forcing) and the first row
 to score: row t is the prediction of token t + 1 from tokens 0..t. The core
-(cpp/agreement.h: its docstring defines alpha, top1, kl, logp_ref, logp_cand)
+(cpp/tools/agreement.h: its docstring defines alpha, top1, kl, logp_ref, logp_cand)
 scores all rows of a stream in one call, with both models' logits kept in C++.
 """
 
@@ -15,7 +15,7 @@ import numpy as np
 
 from .. import _core
 from ..errors import InvalidModelError
-from ..generation import _interruptible, sampling_params
+from ..generation import run_interruptible, sampling_params
 from .texts import TEXTS
 
 ROWS = ("alpha", "top1", "kl", "logp_ref", "logp_cand")
@@ -79,7 +79,7 @@ def score(reference, candidate, streams: Sequence[Stream], *, temperature: float
     out = []
     for s in streams:
         cancel = _core.CancelToken()
-        out.append(_interruptible(lambda: _core.agreement(reference._core, candidate._core, s.tokens, s.first,
+        out.append(run_interruptible(lambda: _core.agreement(reference.native, candidate.native, s.tokens, s.first,
                                                           settings, cancel), cancel))
         if progress:
             progress(s.n_rows)

@@ -15,7 +15,7 @@ formula would not). At T = 0, alpha[t] is 0 or 1 (top-1 agreement); on the
 reference's own greedy continuations (`pyspec agree --prompts -t 0`) teacher
 forcing is exactly what speculative decoding sees, so the count is exact there.
 
-Cost, as the auto policy models it (cpp/auto_policy.h): a round of k drafted
+Cost, as the auto policy models it (cpp/policies/auto_policy.h): a round of k drafted
 tokens takes k * c + V(k + 1), c the candidate's single-token step, V(n) the
 reference's decode of n tokens; plain decoding takes V(1) per token. Predicted
 speed-up = n_rows * V(1) / (R(0) * (k * c + V(k + 1))).

@@ -219,12 +219,12 @@ def format_paired(summary: Dict[str, Dict[str, dict]]) -> str:
 def plot_paired(result: dict, path: str) -> None:
     """One panel per comparison: each prompt's median ratio (dots)
     and each category's / group's geometric mean with its interval (bars)."""
-    from .plot import _palette, pyplot
+    from .plot import palette, pyplot
 
     plt = pyplot()
     pairs = result["paired"]
     fig, axes = plt.subplots(1, len(pairs), figsize=(7 * len(pairs), 6), squeeze=False)
-    colours = _palette(2)
+    colours = palette(2)
     for ax, (pair, rows) in zip(axes[0], pairs.items()):
         names = list(rows)
         for y, name in enumerate(names):

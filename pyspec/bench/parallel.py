@@ -34,7 +34,7 @@ def decode_costs(target: Model, ns: Sequence[int], reps: int = 7, prefix: int = 
     """Seconds of one target decode with n sequences x 1 row, for each n (the
     fastest of ``reps``: noise only adds time). Each sequence holds ``prefix``
     tokens of context, copied from the first."""
-    core = target._core
+    core = target.native
     tokens = list(range(1000, 1000 + prefix))  # any tokens: the cost depends on positions, not ids
     for j in range(max(ns)):
         core.truncate(0, j)

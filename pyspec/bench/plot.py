@@ -25,7 +25,7 @@ def acceptance_by_position(samples: List[dict]) -> Dict[str, List[float]]:
     return {r: [a / d if d else float("nan") for a, d in zip(accepted[r], drafted[r]) if d] for r in drafted}
 
 
-def _palette(n: int) -> list:
+def palette(n: int) -> list:
     """n distinct colours: tab10, then tab20's light shades, then a continuous map."""
     from matplotlib import colormaps
 
@@ -55,7 +55,7 @@ def plot(result: dict, path: str) -> None:
     cats = [c for c in table if c != "all"] + ["all"]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(16, 6), gridspec_kw={"width_ratios": [2.2, 1]})
     width = 0.8 / len(runners)
-    colours = _palette(len(runners))
+    colours = palette(len(runners))
     for i, r in enumerate(runners):
         ys = [table[c].get(r, {}).get("ratio", float("nan")) for c in cats]
         ax1.bar([x + i * width for x in range(len(cats))], ys, width, label=r, color=colours[i])

@@ -24,7 +24,7 @@ import statistics
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Dict, List, Sequence
+from typing import Callable, List, Sequence
 
 from .server_process import ServerProcess, free_port, stream_completion
 

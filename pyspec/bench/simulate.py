@@ -24,7 +24,7 @@ from ..model import Model
 def batch_costs(model: Model, max_batch: int, reps: int = 3) -> Dict[int, float]:
     """V(n) for n = 1..max_batch: the fastest of `reps` timed decodes at the end of
     a short context (the model's cache is cleared before and after)."""
-    core = model._core
+    core = model.native
     model.clear_cache()
     filler = model.tokenize("The quick brown fox jumps over the lazy dog.", add_special=True)
     core.decode(filler, 0, 0)

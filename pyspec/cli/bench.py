@@ -226,7 +226,7 @@ def simulate(model, categories, per_category, max_tokens, draft_max, threads, as
     from ..bench.suite import prompts
 
     with command_errors():
-        target = load_model(model, n_ctx=4096, n_threads=threads)
+        target = load_model(model, n_threads=threads)
         costs = batch_costs(target, draft_max + 1)
         rows = []
         chosen = prompts(categories or None, per_category)

@@ -8,8 +8,9 @@ from typing import Optional
 
 import click
 
-from ..speculative import DRAFTERS, POLICIES
-from .options import DEFAULT_DRAFT, DEFAULT_MODEL, command_errors, load_model, model_options, sampling_options
+from ..speculative import DRAFTERS, POLICIES, POLICY_DEFAULTS
+from .options import DEFAULT_DRAFT, DEFAULT_MODEL, command_errors, load_pair, model_options, sampling_options
+
 
 @click.command()
 @click.argument("prompt")
@@ -27,13 +28,13 @@ from .options import DEFAULT_DRAFT, DEFAULT_MODEL, command_errors, load_model, m
               help="; ".join(f"{n}: {d['summary']}" for n, d in DRAFTERS.items())
                    + " [default: hybrid with a draft model, else ngram].")
 @click.option("--policy", type=click.Choice(list(POLICIES)), default="auto", show_default=True,
-              help="Draft length per round (see the README): "
+              help="Draft length per round (see docs/drafters.md): "
                    + "; ".join(f"{n}: {p['summary']}" for n, p in POLICIES.items()) + ".")
-@click.option("--p-min", default=0.75, show_default=True, type=click.FloatRange(0, 1),
+@click.option("--p-min", default=POLICY_DEFAULTS.p_min, show_default=True, type=click.FloatRange(0, 1),
               help="confidence policy: stop when the draft's probability of its own token is below this.")
-@click.option("--svip-h", default=0.3, show_default=True, type=click.FloatRange(min=0, min_open=True),
+@click.option("--svip-h", default=POLICY_DEFAULTS.h, show_default=True, type=click.FloatRange(min=0, min_open=True),
               help="svip policy: stop when sqrt(gamma * entropy) exceeds this (gamma = --svip-gamma).")
-@click.option("--svip-gamma", default=0.15, show_default=True, type=click.FloatRange(min=0, min_open=True))
+@click.option("--svip-gamma", default=POLICY_DEFAULTS.gamma, show_default=True, type=click.FloatRange(min=0, min_open=True))
 @click.option("--raw", is_flag=True, help="Send PROMPT as is, without the model's chat template.")
 @click.option("--stop", multiple=True, help="Stop when this text appears (repeatable); it is not printed.")
 @click.option("--json", "as_json", is_flag=True,
@@ -62,28 +63,18 @@ def generate(prompt, model, draft, no_draft, draft_max, drafter, policy, p_min, 
     policy, which drafts only where its measurements say it pays. With
     --model and no --draft, n-gram lookup drafts. --no-draft decodes plainly.
     """
-    from ..speculative import SpeculativeDecoder
-
     # Samples draft by consensus unless a draft model is named (on a CPU the default
     # pair's draft model rarely pays, and n samples would need n draft sequences).
-    if draft is None and model is None and not no_draft and drafter not in ("ngram", "consensus") and n_samples == 1:
-        draft = DEFAULT_DRAFT
-    if draft is None and drafter is None:
+    default_draft = n_samples == 1
+    if draft is None and drafter is None and not (model is None and default_draft):
         # No draft model: prompt lookup (samples: consensus), which auto uses only where it pays.
         drafter = "consensus" if n_samples > 1 else "ngram"
-    model = model or DEFAULT_MODEL
     colour = show_drafts and sys.stdout.isatty() and not as_json
     with command_errors():
-        load = dict(n_ctx=n_ctx, n_threads=threads, n_gpu_layers=n_gpu_layers, flash_attn=flash_attn,
-                    strict=strict)
-        target = load_model(model, n_seq_max=n_samples, **load)
-        gen = target
-        kwargs = {}
-        if not no_draft:
-            draft_model = (load_model(draft, n_seq_max=n_samples, **load)
-                           if draft and drafter not in ("ngram", "consensus") else None)
-            gen = SpeculativeDecoder(target, draft_model, drafter=drafter, policy=policy, draft_max=draft_max)
-            kwargs.update(p_min=p_min, svip_h=svip_h, svip_gamma=svip_gamma)
+        target, gen = load_pair(model, draft, no_draft=no_draft, drafter=drafter, policy=policy,
+                                draft_max=draft_max, default_draft=default_draft, n_ctx=n_ctx, n_threads=threads,
+                                n_gpu_layers=n_gpu_layers, flash_attn=flash_attn, strict=strict, n_seq_max=n_samples)
+        kwargs = dict(p_min=p_min, svip_h=svip_h, svip_gamma=svip_gamma) if gen.speculative else {}
 
         def echo(text: str, drafted: bool) -> None:
             sys.stdout.write(click.style(text, fg="green") if colour and drafted else text)

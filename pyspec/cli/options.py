@@ -10,10 +10,11 @@ import click
 
 from ..errors import PyspecError
 from ..generation import SAMPLING_DEFAULTS
+from ..model import MODEL_DEFAULTS
 from ..models import DEFAULT_DRAFT, DEFAULT_TARGET as DEFAULT_MODEL
 
-__all__ = ["DEFAULT_DRAFT", "DEFAULT_MODEL", "IntList", "command_errors", "flash_attn_option", "load_model", "model_options",
-           "report_options", "sampling_options", "suite_options"]
+__all__ = ["DEFAULT_DRAFT", "DEFAULT_MODEL", "IntList", "command_errors", "flash_attn_option", "load_model",
+           "load_pair", "model_options", "report_options", "sampling_options", "suite_options"]
 
 
 @contextmanager
@@ -101,7 +102,7 @@ def sampling_options(f):
 
 def model_options(f):
     opts = [
-        click.option("--n-ctx", default=4096, show_default=True, type=click.IntRange(min=16),
+        click.option("--n-ctx", default=MODEL_DEFAULTS.n_ctx, show_default=True, type=click.IntRange(min=16),
                      help="Context window in tokens (prompt + generation)."),
         click.option("--threads", default=None, type=click.IntRange(min=1),
                      help="CPU threads [default: physical cores]."),
@@ -131,3 +132,31 @@ def load_model(name, **kwargs):
     for w in caught:
         click.echo(f"warning: {w.message}", err=True)
     return model
+
+
+def needs_draft_model(drafter) -> bool:
+    """Whether ``drafter`` (a name; None: the default, hybrid) drafts with a draft
+    model, as the core's drafter catalog says."""
+    from ..speculative import DRAFTERS
+
+    return drafter is None or DRAFTERS[drafter]["needs_draft_model"]
+
+
+def load_pair(model, draft, *, no_draft: bool = False, drafter=None, policy: str = "auto", draft_max=None,
+              default_draft: bool = True, **load):
+    """The commands' one way to load what generates: ``(target, generator)``.
+
+    With ``no_draft`` the target alone decodes plainly. Otherwise a
+    SpeculativeDecoder with ``drafter``; its draft model (``draft``, or the
+    default pair's when neither model is named and ``default_draft``) is loaded
+    only if the drafter needs one. ``load``: Model settings for both models."""
+    from ..speculative import SpeculativeDecoder
+
+    wants_model = needs_draft_model(drafter)
+    if draft is None and model is None and not no_draft and wants_model and default_draft:
+        draft = DEFAULT_DRAFT
+    target = load_model(model or DEFAULT_MODEL, **load)
+    if no_draft:
+        return target, target
+    draft_model = load_model(draft, **load) if draft and wants_model else None
+    return target, SpeculativeDecoder(target, draft_model, drafter=drafter, policy=policy, draft_max=draft_max)

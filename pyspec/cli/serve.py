@@ -9,7 +9,7 @@ import click
 
 from ..sampling import VARIANTS
 from ..speculative import DRAFTERS, POLICIES
-from .options import DEFAULT_DRAFT, DEFAULT_MODEL, command_errors, flash_attn_option, load_model
+from .options import DEFAULT_DRAFT, DEFAULT_MODEL, command_errors, flash_attn_option, load_pair
 
 
 @click.command()
@@ -65,22 +65,14 @@ def serve(model, draft, no_draft, drafter, policy, draft_max, host, port, parall
         from ..server.app import create_app
     except ImportError as e:
         raise click.ClickException(f"the server needs its extra: pip install 'pyspec-llama[server]' ({e})") from e
-    from ..speculative import SpeculativeDecoder
-
-    if draft is None and model is None and not no_draft and drafter not in ("ngram", "consensus"):
-        draft = DEFAULT_DRAFT
     name = model_alias or os.path.basename(model or DEFAULT_MODEL).removesuffix(".gguf")
     with command_errors():
-        load = dict(n_ctx=n_ctx, n_threads=threads, n_gpu_layers=n_gpu_layers, flash_attn=flash_attn,
-                    n_seq_max=parallel)
-        target = load_model(model or DEFAULT_MODEL, **load)
-        decoder = target
-        if not no_draft:
-            draft_model = load_model(draft, **load) if draft and drafter not in ("ngram", "consensus") else None
-            decoder = SpeculativeDecoder(target, draft_model, drafter=drafter, policy=policy, draft_max=draft_max)
+        _, decoder = load_pair(model, draft, no_draft=no_draft, drafter=drafter, policy=policy, draft_max=draft_max,
+                               n_ctx=n_ctx, n_threads=threads, n_gpu_layers=n_gpu_layers, flash_attn=flash_attn,
+                               n_seq_max=parallel)
     app = create_app(decoder, model_name=name, parallel=parallel,
                      queue_size=4 * parallel if queue_size is None else queue_size, api_key=api_key,
-                     prefill_chunk=prefill_chunk, _variant=test_variant)
+                     prefill_chunk=prefill_chunk, _test=dict(variant=test_variant))
     if test_variant != "correct":
         click.echo(f"pyspec serve: TEST-ONLY acceptance rule {test_variant!r}: output is NOT the target's", err=True)
     click.echo(f"pyspec serve: {name} ({decoder!r}) on http://{host}:{port}/v1 with {parallel} slots; "

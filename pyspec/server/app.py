@@ -27,32 +27,50 @@ from .. import __version__
 from . import protocol
 from .metrics import Metrics
 from .protocol import FINISH_REASON, APIError
-from .scheduler import MAX_DRAFT, Job, Scheduler
+from .scheduler import (MAX_DRAFT, EngineFailed, Job, JobCancelled, JobRefused, QueueFull, Scheduler,
+                        SchedulerError, ShuttingDown)
 
 #: Largest request body accepted (a prompt of a few hundred thousand characters).
 MAX_BODY_BYTES = 4 << 20
 
 
+def http_error(e: SchedulerError) -> APIError:
+    """The HTTP face of the scheduler's refusals: 503 with ``Retry-After`` when
+    busy or stopping, 400 for a sequence the engine refused, 499 for a job
+    cancelled before it started, 500 for a broken engine."""
+    if isinstance(e, QueueFull):
+        return APIError(503, str(e), type="server_error", headers={"Retry-After": "1"})
+    if isinstance(e, ShuttingDown):
+        return APIError(503, str(e), type="server_error", headers={"Retry-After": "5"})
+    if isinstance(e, JobRefused):
+        return APIError(400, str(e))
+    if isinstance(e, JobCancelled):
+        return APIError(499, str(e))
+    if isinstance(e, EngineFailed):
+        return APIError(500, str(e), type="server_error")
+    raise TypeError(f"no HTTP status for {type(e).__name__}")
+
+
 def create_app(decoder, *, model_name: str, parallel: int = 8, queue_size: int = 32, api_key: Optional[str] = None,
-               prefill_chunk: int = 256, _variant: str = "correct") -> Starlette:
+               prefill_chunk: int = 256, _test=None) -> Starlette:
     """An ASGI app serving ``decoder`` (a Model or SpeculativeDecoder whose
     target, and draft model, hold ``parallel`` sequences) under ``model_name``.
-    ``_variant`` is TEST-ONLY (a wrong acceptance rule the lossless test must catch)."""
-    from ..speculative import DRAFTERS, POLICIES, SpeculativeDecoder
+    ``_test`` holds TEST-ONLY negative controls (a wrong acceptance rule the
+    lossless test must catch; :func:`pyspec.generation.test_controls`)."""
+    from ..speculative import DRAFTERS, POLICIES
 
     state: Dict[str, Any] = {}
     metrics = Metrics(lambda: state.get("scheduler"))
     target = decoder.target
-    speculative = isinstance(decoder, SpeculativeDecoder)
-    policies = list(POLICIES) if speculative else []
+    policies = list(POLICIES) if decoder.speculative else []
     drafters = [d for d in DRAFTERS if not DRAFTERS[d]["needs_draft_model"] or getattr(decoder, "draft", None)]
-    drafters = drafters if speculative else []
+    drafters = drafters if decoder.speculative else []
     created = int(time.time())
 
     @asynccontextmanager
     async def lifespan(app):
         state["scheduler"] = Scheduler(decoder, parallel=parallel, queue_size=queue_size,
-                                       prefill_chunk=prefill_chunk, _variant=_variant)
+                                       prefill_chunk=prefill_chunk, _test=_test)
         try:
             yield
         finally:
@@ -119,6 +137,8 @@ def create_app(decoder, *, model_name: str, parallel: int = 8, queue_size: int =
             prompts = [tokens_of(kind, p) for p in parsed.prompts]
             job = Job(parsed.sampling, prompts, asyncio.get_running_loop())
             state["scheduler"].submit(job)
+        except SchedulerError as e:
+            return error(http_error(e))
         except APIError as e:
             return error(e)
         metrics.request_started(kind)
@@ -189,7 +209,7 @@ class Answer:
         self.n_prompt = sum(len(p) for p in job.prompts)
 
     def _piece(self, token: int) -> bytes:
-        return self.target._core.token_to_piece(token, False)
+        return self.target.native.token_to_piece(token, False)
 
     def _logprobs(self, entries, tokens, offset: int = 0):
         if entries is None:
@@ -210,7 +230,7 @@ class Answer:
                         return
                     continue
                 if event[0] == "error":
-                    raise event[1]
+                    raise http_error(event[1])
                 if event[0] == "done":
                     remaining -= 1
                 yield event

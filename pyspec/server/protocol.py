@@ -6,7 +6,7 @@ default (``frequency_penalty: 0``, ``logit_bias: {}``, ``n: 1`` …) is accepted
 because clients send those unasked. Sampling follows OpenAI's meaning: only
 ``temperature`` and ``top_p`` truncate unless the pyspec extensions ``top_k`` and
 ``min_p`` are given. Log-probabilities are the **target's**, at temperature 1 and
-without truncation (``token_logprobs`` in ``cpp/sampling.h``), as OpenAI reports
+without truncation (``token_logprobs`` in ``cpp/core/sampling.h``), as OpenAI reports
 them; drafting does not change them.
 """
 

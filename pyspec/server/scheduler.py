@@ -25,15 +25,39 @@ import itertools
 import secrets
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Deque, Dict, List, Optional, Tuple
+from typing import Deque, Dict, List, Optional, Tuple
 
-from .. import _core, calibration
-from ..generation import SEED_BITS, sampling_params
-from ..speculative import SpeculativeDecoder
-from .protocol import APIError, Sampling
+from .. import _core
+from ..generation import SEED_BITS, SequenceSetup
+from .protocol import Sampling
 
 #: Largest draft a request may ask for (draft_max); the session's cap.
 MAX_DRAFT = 32
+
+
+class SchedulerError(Exception):
+    """Why the scheduler refused or ended a job (the HTTP layer maps each kind
+    to a status: server/app.py)."""
+
+
+class QueueFull(SchedulerError):
+    """Too many jobs already wait for a slot; the client may retry soon."""
+
+
+class ShuttingDown(SchedulerError):
+    """The server is stopping and takes no new jobs."""
+
+
+class JobRefused(SchedulerError):
+    """The engine refused one of the job's sequences (e.g. a context overflow)."""
+
+
+class JobCancelled(SchedulerError):
+    """The job was cancelled (its client left) before it started."""
+
+
+class EngineFailed(SchedulerError):
+    """The engine broke; every job in flight ends with this."""
 
 
 @dataclass
@@ -45,7 +69,7 @@ class Choice:
     seed: int
     handle: int = -1
     slot: int = -1
-    policy: Any = None
+    setup: Optional[SequenceSetup] = None
     tokens: List[int] = field(default_factory=list)  # emitted, not yet delivered
     text: List[bytes] = field(default_factory=list)
     delivered: int = 0                                # tokens delivered so far
@@ -56,7 +80,7 @@ class Choice:
 class Job:
     """One HTTP request. Events on ``events`` (from the scheduler thread):
     ("delta", index, text, tokens, logprobs), ("done", index, result, seed),
-    ("error", APIError)."""
+    ("error", SchedulerError)."""
 
     sampling: Sampling
     prompts: List[List[int]]          # token ids, one per prompt
@@ -78,20 +102,15 @@ class Job:
 class Scheduler:
     """Owns ``decoder``'s contexts on one thread; see the module docstring."""
 
-    def __init__(self, decoder, *, parallel: int, queue_size: int, prefill_chunk: int = 256,
-                 ngram_sizes: Tuple[int, int] = (1, 16), _variant: str = "correct") -> None:
+    def __init__(self, decoder, *, parallel: int, queue_size: int, prefill_chunk: int = 256, _test=None) -> None:
         self.decoder = decoder
         self.target = decoder.target
-        self.draft = getattr(decoder, "draft", None)
         self.parallel = parallel
         self.queue_size = queue_size
-        self._ngram = ngram_sizes
-        self._speculative = isinstance(decoder, SpeculativeDecoder)
         self._lock = threading.Condition()
         self._waiting: Deque[Job] = collections.deque()
         self._running: List[Job] = []
         self._free_slots = list(range(parallel))
-        self._drafters: Dict[str, List[Any]] = {}
         self._by_handle: Dict[int, Tuple[Job, Choice]] = {}
         self._stopping = False
         self._seeds = itertools.count()
@@ -99,11 +118,9 @@ class Scheduler:
         # Figures for /health and /metrics (written by the scheduler thread).
         self.counters = collections.Counter()
         self.kv_cells = (0, 0)
-        shared = _core.GenerateParams(max_tokens=0, draft_max=MAX_DRAFT if self._speculative else 0,
-                                      prefill_chunk=prefill_chunk)
-        shared.variant = _variant  # TEST-ONLY: a wrong acceptance rule, for the server's negative control
-        drafts = [self.draft._core] if self.draft is not None else []
-        self._session = decoder._engine.session(shared, on_token=self._on_token, draft_models=drafts)
+        # _test: TEST-ONLY negative controls (a wrong acceptance rule), for the server's lossless test.
+        self._session = decoder.open_session(self._on_token, prefill_chunk=prefill_chunk, draft_cap=MAX_DRAFT,
+                                             _test=_test)
         self._thread = threading.Thread(target=self._run, name="pyspec-scheduler", daemon=True)
         self._thread.start()
 
@@ -133,16 +150,14 @@ class Scheduler:
         return self.parallel - len(self._free_slots)
 
     def submit(self, job: Job) -> None:
-        """Queue a job, or raise APIError 503 (queue full, or shutting down)."""
+        """Queue a job, or raise :class:`ShuttingDown` or :class:`QueueFull`."""
         with self._lock:
             if self._stopping:
-                raise APIError(503, "the server is shutting down", type="server_error",
-                               headers={"Retry-After": "5"})
+                raise ShuttingDown("the server is shutting down")
             queued = self._queued()
             if (queued or job.need > self._unclaimed()) and queued >= self.queue_size:
                 self.counters["rejected"] += 1
-                raise APIError(503, f"the server is busy: {queued} requests already wait for a slot; retry "
-                                    f"later", type="server_error", headers={"Retry-After": "1"})
+                raise QueueFull(f"the server is busy: {queued} requests already wait for a slot; retry later")
             self._waiting.append(job)
             self._lock.notify()
 
@@ -182,7 +197,7 @@ class Scheduler:
                     return
         except BaseException as e:  # a broken engine: every client hears of it
             self.error = e
-            err = APIError(500, f"the engine failed: {e}", type="server_error")
+            err = EngineFailed(f"the engine failed: {e}")
             with self._lock:
                 self._stopping = True
                 for job in list(self._waiting) + self._running:
@@ -196,7 +211,7 @@ class Scheduler:
             job = self._waiting[0]
             if job.cancelled:
                 self._waiting.popleft()
-                self._send(job, ("error", APIError(499, "cancelled")))
+                self._send(job, ("error", JobCancelled("cancelled")))
                 continue
             if job.need > len(self._free_slots) or job.need > self._session.free_slots:
                 return
@@ -204,7 +219,7 @@ class Scheduler:
             try:
                 self._start(job)
             except (ValueError, RuntimeError) as e:  # the engine refused it (e.g. a context overflow)
-                self._send(job, ("error", APIError(400, str(e))))
+                self._send(job, ("error", JobRefused(str(e))))
                 job.cancel()  # choices already added end at the next round and free their slots
                 if not job.choices:
                     continue
@@ -213,45 +228,28 @@ class Scheduler:
     def _start(self, job: Job) -> None:
         s = job.sampling
         base = s.seed if s.seed is not None else secrets.randbits(SEED_BITS)
-        sampling = sampling_params(s.temperature, s.top_k, s.top_p, s.min_p)
+        # Drafting settings only where the decoder drafts (a plain server ignores them).
+        drafting = dict(drafter=s.drafter, policy=s.policy, draft_max=s.draft_max) if self.decoder.speculative else {}
         for p_i, prompt in enumerate(job.prompts):
             for j in range(s.n):
                 index = p_i * s.n + j
-                seed = _core.sequence_seed(base, index)
-                max_tokens = s.max_tokens if s.max_tokens is not None else self.target.n_ctx
-                params = _core.GenerateParams(max_tokens=max_tokens, sampling=sampling, draft_sampling=sampling,
-                                              seed=base, stop=s.stop,
-                                              logprobs=-1 if s.logprobs is None else s.logprobs)
                 # The lowest free slot: one client's requests keep one slot, whose
                 # policy goes on learning (and whose draft sequence keeps the chat).
-                c = Choice(index=index, prompt=prompt, seed=seed, slot=self._free_slots.pop(0))
+                c = Choice(index=index, prompt=prompt, seed=_core.sequence_seed(base, index),
+                           slot=self._free_slots.pop(0))
                 try:
-                    drafter, c.policy = self._drafting(s, c.slot)
-                    c.handle = self._session.add(prompt, params, drafter=drafter, policy=c.policy, stream=index)
+                    c.setup = self.decoder.setup(
+                        max_tokens=s.max_tokens if s.max_tokens is not None else self.target.n_ctx,
+                        temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, min_p=s.min_p, seed=base,
+                        stop=s.stop, logprobs=s.logprobs, slots=[c.slot], drafters="slots", **drafting)[0]
+                    c.handle = self._session.add(prompt, c.setup.params, drafter=c.setup.drafter,
+                                                 policy=c.setup.policy, stream=index)
                 except BaseException:  # refused: its slot goes back (the choices added before run on)
                     bisect.insort(self._free_slots, c.slot)
                     raise
                 self._by_handle[c.handle] = (job, c)
                 job.choices.append(c)
                 self.counters["prompt_tokens"] += len(prompt)
-
-    def _drafting(self, s: Sampling, slot: int):
-        """Slot's drafter and policy for these settings; (None, None) when plain."""
-        if not self._speculative:
-            return None, None
-        dec = self.decoder
-        name = s.drafter or dec.drafter
-        if name not in self._drafters:
-            n_min, n_max = self._ngram
-            params = _core.DrafterParams(name=name, ngram_min=n_min, ngram_max=n_max)
-            self._drafters[name] = _core.make_batch_drafters(
-                params, self.target._core, self.draft._core if self.draft is not None else None, self.parallel)
-        draft_max = s.draft_max
-        # Plain, within a speculative session: a drafter whose policy never drafts.
-        policy = dec.policy_object("fixed" if draft_max == 0 else s.policy, draft_max=draft_max, slot=slot)
-        if draft_max != 0:
-            calibration.prepare([policy], self.target._core, self.draft._core if self.draft else None)
-        return self._drafters[name][slot], policy
 
     def _on_token(self, handle: int, token: int, text: bytes, drafted: bool) -> bool:
         job, c = self._by_handle[handle]
@@ -282,8 +280,7 @@ class Scheduler:
                 st = result.stats
                 self.counters["draft_tokens"] += st.drafted
                 self.counters["draft_accepted"] += st.accepted
-                if c.policy is not None:
-                    self.decoder._after_run(c.policy, st)
+                self.decoder.record(c.setup, st)
                 self._send(job, ("done", c.index, result, c.seed))
                 if all(x.done for x in job.choices):
                     with self._lock:
