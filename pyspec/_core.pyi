@@ -1,12 +1,13 @@
-"""Typed surface of the C++ core (cpp/bindings.cpp, bind_sampling.cpp, bind_info.cpp).
+"""Typed surface of the C++ core (cpp/bindings/: module.cpp and one bind_*.cpp per room).
 
 Each struct's fields and defaults are documented once, in its C++ header
-(engine.h, stats.h, policy.h, drafters.h, sampling.h); bound structs take
+(engine/engine.h, engine/stats.h, model/model.h, policies/policy.h,
+drafters/drafters.h, core/sampling.h); bound structs take
 keyword arguments over those defaults and list their fields in ``FIELDS``.
 tests/test_boundary.py checks this stub against the module.
 """
 
-from typing import Any, Callable, ClassVar, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, ClassVar, Dict, List, Optional, Sequence, Tuple, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -21,17 +22,24 @@ class SamplingParams:
     def __init__(self, **fields: Any) -> None: ...  # ValueError for invalid settings
     def to_dict(self) -> Dict[str, Any]: ...
 
+class TestControls:  # TEST-ONLY negative controls the lossless tests must catch
+    FIELDS: ClassVar[Tuple[str, ...]]
+    variant: str  # "correct", or one of sampling.VARIANTS' wrong rules (the session's)
+    discard_below: float  # > 0: a draft discards a drawn token believed below this (per sequence)
+    shared_stream: bool  # every sequence draws from the one stream of seed (per sequence)
+    def __init__(self, **fields: Any) -> None: ...
+    def to_dict(self) -> Dict[str, Any]: ...
+
 class GenerateParams:
     FIELDS: ClassVar[Tuple[str, ...]]
+    NO_LIMIT: ClassVar[int]  # draft_max without a session bound: each sequence's policy caps its drafts
     max_tokens: int
     sampling: SamplingParams
     draft_sampling: SamplingParams
     seed: int
     stop: List[str]
-    draft_max: int
-    variant: str  # "correct"; the others are TEST-ONLY negative controls
-    test_discard_below: float  # TEST-ONLY negative control
-    test_shared_stream: bool  # TEST-ONLY negative control
+    draft_max: int  # 0 plain; > 0 the session drafts, no draft longer (nor than the sequence's policy's draft_max)
+    test: TestControls
     parallel_prefill: bool
     prefill_chunk: int
     logprobs: int  # -1 none; k >= 0: each token's and the k most likely (the target's, at T = 1)
@@ -111,9 +119,26 @@ class PolicyParams:
     def to_dict(self) -> Dict[str, Any]: ...
 
 # --------------------------------------------------------------- model
+class ModelParams:
+    FIELDS: ClassVar[Tuple[str, ...]]
+    path: str
+    n_ctx: int
+    n_threads: int
+    n_gpu_layers: int
+    n_batch: int
+    flash_attn: int
+    n_seq_max: int
+    verbose: bool
+    def __init__(self, **fields: Any) -> None: ...
+    def to_dict(self) -> Dict[str, Any]: ...
+
 class Model:
-    def __init__(self, path: str, n_ctx: int = 4096, n_threads: int = 0, n_gpu_layers: int = 0, n_batch: int = 512,
-                 verbose: bool = False, flash_attn: int = -1, n_seq_max: int = 1) -> None: ...
+    @overload
+    def __init__(self, params: ModelParams) -> None: ...
+    @overload  # defaults: ModelParams()'s
+    def __init__(self, path: str, n_ctx: int = ..., n_threads: int = ..., n_gpu_layers: int = ...,
+                 n_batch: int = ..., verbose: bool = ..., flash_attn: int = ..., n_seq_max: int = ...) -> None: ...
+    params: ModelParams  # a copy of what it was loaded with
     path: str
     n_vocab: int
     n_ctx: int
@@ -250,6 +275,7 @@ class BatchSession:
     stats: BatchStats
 
 def sequence_seed(seed: int, j: int) -> int: ...
+def calibration_rows(draft_max: int, n_batch: int, n_seq: int) -> int: ...  # min(n_batch, (draft_max + 1) * n_seq)
 
 # --------------------------------------------------------------- build facts (bind_info.cpp)
 def llama_system_info() -> str: ...
@@ -257,7 +283,7 @@ def llama_system_info() -> str: ...
 # Model tools (bind_tools.cpp): `pyspec agree` and `pyspec quantize`.
 def agreement(reference: Model, candidate: Model, tokens: Sequence[int], first: int, sampling: SamplingParams,
               cancel: Optional[CancelToken] = None) -> Dict[str, Any]:
-    """Rows first .. len(tokens) - 2 of a teacher-forced stream (cpp/agreement.h):
+    """Rows first .. len(tokens) - 2 of a teacher-forced stream (cpp/tools/agreement.h):
     alpha, kl, logp_ref, logp_cand (float64 [n_rows]), top1 (bool [n_rows]),
     nonfinite (int)."""
 def check_compatible(target: Model, draft: Model) -> None: ...

@@ -57,12 +57,11 @@ _memory_written: Dict[str, float] = {}
 def prepare(policies: Sequence["_core.LengthPolicy"], core_model, draft_model=None) -> None:
     """Give each policy (a batch has one per sequence) the timings on record that
     it still wants: the target's batch sizes (if all are known; the engine's
-    choice of sizes: one sequence's draft_max + 1 rows, per sequence the context
-    holds), the draft model's cost per token, and auto's memory to a policy
-    that has seen no round yet. Each model's entry is read at most once."""
+    choice of sizes, :func:`pyspec._core.calibration_rows`), the draft model's
+    cost per token, and auto's memory to a policy that has seen no round yet. Each model's entry is read at most once."""
     entry = known = cost = None
     for policy in policies:
-        rows = min(core_model.n_batch, (policy.draft_max + 1) * core_model.n_seq)
+        rows = _core.calibration_rows(policy.draft_max, core_model.n_batch, core_model.n_seq)
         sizes = policy.calibration_sizes(rows)
         auto = isinstance(policy, _core.AutoPolicy)
         if entry is None and (sizes or (auto and policy.rounds_seen == 0)):

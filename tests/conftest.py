@@ -73,10 +73,36 @@ def draft_path() -> str:
 
 
 @pytest.fixture(scope="session")
-def gemma(gemma_path) -> pyspec.Model:
-    return pyspec.Model(gemma_path, n_ctx=512, seed=1)
+def load_model():
+    """``load_model(path, instance="main", **kwargs)``: a :class:`pyspec.Model`
+    loaded once per session for each ``(path, instance, kwargs)`` and shared by
+    every test that asks for the same; ``instance`` names a second copy of the
+    same settings (a draft beside its target). Each call forgets the model's
+    cache (``clear_cache``), so a test sees no prompt a test before it left.
+    What is not reset: the seed stream of a model loaded with ``seed=`` (tests
+    on a shared model pass their seeds), and whatever a test keeps holding.
+    Tests of loading, closing or interrupting a model, and of its seed stream,
+    construct their own."""
+    cache = {}
+
+    def load(path, instance: str = "main", **kwargs) -> pyspec.Model:
+        key = (str(path), instance, tuple(sorted(kwargs.items())))
+        model = cache.get(key)
+        if model is None:
+            model = cache[key] = pyspec.Model(path, **kwargs)
+        model.clear_cache()
+        return model
+
+    return load
 
 
-@pytest.fixture(scope="session")
-def target(target_path) -> pyspec.Model:
-    return pyspec.Model(target_path, n_ctx=1024, seed=1)
+@pytest.fixture
+def gemma(gemma_path, load_model) -> pyspec.Model:
+    """The small model, shared by the session, its cache empty."""
+    return load_model(gemma_path, n_ctx=512, seed=1)
+
+
+@pytest.fixture
+def target(target_path, load_model) -> pyspec.Model:
+    """The default pair's target, shared by the session, its cache empty."""
+    return load_model(target_path, n_ctx=1024, seed=1)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
 import signal
 import subprocess
@@ -16,7 +15,6 @@ import time
 import numpy as np
 import pytest
 
-import pyspec
 from pyspec import _core
 from pyspec.agree import agree, builtin_streams
 from pyspec.agree.speculation import acceptance_by_position, expected_rounds
@@ -43,9 +41,9 @@ def copies(tmp_path_factory, gemma_path):
     return str(q8), str(broken)
 
 
-def test_a_model_against_itself_agrees_exactly(gemma_path):
-    ref = pyspec.Model(gemma_path, n_ctx=1024)
-    same = pyspec.Model(gemma_path, n_ctx=1024)  # a second load: its own context, the same logits
+def test_a_model_against_itself_agrees_exactly(gemma_path, load_model):
+    ref = load_model(gemma_path, n_ctx=1024)
+    same = load_model(gemma_path, "second", n_ctx=1024)  # a second load: its own context, the same logits
     streams = builtin_streams(ref)[::2]  # one text of each category
     for settings in (dict(temperature=1.0), dict(temperature=0.7, top_k=40, top_p=0.9, min_p=0.05)):
         r = agree(ref, same, streams, costs=False, keep_rows=True, **settings)
@@ -66,7 +64,7 @@ def _numpy_rows(ref, cand, tokens, temperature, top_k):
     stream as the core does (one batch, logits on every row, so the logits are
     bit-identical), and the maths is redone here from the definitions."""
     def logits(model):
-        core = model._core
+        core = model.native
         core.truncate(0)
         core.decode(tokens[:-1], 0, len(tokens) - 1)
         out = np.array([core.logits(i) for i in range(len(tokens) - 1)], dtype=np.float64)
@@ -84,7 +82,7 @@ def _numpy_rows(ref, cand, tokens, temperature, top_k):
 
     lp_all, lq_all = logits(ref), logits(cand)
     lp, lq = log_softmax(lp_all), log_softmax(lq_all)
-    p, q = np.exp(lp), np.exp(lq)
+    p = np.exp(lp)
     nxt = np.array(tokens[1:])
     idx = np.arange(len(nxt))
     return {
@@ -97,13 +95,13 @@ def _numpy_rows(ref, cand, tokens, temperature, top_k):
 
 
 @pytest.mark.parametrize("temperature, top_k", [(1.0, 0), (0.7, 20)])
-def test_rows_match_an_independent_numpy_computation(gemma_path, copies, temperature, top_k):
-    ref = pyspec.Model(gemma_path, n_ctx=512)
-    cand = pyspec.Model(copies[0], n_ctx=512)
+def test_rows_match_an_independent_numpy_computation(gemma_path, load_model, copies, temperature, top_k):
+    ref = load_model(gemma_path, n_ctx=512)
+    cand = load_model(copies[0], n_ctx=512)
     tokens = ref.tokenize("def area(r):\n    return 3.14159 * r * r\n\nThe circle's area grows with the square "
                           "of its radius, so doubling r makes it four times larger.")
     assert len(tokens) <= 64  # one chunk of the core: the same decode as _numpy_rows
-    got = _core.agreement(ref._core, cand._core, tokens, 0, sampling_params(temperature, top_k, 1.0, 0.0))
+    got = _core.agreement(ref.native, cand.native, tokens, 0, sampling_params(temperature, top_k, 1.0, 0.0))
     want = _numpy_rows(ref, cand, tokens, temperature, top_k)
     assert got["nonfinite"] == 0
     for key in ("alpha", "kl", "logp_ref", "logp_cand"):

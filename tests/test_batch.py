@@ -2,57 +2,31 @@
 of them, each sequence as it would be alone.
 
 Batch rounding: a batch runs without flash attention (test_model_sequences.py
-says why) and is compared with lone generations without it. Even so, a round
-with S sequences evaluates S rows at once, and this build's CPU kernels take
-another path for several rows than for one (the weights are repacked for
-multi-row products), so a row's probabilities differ from a lone decode's, by
-up to ~0.05 on the small test model (measured). A greedy sequence may then flip
-where its two most likely tokens are close: a divergence from the lone output
-is accepted only where the lone run's top two are within NEAR_TIE (in
-probability at T = 1), and such flips are counted (at most one per sequence).
+says why) and is compared with lone generations without it. Even so, several
+rows at once round otherwise than one: a greedy sequence may part from its lone
+run at a near tie only (near_ties.py), and such flips are counted.
 """
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 import pyspec
 from pyspec import _core
 
-NEAR_TIE = 0.1
+from near_ties import near_tie_flips
+
 PROMPTS = ["The capital of France is", "def add(a, b):", "Once upon a time", "1, 2, 3, 4,"]
 
 
 @pytest.fixture(scope="module")
-def batch_model(gemma_path):
-    return pyspec.Model(gemma_path, n_ctx=1024, n_seq_max=4, seed=3)
+def batch_model(gemma_path, load_model):
+    return load_model(gemma_path, n_ctx=1024, n_seq_max=4, seed=3)
 
 
 @pytest.fixture(scope="module")
-def lone_model(gemma_path):
-    return pyspec.Model(gemma_path, n_ctx=1024, seed=3, flash_attn="off")
-
-
-def top2_gap(model: pyspec.Model, tokens) -> float:
-    model._core.truncate(0)
-    model._core.decode(list(tokens), 0, 1)
-    logits = model._core.logits(0)
-    p = np.exp(logits - logits.max())
-    p /= p.sum()
-    a, b = np.sort(p)[-2:]
-    return float(b - a)
-
-
-def near_tie_flips(lone_model, prompt_tokens, got, want) -> int:
-    """0 if equal; 1 if they part at a near tie of the lone run; fails otherwise."""
-    if got == want:
-        return 0
-    t = next(i for i, (a, b) in enumerate(zip(got, want)) if a != b) if any(
-        a != b for a, b in zip(got, want)) else min(len(got), len(want))
-    gap = top2_gap(lone_model, list(prompt_tokens) + list(want[:t]))
-    assert gap < NEAR_TIE, f"the batched output left the lone one at token {t}, not a near tie (gap {gap:.3f})"
-    return 1
+def lone_model(gemma_path, load_model):
+    return load_model(gemma_path, n_ctx=1024, seed=3, flash_attn="off")
 
 
 def test_greedy_batch_equals_each_sequence_alone(batch_model, lone_model):
@@ -115,26 +89,26 @@ def test_too_many_sequences_is_a_clear_error(batch_model):
         batch_model.generate("hi", n=5, max_tokens=2)
 
 
-def test_consensus_drafts_from_siblings(gemma_path):
+def test_consensus_drafts_from_siblings(gemma_path, load_model):
     """n samples that write the same list: siblings' text is drafted and accepted."""
-    target = pyspec.Model(gemma_path, n_ctx=1024, n_seq_max=4)
+    target = load_model(gemma_path, n_ctx=1024, n_seq_max=4)
     spec = pyspec.SpeculativeDecoder(target, policy="fixed", draft_max=4)
     prompt = "Count from 1 to 30, separated by commas: 1, 2, 3,"
     out = spec.generate(prompt, n=4, max_tokens=40, temperature=0, chat=False)
-    lone = pyspec.Model(gemma_path, n_ctx=1024, flash_attn="off").generate(prompt, max_tokens=40, temperature=0,
-                                                                          chat=False)
+    lone = load_model(gemma_path, n_ctx=1024, flash_attn="off").generate(prompt, max_tokens=40, temperature=0,
+                                                                        chat=False)
     for c in out.choices:
         assert c.tokens == lone.tokens or c.tokens[:10] == lone.tokens[:10]
     assert sum(c.stats.accepted for c in out.choices) > 0
 
 
-def test_greedy_batch_drafting_with_a_draft_model(gemma_path, lone_model):
+def test_greedy_batch_drafting_with_a_draft_model(gemma_path, load_model, lone_model):
     """Four sequences draft with the (self-)draft model, each in its own
     sequence of its context and all together: one draft decode per draft
     position for the whole batch. Each output is its lone greedy output, apart
     from near ties (counted)."""
-    target = pyspec.Model(gemma_path, n_ctx=1024, n_seq_max=4)
-    draft = pyspec.Model(gemma_path, n_ctx=1024, n_seq_max=4)
+    target = load_model(gemma_path, n_ctx=1024, n_seq_max=4)
+    draft = load_model(gemma_path, "draft", n_ctx=1024, n_seq_max=4)
     spec = pyspec.SpeculativeDecoder(target, draft, drafter="model", policy="fixed", draft_max=4)
     out = spec.generate_batch(PROMPTS, max_tokens=24, temperature=0, chat=False)
     s = out.stats
@@ -149,15 +123,15 @@ def test_greedy_batch_drafting_with_a_draft_model(gemma_path, lone_model):
         flips += near_tie_flips(lone_model, lone_model.tokenize(prompt), choice.tokens, alone.tokens)
     print(f"near-tie flips: {flips} of {len(PROMPTS)}; draft decodes {s.draft_decodes} in {s.rounds} rounds")
     # Control: a batch cannot give two sequences one draft sequence.
-    one = _core.make_batch_drafters(_core.DrafterParams(name="model"), target._core, draft._core, 1)[0]
+    one = _core.make_batch_drafters(_core.DrafterParams(name="model"), target.native, draft.native, 1)[0]
     with pytest.raises(ValueError, match="same sequence"):
-        target._engine.generate_batch([target.tokenize("a"), target.tokenize("b")], _core.GenerateParams(
+        target.engine.generate_batch([target.tokenize("a"), target.tokenize("b")], _core.GenerateParams(
             max_tokens=2, draft_max=2), drafters=[one, one])
 
 
-def test_a_batch_needs_a_draft_sequence_per_sample(gemma_path):
-    target = pyspec.Model(gemma_path, n_ctx=512, n_seq_max=2)
-    draft = pyspec.Model(gemma_path, n_ctx=512)  # one sequence
+def test_a_batch_needs_a_draft_sequence_per_sample(gemma_path, load_model):
+    target = load_model(gemma_path, n_ctx=512, n_seq_max=2)
+    draft = load_model(gemma_path, "draft", n_ctx=512)  # one sequence
     spec = pyspec.SpeculativeDecoder(target, draft, drafter="model")
     with pytest.raises(ValueError, match="n_seq_max >= 2"):
         spec.generate("hi", n=2, max_tokens=2, chat=False)

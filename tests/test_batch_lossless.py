@@ -29,13 +29,14 @@ Negative controls the same test must reject, each N from a power calculation
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 import pyspec
-from pyspec import _core, sampling
+from pyspec import _core
 
-from test_speculative_lossless import ALPHA, TARGET, draft_row, pooled_chisquare, power, required_n, target_rows
+from chisquare import ALPHA, pooled_chisquare, power, required_n
+from laws import (TARGET, draft_row, independent_pair, lookup_proposal, next_row, one_hot, residual_is_p_row,
+                  support_of, target_rows)
 
 PROMPT = "one two three one two three one two"
 GREEDY_DRAFT = dict(draft_temperature=0.0)
@@ -43,16 +44,15 @@ MIN_N = 200
 
 
 @pytest.fixture(scope="module")
-def case(gemma_path):
-    target = pyspec.Model(gemma_path, n_ctx=256, n_seq_max=2, seed=0)
+def case(gemma_path, load_model):
+    target = load_model(gemma_path, n_ctx=256, n_seq_max=2, seed=0)
     tokens = target.tokenize(PROMPT)
-    p0, _ = target_rows(pyspec.Model(gemma_path, n_ctx=256, flash_attn="off"), tokens)  # as the batch runs
-    support = [int(t) for t in np.flatnonzero(p0)]
-    exact = {(a, b): float(p0[a] * p0[b]) for a in support for b in support}
+    p0, _ = target_rows(load_model(gemma_path, n_ctx=256, flash_attn="off"), tokens)  # as the batch runs
+    support = support_of(p0)
+    exact = independent_pair(p0, support)
     spec = pyspec.SpeculativeDecoder(target, drafter="consensus", policy="fixed", draft_max=1)
-    x = spec._core_drafter.propose(tokens, 1)[0]
-    broken = {y: (1 - p0[x]) * p0[y] + (p0[x] if y == x else 0.0) for y in support}
-    wrong_residual = {(a, b): float(broken[a] * broken[b]) for a in support for b in support}
+    x = lookup_proposal(target, "consensus", tokens, 1)[0]
+    wrong_residual = independent_pair(residual_is_p_row(p0, one_hot(x, p0)), support)
     wrong_shared = {(a, a): float(p0[a]) for a in support}
     n = max(MIN_N, required_n(exact, wrong_residual, len(exact) - 1))
     return spec, tokens, exact, wrong_residual, wrong_shared, n
@@ -90,7 +90,7 @@ def test_two_batched_samples_are_independent_draws_of_the_target(case):
 
 def test_negative_control_broken_residual_in_the_batched_path(case):
     spec, tokens, exact, _, _, n = case
-    counts, _ = joint(spec, tokens, n, _variant="residual_is_p")
+    counts, _ = joint(spec, tokens, n, _test=dict(variant="residual_is_p"))
     stat, df, pv = pooled_chisquare(counts, exact, n)
     print(f"NEGATIVE CONTROL batch residual=p: N={n} chi2={stat:.2f} p={pv:.3g}")
     assert pv < ALPHA
@@ -135,7 +135,7 @@ def test_jointly_planned_drafts_keep_two_samples_independent_draws(case):
 
 def test_negative_control_broken_residual_under_the_joint_plan(case):
     spec, tokens, exact, _, _, n = case
-    counts, _, _ = joint_plan_run(spec, tokens, n, _variant="residual_is_p")
+    counts, _, _ = joint_plan_run(spec, tokens, n, _test=dict(variant="residual_is_p"))
     stat, df, pv = pooled_chisquare(counts, exact, n)
     print(f"NEGATIVE CONTROL joint plan, residual=p: N={n} chi2={stat:.2f} p={pv:.3g}")
     assert pv < ALPHA
@@ -145,25 +145,23 @@ def test_negative_control_samples_on_one_stream(case, n_shared):
     spec, tokens, exact, _, wrong_shared, _ = case
     n = n_shared
     assert power(exact, wrong_shared, n, len(exact) - 1) > 0.99
-    counts, _ = joint(spec, tokens, n, _shared_stream=True)
+    counts, _ = joint(spec, tokens, n, _test=dict(shared_stream=True))
     stat, df, pv = pooled_chisquare(counts, exact, n)
     print(f"NEGATIVE CONTROL shared stream: N={n} chi2={stat:.2f} p={pv:.3g}")
     assert pv < ALPHA
 
 
 @pytest.fixture(scope="module")
-def model_case(gemma_path):
-    target = pyspec.Model(gemma_path, n_ctx=256, n_seq_max=2, seed=0)
-    draft = pyspec.Model(gemma_path, n_ctx=256, n_seq_max=2)
+def model_case(gemma_path, load_model):
+    target = load_model(gemma_path, n_ctx=256, n_seq_max=2, seed=0)
+    draft = load_model(gemma_path, "draft", n_ctx=256, n_seq_max=2)
     tokens = target.tokenize(PROMPT)
-    lone = pyspec.Model(gemma_path, n_ctx=256, flash_attn="off")
+    lone = load_model(gemma_path, n_ctx=256, flash_attn="off")
     p0, _ = target_rows(lone, tokens)
     q0 = draft_row(lone, tokens, GREEDY_DRAFT)  # the draft shares the target's weights: one-hot on its argmax
-    support = [int(t) for t in np.flatnonzero(p0)]
-    accept = float(np.minimum(p0, q0).sum())
-    exact = {(a, b): float(p0[a] * p0[b]) for a in support for b in support}
-    broken = {y: float(min(p0[y], q0[y]) + (1 - accept) * p0[y]) for y in support}
-    wrong = {(a, b): broken[a] * broken[b] for a in support for b in support}
+    support = support_of(p0)
+    exact = independent_pair(p0, support)
+    wrong = independent_pair(residual_is_p_row(p0, q0), support)
     spec = pyspec.SpeculativeDecoder(target, draft, drafter="model", policy="fixed", draft_max=1)
     return spec, tokens, exact, wrong, max(MIN_N, required_n(exact, wrong))
 
@@ -180,7 +178,7 @@ def test_two_samples_drafting_with_a_draft_model_are_independent_draws(model_cas
 
 def test_negative_control_broken_residual_with_a_draft_model(model_case):
     spec, tokens, exact, _, n = model_case
-    counts, _ = joint(spec, tokens, n, _variant="residual_is_p", **GREEDY_DRAFT)
+    counts, _ = joint(spec, tokens, n, _test=dict(variant="residual_is_p"), **GREEDY_DRAFT)
     stat, df, pv = pooled_chisquare(counts, exact, n)
     print(f"NEGATIVE CONTROL batch draft model, residual=p: N={n} chi2={stat:.2f} p={pv:.3g}")
     assert pv < ALPHA
@@ -195,19 +193,15 @@ SIBLING_SAMPLING = dict(temperature=5.0, top_k=3, top_p=1.0, min_p=0.0)
 
 
 @pytest.fixture(scope="module")
-def sibling_case(gemma_path):
-    target = pyspec.Model(gemma_path, n_ctx=4096, n_seq_max=3)
+def sibling_case(gemma_path, load_model):
+    target = load_model(gemma_path, n_ctx=4096, n_seq_max=3)
     tokens = target.tokenize(SIBLING_PROMPT)
-    lone = pyspec.Model(gemma_path, n_ctx=256, flash_attn="off")
-    lone._core.truncate(0)
-    lone._core.decode(tokens, 0, 1)
-    p0 = sampling.distribution(lone._core.logits(0), **SIBLING_SAMPLING)
-    support = [int(t) for t in np.flatnonzero(p0)]
+    p0 = next_row(load_model(gemma_path, n_ctx=256, flash_attn="off"), tokens, **SIBLING_SAMPLING)
+    support = support_of(p0)
     x = target.tokenize(" ", add_special=False)[0]  # the " " between digits
     assert x in support
-    exact = {(a, b): float(p0[a] * p0[b]) for a in support for b in support}
-    broken = {y: (1 - p0[x]) * p0[y] + (p0[x] if y == x else 0.0) for y in support}
-    wrong = {(a, b): float(broken[a] * broken[b]) for a in support for b in support}
+    exact = independent_pair(p0, support)
+    wrong = independent_pair(residual_is_p_row(p0, one_hot(x, p0)), support)
     return target, tokens, exact, wrong, max(60, required_n(exact, wrong))
 
 
@@ -216,12 +210,12 @@ def joining_samples(target, tokens, n, variant="correct"):
     greedy = _core.SamplingParams(temperature=0)
     shared = _core.GenerateParams(max_tokens=1, sampling=greedy, draft_sampling=greedy, seed=0)
     shared.draft_max = 1
-    shared.variant = variant
+    shared.test = _core.TestControls(variant=variant)
     pool = _core.ConsensusPool(3)
     drafters = [_core.ConsensusDrafter(pool, j, target.n_vocab, 1, 16) for j in range(3)]
     counts: dict = {}
     fired = 0
-    with target._engine.session(shared) as s:
+    with target.engine.session(shared) as s:
         leader = s.add(tokens, _core.GenerateParams(max_tokens=4000, sampling=greedy, draft_sampling=greedy),
                        drafter=drafters[0])
         for _ in range(4):

@@ -2,16 +2,16 @@
 between rounds; a long new prompt is prefilled in chunks that ride along with
 the others' rounds; a full cache ends one sequence ("context"), not the batch.
 
-The greedy comparisons with a lone model follow test_batch.py's rule (a flip
+The greedy comparisons with a lone model follow near_ties.py's rule (a flip
 is accepted only at a near tie of the lone run, and counted)."""
 
 from __future__ import annotations
 
 import pytest
 
-import pyspec
 from pyspec import _core
-from test_batch import near_tie_flips
+
+from near_ties import near_tie_flips
 
 
 def params(max_tokens, seed=1, temperature=0.0, **extra):
@@ -23,19 +23,19 @@ def params(max_tokens, seed=1, temperature=0.0, **extra):
 
 
 @pytest.fixture(scope="module")
-def multi(gemma_path):
-    return pyspec.Model(gemma_path, n_ctx=2048, n_seq_max=4, n_batch=256)
+def multi(gemma_path, load_model):
+    return load_model(gemma_path, n_ctx=2048, n_seq_max=4, n_batch=256)
 
 
 @pytest.fixture(scope="module")
-def lone(gemma_path):
-    return pyspec.Model(gemma_path, n_ctx=2048, flash_attn="off")
+def lone(gemma_path, load_model):
+    return load_model(gemma_path, n_ctx=2048, flash_attn="off")
 
 
 def test_a_long_prompt_joins_in_chunks_while_the_others_generate(multi, lone):
     chunk = 64
     tokens_by = {}
-    with multi._engine.session(params(24, prefill_chunk=chunk),
+    with multi.engine.session(params(24, prefill_chunk=chunk),
                                on_token=lambda h, t, text, d: tokens_by.setdefault(h, []).append(t)) as s:
         a = s.add(multi.tokenize("The capital of France is"), params(24))
         b = s.add(multi.tokenize("One, two, three,"), params(24))
@@ -74,7 +74,7 @@ def test_a_long_prompt_joins_in_chunks_while_the_others_generate(multi, lone):
 
 def test_equal_prompts_are_prefilled_once(multi):
     prompt = multi.tokenize(" ".join(f"line {i}." for i in range(40)))
-    with multi._engine.session(params(4)) as s:
+    with multi.engine.session(params(4)) as s:
         s.release_cache()  # no prefix kept from earlier tests
         for j in range(3):
             s.add(prompt, params(4, seed=j))
@@ -86,7 +86,7 @@ def test_equal_prompts_are_prefilled_once(multi):
     assert stats.prompt_rows == len(prompt) - 1
     # Control: different prompts of the same length are each computed.
     other = multi.tokenize(" ".join(f"row {i}." for i in range(40)))
-    with multi._engine.session(params(4)) as s:
+    with multi.engine.session(params(4)) as s:
         s.release_cache()
         s.add(prompt, params(4))
         s.add(other, params(4))
@@ -96,7 +96,7 @@ def test_equal_prompts_are_prefilled_once(multi):
 
 
 def test_a_cancelled_sequence_leaves_and_its_slot_is_reused(multi):
-    with multi._engine.session(params(40)) as s:
+    with multi.engine.session(params(40)) as s:
         a = s.add(multi.tokenize("Once upon a time"), params(40))
         b = s.add(multi.tokenize("def add(a, b):"), params(12))
         s.step()
@@ -113,13 +113,13 @@ def test_a_cancelled_sequence_leaves_and_its_slot_is_reused(multi):
         assert done[b].stop_reason == "max_tokens" and len(done[b].tokens) == 12
         assert done[c].stop_reason == "max_tokens" and len(done[c].tokens) == 5
         # Finished sequences keep their cells as a prefix cache until released.
-        assert any(multi._core.cached(j) for j in range(4))
+        assert any(multi.native.cached(j) for j in range(4))
         s.release_cache()
-        assert all(not multi._core.cached(j) for j in range(4))
+        assert all(not multi.native.cached(j) for j in range(4))
 
 
 def test_every_slot_taken_is_a_clear_error_and_changes_nothing(multi):
-    with multi._engine.session(params(3)) as s:
+    with multi.engine.session(params(3)) as s:
         for j in range(4):
             s.add(multi.tokenize(f"Number {j}:"), params(3))
         assert s.free_slots == 0
@@ -130,10 +130,10 @@ def test_every_slot_taken_is_a_clear_error_and_changes_nothing(multi):
         assert [len(r.tokens) for _, r in sorted(s.take_finished())] == [3, 3, 3, 3]
 
 
-def test_a_full_cache_ends_one_sequence_not_the_batch(gemma_path):
+def test_a_full_cache_ends_one_sequence_not_the_batch(gemma_path, load_model):
     """Four sequences share 256 cells: when they no longer fit, the longest
     ends with "context" and the others go on in its cells."""
-    m = pyspec.Model(gemma_path, n_ctx=256, n_seq_max=4)
+    m = load_model(gemma_path, n_ctx=256, n_seq_max=4)
     out = m.generate_batch(["Once upon a time", "def add(a, b):", "1, 2, 3,", "The sky is"], max_tokens=200,
                            temperature=0.8, seed=5, chat=False)
     reasons = [c.stop_reason for c in out.choices]
@@ -144,8 +144,8 @@ def test_a_full_cache_ends_one_sequence_not_the_batch(gemma_path):
     assert total > 0 and max(c.n_prompt_tokens + c.n_generated_tokens for c in out.choices) <= 256
 
 
-def test_s_at_the_contexts_maximum(gemma_path):
-    m = pyspec.Model(gemma_path, n_ctx=512, n_seq_max=8)
+def test_s_at_the_contexts_maximum(gemma_path, load_model):
+    m = load_model(gemma_path, n_ctx=512, n_seq_max=8)
     out = m.generate("Write a word:", n=8, max_tokens=6, temperature=1.0, seed=3, chat=False)
     assert len(out.choices) == 8 and all(c.n_generated_tokens == 6 for c in out.choices)
     assert out.stats.max_rows == 8
@@ -154,7 +154,7 @@ def test_s_at_the_contexts_maximum(gemma_path):
 
 
 def test_a_session_claims_its_model(multi):
-    s = multi._engine.session(params(2))
+    s = multi.engine.session(params(2))
     try:
         with pytest.raises(RuntimeError, match="batch session"):
             multi.generate("hi", max_tokens=2, chat=False)

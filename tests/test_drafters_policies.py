@@ -1,5 +1,5 @@
 """n-gram drafter, hybrid drafter and length policies: unit behaviour, and
-losslessness end to end (the chi-square machinery of test_speculative_lossless).
+losslessness end to end (the chi-square machinery of chisquare.py, the laws of laws.py).
 
 Significance: each chi-square test at alpha = 0.001. Every sample size is
 sized by a power calculation asserted in the test (assert_power: noncentral
@@ -19,23 +19,21 @@ had power ~0.5 against this bug).
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 import pyspec
-from pyspec import _core, sampling
+from pyspec import _core
 
+from chisquare import ALPHA, assert_power, mixture, pooled_chisquare
 from draws import draw
-from test_speculative_lossless import (
-    ALPHA,
+from laws import (
     GEMMA_COLD_DRAFT,
     GEMMA_DRAFT,
     TARGET,
-    assert_power,
     exact_distribution,
+    lookup_proposal,
     lossless_case,
-    mixture,
-    pooled_chisquare,
+    one_hot,
     target_rows,
     wrong_residual_distribution,
 )
@@ -164,8 +162,8 @@ def test_bad_policy_settings():
 COPY_PROMPT = "Repeat exactly: the quick brown fox jumps over the lazy dog. Repeat exactly: the quick brown fox"
 
 
-def test_ngram_drafter_greedy_matches_plain_and_accepts_copies(gemma_path):
-    target = pyspec.Model(gemma_path, n_ctx=512)
+def test_ngram_drafter_greedy_matches_plain_and_accepts_copies(gemma_path, load_model):
+    target = load_model(gemma_path, n_ctx=512)
     spec = pyspec.SpeculativeDecoder(target, drafter="ngram", policy="fixed", draft_max=2)
     plain = target.generate(COPY_PROMPT, chat=False, max_tokens=24, temperature=0)
     fast = spec.generate(COPY_PROMPT, chat=False, max_tokens=24, temperature=0)
@@ -174,9 +172,9 @@ def test_ngram_drafter_greedy_matches_plain_and_accepts_copies(gemma_path):
 
 
 @pytest.mark.parametrize("policy", ["heuristic", "confidence", "svip", "auto"])
-def test_policies_keep_greedy_output(gemma_path, policy):
-    target = pyspec.Model(gemma_path, n_ctx=512)
-    spec = pyspec.SpeculativeDecoder(target, pyspec.Model(gemma_path, n_ctx=512), drafter="model", policy=policy,
+def test_policies_keep_greedy_output(gemma_path, load_model, policy):
+    target = load_model(gemma_path, n_ctx=512)
+    spec = pyspec.SpeculativeDecoder(target, load_model(gemma_path, "draft", n_ctx=512), drafter="model", policy=policy,
                                      draft_max=2)
     plain = target.generate(COPY_PROMPT, chat=False, max_tokens=20, temperature=0)
     fast = spec.generate(COPY_PROMPT, chat=False, max_tokens=20, temperature=0)
@@ -186,13 +184,13 @@ def test_policies_keep_greedy_output(gemma_path, policy):
 
 
 @pytest.mark.parametrize("policy", ["confidence", "svip", "fixed"])
-def test_stop_rules_judge_a_greedy_draft_by_its_belief(gemma_path, policy):
+def test_stop_rules_judge_a_greedy_draft_by_its_belief(gemma_path, load_model, policy):
     """A greedy draft's q is one-hot (probability 1, entropy 0), so confidence and
     SVIP would never stop; they judge the draft's T = 1 distribution instead and
     end some drafts early. fixed is the control: only the last rounds, cut by
     max_tokens, may be short."""
-    target = pyspec.Model(gemma_path, n_ctx=512)
-    spec = pyspec.SpeculativeDecoder(target, pyspec.Model(gemma_path, n_ctx=512), drafter="model", policy=policy,
+    target = load_model(gemma_path, n_ctx=512)
+    spec = pyspec.SpeculativeDecoder(target, load_model(gemma_path, "draft", n_ctx=512), drafter="model", policy=policy,
                                      draft_max=8)
     out = spec.generate("Once upon a time, in a small village,", chat=False, max_tokens=120, temperature=0)
     short = sum(out.stats.length_hist[:8])
@@ -202,8 +200,8 @@ def test_stop_rules_judge_a_greedy_draft_by_its_belief(gemma_path, policy):
         assert short >= 3, f"{policy} never stopped a greedy draft early: {out.stats.length_hist}"
 
 
-def test_auto_leaves_plain_mode_when_text_turns_repetitive(gemma_path):
-    target = pyspec.Model(gemma_path, n_ctx=1024)
+def test_auto_leaves_plain_mode_when_text_turns_repetitive(gemma_path, load_model):
+    target = load_model(gemma_path, n_ctx=1024)
     spec = pyspec.SpeculativeDecoder(target, drafter="ngram", policy="auto", draft_max=8)
     out = spec.generate("Write the word banana twenty times: banana banana banana", chat=False,
                         max_tokens=60, temperature=0)
@@ -218,7 +216,7 @@ def test_auto_times_batches_once_per_machine(gemma_path, tmp_path, monkeypatch):
     target = pyspec.Model(gemma_path, n_ctx=512)
     first = pyspec.SpeculativeDecoder(target, drafter="ngram").generate("one two one two", chat=False, max_tokens=4)
     assert first.stats.calibrate_s > 0
-    recorded = calibration.load(target._core)
+    recorded = calibration.load(target.native)
     assert set(recorded) >= {1, 2, 4, 8, 16} and all(s > 0 for s in recorded.values())
     # A new decoder (a new process, in effect) reuses the timings instead of measuring.
     spec = pyspec.SpeculativeDecoder(target, drafter="ngram")
@@ -249,14 +247,14 @@ def test_auto_keeps_the_draft_models_cost_across_processes(gemma_path, tmp_path,
     draft = pyspec.Model(gemma_path, n_ctx=512)
     short = pyspec.SpeculativeDecoder(target, draft, drafter="model", policy="auto")
     out = short.generate(prompt, chat=False, max_tokens=8, temperature=0)
-    assert out.stats.drafted == 0 and draft._core.cached() == [], "a short answer paid to measure the draft model"
-    assert calibration._entry(draft._core).get(calibration.DRAFT_TOKEN, 0) == 0
+    assert out.stats.drafted == 0 and draft.native.cached() == [], "a short answer paid to measure the draft model"
+    assert calibration._entry(draft.native).get(calibration.DRAFT_TOKEN, 0) == 0
 
     draft = pyspec.Model(gemma_path, n_ctx=512)
     first = pyspec.SpeculativeDecoder(target, draft, drafter="model", policy="auto")
     out = first.generate(prompt, chat=False, max_tokens=40, temperature=0)
-    assert len(draft._core.cached()) > 0 and out.stats.draft_s > 0, "the control did not prefill and run the draft"
-    assert calibration._entry(draft._core).get(calibration.DRAFT_TOKEN, 0) > 0, "the draft cost was not kept"
+    assert len(draft.native.cached()) > 0 and out.stats.draft_s > 0, "the control did not prefill and run the draft"
+    assert calibration._entry(draft.native).get(calibration.DRAFT_TOKEN, 0) > 0, "the draft cost was not kept"
     # The same model as its own draft costs a target step per token: it cannot pay on a CPU.
     assert not first.policy_object().may_draft("model")
 
@@ -264,13 +262,13 @@ def test_auto_keeps_the_draft_models_cost_across_processes(gemma_path, tmp_path,
     again = pyspec.SpeculativeDecoder(target, draft, drafter="model", policy="auto")
     out = again.generate(prompt, chat=False, max_tokens=8, temperature=0)
     assert again.policy_object().draft_cost("model") > 0
-    assert out.stats.drafted == 0 and draft._core.cached() == [], "the draft model was prefilled or probed again"
+    assert out.stats.drafted == 0 and draft.native.cached() == [], "the draft model was prefilled or probed again"
 
 
 @pytest.mark.pair
-def test_hybrid_uses_both_sources(target_path, draft_path):
-    target = pyspec.Model(target_path, n_ctx=1024)
-    spec = pyspec.SpeculativeDecoder(target, pyspec.Model(draft_path, n_ctx=1024), drafter="hybrid",
+def test_hybrid_uses_both_sources(target_path, draft_path, load_model):
+    target = load_model(target_path, n_ctx=1024)
+    spec = pyspec.SpeculativeDecoder(target, load_model(draft_path, n_ctx=1024), drafter="hybrid",
                                      policy="fixed", draft_max=2)
     prompt = "Return this list unchanged: [alpha, beta, gamma, delta, epsilon, zeta, eta, theta]"
     out = spec.generate(prompt, max_tokens=40, temperature=0)
@@ -279,7 +277,7 @@ def test_hybrid_uses_both_sources(target_path, draft_path):
     assert 0 < out.stats.ngram_rounds < out.stats.rounds
 
 
-def test_a_hybrid_whose_draft_model_cannot_pay_drafts_as_lookup_alone(gemma_path, tmp_path, monkeypatch):
+def test_a_hybrid_whose_draft_model_cannot_pay_drafts_as_lookup_alone(gemma_path, load_model, tmp_path, monkeypatch):
     """Issue 11: having a draft model that cannot pay here must cost nothing
     against --drafter ngram. On costs where every lookup pays (a flat batch
     curve) and a draft model recorded as too slow to pay, the hybrid makes the
@@ -293,7 +291,7 @@ def test_a_hybrid_whose_draft_model_cannot_pay_drafts_as_lookup_alone(gemma_path
     sizes = list(range(1, 18))
 
     def run(drafter, draft_model=None):
-        target = pyspec.Model(gemma_path, n_ctx=256)
+        target = load_model(gemma_path, n_ctx=256)
         spec = pyspec.SpeculativeDecoder(target, draft_model, drafter=drafter, policy="auto")
         policy = spec.policy_object()
         policy.calibrated(sizes, [1.0] * len(sizes))  # flat: every draft pays
@@ -303,7 +301,7 @@ def test_a_hybrid_whose_draft_model_cannot_pay_drafts_as_lookup_alone(gemma_path
         return spec.generate(prompt, chat=False, max_tokens=60, temperature=0).stats
 
     lookup = run("ngram")
-    hybrid = run("hybrid", pyspec.Model(gemma_path, n_ctx=256))
+    hybrid = run("hybrid", load_model(gemma_path, "draft", n_ctx=256))
     print(f"ngram: rounds {lookup.rounds}, drafted {lookup.ngram_drafted}; "
           f"hybrid: rounds {hybrid.rounds}, drafted {hybrid.ngram_drafted}, model {hybrid.drafted - hybrid.ngram_drafted}")
     assert lookup.ngram_drafted > 0
@@ -324,13 +322,14 @@ N_POLICY = 1_200
 
 def _sample(spec, tokens, n, variant="correct", **kw):
     """n two-token samples: (counts per outcome, total drafted tokens)."""
-    d = draw(spec, tokens, n, seed0=50_000, before=_pin_free_verification, _variant=variant, **TARGET, **kw)
+    d = draw(spec, tokens, n, seed0=50_000, before=_pin_free_verification, _test=dict(variant=variant), **TARGET,
+             **kw)
     return d.counts, d.totals["drafted"]
 
 
 @pytest.fixture(scope="module")
-def gemma_target(gemma_path):
-    return pyspec.Model(gemma_path, n_ctx=256, seed=0)
+def gemma_target(gemma_path, load_model):
+    return load_model(gemma_path, n_ctx=256, seed=0)
 
 
 def _pin_free_verification(spec):
@@ -351,11 +350,9 @@ def _ngram_case(target, policy="fixed"):
     p0, p1 = target_rows(target, tokens)
     exact = exact_distribution(target, p0, p1)
     spec = pyspec.SpeculativeDecoder(target, drafter="ngram", policy=policy, draft_max=1)
-    proposal = spec._core_drafter.propose(tokens, 1)
+    proposal = lookup_proposal(target, "ngram", tokens, 1)
     assert proposal, "the prompt must give the n-gram drafter a proposal"
-    q0 = np.zeros_like(p0)
-    q0[proposal[0]] = 1.0
-    return spec, tokens, exact, wrong_residual_distribution(target, p0, q0, p1)
+    return spec, tokens, exact, wrong_residual_distribution(target, p0, one_hot(proposal[0], p0), p1)
 
 
 NGRAM_SIZES = [
@@ -402,13 +399,13 @@ def test_negative_control_ngram_broken_residual(gemma_target, policy, n):
     pytest.param("svip", 10_000, GEMMA_DRAFT, id="svip-hot-N10000", marks=pytest.mark.slow),
     pytest.param("auto", 10_000, GEMMA_DRAFT, id="auto-hot-N10000", marks=pytest.mark.slow),
 ])
-def test_lossless_policies(gemma_target, gemma_path, policy, n, draft_kwargs):
+def test_lossless_policies(gemma_target, gemma_path, load_model, policy, n, draft_kwargs):
     """Model drafter (Gemma drafting for itself) under an adaptive policy, alpha =
     0.001. Default tier: cold, wide draft, N = 1,200 sized against the broken
     residual in F_MIN of the samples (power 0.9989; 976 needed for 0.99). Slow
     tier: the hot draft (T = 2, top-k 8) at N = 10,000 (7,552 needed)."""
     target = gemma_target
-    draft = pyspec.Model(gemma_path, n_ctx=256, seed=0)
+    draft = load_model(gemma_path, "draft", n_ctx=256, seed=0)
     spec = pyspec.SpeculativeDecoder(target, draft, drafter="model", policy=policy, draft_max=1)
     tokens, exact, wrong = lossless_case(target, draft, draft_kwargs)
     assert_power(exact, mixture(exact, wrong, F_MIN), n, f"{policy} vs residual=p in {F_MIN:.0%}")

@@ -17,14 +17,14 @@ from pyspec import calibration
 def test_flash_attn_on_and_off_load_and_generate(gemma_path, setting):
     m = pyspec.Model(gemma_path, n_ctx=256, flash_attn=setting)
     assert m.flash_attn == setting
-    assert m._core.flash_attn_requested == {"on": 1, "off": 0}[setting]
+    assert m.native.flash_attn_requested == {"on": 1, "off": 0}[setting]
     out = m.generate("The capital of France is", max_tokens=6, temperature=0, chat=False)
     assert out.n_generated_tokens == 6 and out.text
 
 
 def test_flash_attn_auto_reports_what_llama_cpp_chose(gemma_path):
     m = pyspec.Model(gemma_path, n_ctx=256)  # default: auto
-    assert m._core.flash_attn_requested == -1
+    assert m.native.flash_attn_requested == -1
     assert m.flash_attn in ("on", "off")  # resolved, not "auto"
     if not pyspec._core.supports_gpu_offload():
         assert m.flash_attn == "on"  # the CPU backend supports it
@@ -36,11 +36,11 @@ def test_flash_attn_invalid_value(gemma_path, bad):
         pyspec.Model(gemma_path, n_ctx=64, flash_attn=bad)
 
 
-def test_calibration_key_depends_on_flash_attn(gemma_path):
-    on = pyspec.Model(gemma_path, n_ctx=64, flash_attn="on")
-    off = pyspec.Model(gemma_path, n_ctx=64, flash_attn="off")
-    assert calibration.machine_key(on._core) != calibration.machine_key(off._core)
-    assert "flash_attn=1" in calibration.machine_key(on._core)
+def test_calibration_key_depends_on_flash_attn(gemma_path, load_model):
+    on = load_model(gemma_path, n_ctx=64, flash_attn="on")
+    off = load_model(gemma_path, n_ctx=64, flash_attn="off")
+    assert calibration.machine_key(on.native) != calibration.machine_key(off.native)
+    assert "flash_attn=1" in calibration.machine_key(on.native)
 
 
 def test_cli_flash_attn_in_json_and_stats(gemma_path):

@@ -8,15 +8,14 @@ import signal
 import numpy as np
 import pytest
 
-import pyspec
 
 PROMPT = "The three primary colours are"
 
 
-def test_greedy_is_deterministic_across_runs_and_models(gemma, gemma_path):
+def test_greedy_is_deterministic_across_runs_and_models(gemma, gemma_path, load_model):
     a = gemma.generate(PROMPT, chat=False, max_tokens=24, temperature=0)
     b = gemma.generate(PROMPT, chat=False, max_tokens=24, temperature=0)
-    fresh = pyspec.Model(gemma_path, n_ctx=512)
+    fresh = load_model(gemma_path, n_ctx=512)  # another Model than gemma
     c = fresh.generate(PROMPT, chat=False, max_tokens=24, temperature=0)
     assert a.tokens == b.tokens == c.tokens
     assert a.text == b.text == c.text
@@ -109,11 +108,11 @@ LOGIT_ATOL = 1e-3
 
 
 def _logits(model):
-    return np.array(model._core.logits(0), dtype=np.float64)
+    return np.array(model.native.logits(0), dtype=np.float64)
 
 
 def test_kv_rollback_redecode_gives_same_logits(gemma):
-    core = gemma._core
+    core = gemma.native
     prompt = gemma.tokenize("A short story about a cat:", add_special=True)
     cont = gemma.tokenize(" The cat sat on the mat", add_special=False)[:4]
     core.truncate(0)
@@ -136,8 +135,8 @@ def _colours(gemma):
             gemma.tokenize(" blue and", add_special=False))
 
 
-def test_different_continuation_after_rollback_matches_fresh_context(gemma, gemma_path):
-    core = gemma._core
+def test_different_continuation_after_rollback_matches_fresh_context(gemma, gemma_path, load_model):
+    core = gemma.native
     prompt, wrong, right = _colours(gemma)
     core.truncate(0)
     core.decode(prompt, 0, 1)
@@ -146,9 +145,9 @@ def test_different_continuation_after_rollback_matches_fresh_context(gemma, gemm
     core.decode(right, len(prompt), 1)
     after_rollback = _logits(gemma)
 
-    fresh = pyspec.Model(gemma_path, n_ctx=512)
-    fresh._core.decode(prompt, 0, 1)
-    fresh._core.decode(right, len(prompt), 1)
+    fresh = load_model(gemma_path, n_ctx=512)  # another Model than gemma, its cache empty
+    fresh.native.decode(prompt, 0, 1)
+    fresh.native.decode(right, len(prompt), 1)
     reference = _logits(fresh)
     # Same tokens, same batch split: identical up to float noise.
     np.testing.assert_allclose(after_rollback, reference, atol=LOGIT_ATOL, rtol=0)
@@ -157,7 +156,7 @@ def test_different_continuation_after_rollback_matches_fresh_context(gemma, gemm
 
 def test_rollback_check_can_fail(gemma):
     """Negative control: without the rollback the logits do differ."""
-    core = gemma._core
+    core = gemma.native
     prompt, wrong, right = _colours(gemma)
     core.truncate(0)
     core.decode(prompt, 0, 1)

@@ -4,7 +4,7 @@ with drafts of two tokens and the stop rules actually firing.
 What is sampled: the joint law of the first TWO output tokens, so that draft
 position 1 counts (a draft-position-1 token becomes the second output token when
 position 0 is accepted). The exact target law is enumerated by plain evaluation:
-P(a, b) = p0(a) * p1(b | a) (helpers from test_speculative_lossless; with
+P(a, b) = p0(a) * p1(b | a) (laws.py; with
 draft_max = 2 the verification batch has <= 3 tokens, which this build evaluates
 with the same kernels as single tokens, so engine and reference see the same p).
 
@@ -21,7 +21,7 @@ the target's is at least that of its first-token marginal (data processing), so
 the power computed from the marginal, at the joint test's degrees of freedom, is
 a lower bound on the joint test's power. N is the smallest size with that power
 > 0.99 (at least 200), at alpha = 0.001 per test; the rule itself runs as the
-negative control (`_discard_below`) and must be rejected. For the n-gram
+negative control (`_test=dict(discard_below=...)`) and must be rejected. For the n-gram
 drafter (no beliefs) the stated wrong law is the broken residual (residual = p),
 run as its control.
 
@@ -40,18 +40,9 @@ import pytest
 
 import pyspec
 
+from chisquare import ALPHA, pooled_chisquare, power, required_n
 from draws import draw
-from test_speculative_lossless import (
-    ALPHA,
-    PROMPT,
-    TARGET,
-    draft_row,
-    exact_law,
-    pooled_chisquare,
-    power,
-    required_n,
-    wrong_residual_distribution,
-)
+from laws import PROMPT, TARGET, draft_row, exact_law, lookup_proposal, one_hot, wrong_residual_distribution
 
 # The draft samples cooler than the target (q sharper than p: q0 = 0.63/0.19/0.18
 # against p0 = 0.54/0.24/0.22), so that q != p and beliefs vary; top-k 3 keeps the
@@ -119,10 +110,8 @@ def pin_cpu_costs(spec) -> None:
 
 
 @pytest.fixture(scope="module")
-def gemma_models(gemma_path):
-    target = pyspec.Model(gemma_path, n_ctx=256, seed=0)
-    draft = pyspec.Model(gemma_path, n_ctx=256, seed=0)
-    return target, draft
+def gemma_models(gemma_path, load_model):
+    return load_model(gemma_path, n_ctx=256, seed=0), load_model(gemma_path, "draft", n_ctx=256, seed=0)
 
 
 @pytest.fixture(scope="module")
@@ -170,7 +159,7 @@ def test_negative_control_discarding_drawn_tokens_is_caught(gemma_models, model_
     target, draft = gemma_models
     tokens, exact, wrong, n = model_case
     spec = pyspec.SpeculativeDecoder(target, draft, drafter="model", policy="confidence", draft_max=2)
-    counts, totals, _ = run(spec, tokens, n, _discard_below=THRESHOLD, **DRAFT)
+    counts, totals, _ = run(spec, tokens, n, _test=dict(discard_below=THRESHOLD), **DRAFT)
     stat, df, pv = pooled_chisquare(counts, exact, n)
     print(f"NEGATIVE CONTROL discard-by-value: N={n} chi2={stat:.2f} df={df} p={pv:.3g} {totals}")
     assert totals["stops_after"] > 0 or totals["length_hist"][0] > 0, "nothing was discarded"
@@ -183,12 +172,9 @@ def test_negative_control_discarding_drawn_tokens_is_caught(gemma_models, model_
 def ngram_case(gemma_models):
     target, _ = gemma_models
     tokens, p0, p1, exact = exact_law(target, NGRAM_PROMPT)
-    lookup = pyspec.SpeculativeDecoder(target, drafter="ngram", policy="fixed", draft_max=2)
-    proposal = lookup._core_drafter.propose(tokens, 2)
+    proposal = lookup_proposal(target, "ngram", tokens, 2)
     assert len(proposal) == 2, "the prompt must give the n-gram drafter a two-token proposal"
-    q0 = np.zeros_like(p0)
-    q0[proposal[0]] = 1.0
-    wrong = wrong_residual_distribution(target, p0, q0, p1)
+    wrong = wrong_residual_distribution(target, p0, one_hot(proposal[0], p0), p1)
     n = max(MIN_N, required_n(exact, wrong, max(len(exact) - 1, 1)))
     return tokens, exact, wrong, n
 
@@ -224,7 +210,7 @@ def test_negative_control_ngram_broken_residual_two_tokens(gemma_models, ngram_c
     target, _ = gemma_models
     tokens, exact, _, n = ngram_case
     spec = pyspec.SpeculativeDecoder(target, drafter="ngram", policy="fixed", draft_max=2)
-    counts, totals, _ = run(spec, tokens, n, _variant="residual_is_p")
+    counts, totals, _ = run(spec, tokens, n, _test=dict(variant="residual_is_p"))
     stat, df, pv = pooled_chisquare(counts, exact, n)
     print(f"NEGATIVE CONTROL ngram residual=p, draft_max=2: N={n} chi2={stat:.2f} df={df} p={pv:.3g}")
     assert totals["ngram_reanchored"] > 0, "the re-anchoring path did not run under the control"
@@ -263,7 +249,7 @@ def test_negative_control_guess_path_broken_residual(gemma_models, ngram_case):
     """The same configuration with the broken residual (residual = p) must be rejected."""
     target, _ = gemma_models
     tokens, exact, _, n = ngram_case
-    counts, totals = guess_run(target, tokens, n, _variant="residual_is_p")
+    counts, totals = guess_run(target, tokens, n, _test=dict(variant="residual_is_p"))
     stat, df, pv = pooled_chisquare(counts, exact, n)
     print(f"NEGATIVE CONTROL guess path, residual=p: N={n} chi2={stat:.2f} df={df} p={pv:.3g} "
           f"guesses={totals['ngram_guesses']} drafted rounds={totals['ngram_rounds']}")
@@ -313,7 +299,7 @@ def test_negative_control_clock_suspension_broken_residual(gemma_models, ngram_c
     """The same configuration with the broken residual (residual = p) must be rejected."""
     target, _ = gemma_models
     tokens, exact, _, n = ngram_case
-    counts, totals, vetoes = clock_run(target, tokens, n, _variant="residual_is_p")
+    counts, totals, vetoes = clock_run(target, tokens, n, _test=dict(variant="residual_is_p"))
     stat, df, pv = pooled_chisquare(counts, exact, n)
     print(f"NEGATIVE CONTROL clock suspension, residual=p: N={n} chi2={stat:.2f} df={df} p={pv:.3g} "
           f"vetoes={vetoes}")

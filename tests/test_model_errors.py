@@ -46,16 +46,16 @@ def test_truncated_gguf(tmp_path, gemma_path, keep):
         pyspec.Model(bad)
 
 
-def test_prompt_longer_than_context(gemma_path):
-    m = pyspec.Model(gemma_path, n_ctx=64)  # llama.cpp may round n_ctx up; m.n_ctx is the truth
+def test_prompt_longer_than_context(gemma_path, load_model):
+    m = load_model(gemma_path, n_ctx=64)  # llama.cpp may round n_ctx up; m.n_ctx is the truth
     with pytest.raises(ContextOverflowError, match="context"):
         m.generate("word " * (m.n_ctx + 10), chat=False, max_tokens=4)
     # The model is still usable afterwards.
     assert m.generate("Hello", chat=False, max_tokens=2, temperature=0).n_generated_tokens == 2
 
 
-def test_generation_stops_at_full_context(gemma_path):
-    m = pyspec.Model(gemma_path, n_ctx=32)
+def test_generation_stops_at_full_context(gemma_path, load_model):
+    m = load_model(gemma_path, n_ctx=32)
     prompt = "Count: " + ", ".join(str(i) for i in range(m.n_ctx // 10))
     n_prompt = len(m.prompt_tokens(prompt, chat=False))
     assert n_prompt < m.n_ctx
@@ -67,7 +67,7 @@ def test_generation_stops_at_full_context(gemma_path):
 
 def test_decode_past_context_raises(gemma):
     with pytest.raises(ContextOverflowError):
-        gemma._core.decode([1, 2, 3], gemma.n_ctx - 1, 1)
+        gemma.native.decode([1, 2, 3], gemma.n_ctx - 1, 1)
 
 
 @pytest.mark.parametrize(

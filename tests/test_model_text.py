@@ -23,7 +23,7 @@ def test_round_trip_gemma(gemma, text):
 def test_bos_is_added_when_the_model_asks(gemma):
     with_special = gemma.tokenize("Hi", add_special=True)
     without = gemma.tokenize("Hi", add_special=False)
-    assert with_special[0] == gemma._core.bos
+    assert with_special[0] == gemma.native.bos
     assert with_special[1:] == without
 
 
@@ -45,7 +45,7 @@ def test_chat_template_qwen(target):
 
 
 def test_vocab_facts(gemma):
-    core = gemma._core
+    core = gemma.native
     assert gemma.n_vocab > 1000
     assert core.is_eog(core.eos)
     assert not core.is_eog(gemma.tokenize("the", add_special=False)[0])

@@ -26,8 +26,10 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from pyspec import sampling
+from pyspec import check, sampling
 from pyspec._core import sampling as core
+
+from chisquare import pooled_chisquare
 
 ROUNDS = 100_000
 FAMILY_ALPHA = 1e-3
@@ -35,38 +37,17 @@ FAMILY_ALPHA = 1e-3
 
 # ------------------------------------------------------------------ helpers
 
-def pooled_chisquare(counts, probs, min_expected=5.0):
-    """Chi-square p-value; p = 0 cells must be empty; small cells pooled."""
-    counts = np.asarray(counts, dtype=float)
-    probs = np.asarray(probs, dtype=float)
-    if counts[probs <= 0].sum() > 0:
-        return 0.0
-    counts, probs = counts[probs > 0], probs[probs > 0]
-    exp = counts.sum() * probs / probs.sum()
-    order = np.argsort(exp, kind="stable")
-    counts, exp = counts[order], exp[order]
-    k = int((exp < min_expected).sum())
-    po, pe = counts[:k].sum(), exp[:k].sum()
-    while 0 < pe < min_expected and k < len(exp):
-        po, pe, k = po + counts[k], pe + exp[k], k + 1
-    o = np.concatenate([counts[k:], [po] if pe > 0 else []])
-    e = np.concatenate([exp[k:], [pe] if pe > 0 else []])
-    if len(e) < 2:
-        return 1.0
-    return float(stats.chisquare(o, e).pvalue)
-
-
-def exact_mean_accepted(p, q):
-    beta = np.minimum(p[: len(q)], q).sum(axis=1)
-    return float(np.cumprod(beta).sum())
+def chi_p(counts, probs) -> float:
+    """p-value of the chi-square test of this module (pyspec.check's pooling:
+    small cells pooled until the pool reaches 5; p = 0 cells must be empty)."""
+    return pooled_chisquare(counts, probs, fill_pool=True)[2]
 
 
 def mean_test(n_accepted, expected):
     sd = n_accepted.std(ddof=1)
     if sd == 0:
         return 1.0 if abs(n_accepted.mean() - expected) < 1e-9 else 0.0
-    z = (n_accepted.mean() - expected) / (sd / np.sqrt(len(n_accepted)))
-    return float(2 * stats.norm.sf(abs(z)))
+    return check.normal_two_sided_p((n_accepted.mean() - expected) / (sd / np.sqrt(len(n_accepted))))
 
 
 def tokens_at(n_acc, nxt, drafts, pos):
@@ -85,8 +66,8 @@ def case_pvalues(p, q, seed, variant="correct", storage="auto", rounds=ROUNDS):
     for pos in range(n + 1):
         tok = tokens_at(n_acc, nxt, drafts, pos)
         if len(tok) >= 200:
-            chi.append(pooled_chisquare(np.bincount(tok, minlength=v), p[pos]))
-    return chi, mean_test(n_acc, exact_mean_accepted(p, q))
+            chi.append(chi_p(np.bincount(tok, minlength=v), p[pos]))
+    return chi, mean_test(n_acc, check.expected_accepted(p, q))
 
 
 def norm(x):
@@ -207,11 +188,11 @@ def test_worked_example():
     assert stats.binomtest(accepted, rounds, 0.4).pvalue >= LEVEL
     rejected = nxt[n_acc == 0]
     assert (rejected == 1).sum() == 0, "the residual gives B no mass"
-    assert pooled_chisquare(np.bincount(rejected, minlength=3), [2 / 3, 0, 1 / 3]) >= LEVEL
+    assert chi_p(np.bincount(rejected, minlength=3), [2 / 3, 0, 1 / 3]) >= LEVEL
     # Drafts drawn from q: the first emitted token follows p.
     n_acc, nxt, d = sampling.verify_many(WP, WQ, None, rounds, seed=12, return_drafts=True)
     first = tokens_at(n_acc, nxt, d, 0)
-    assert pooled_chisquare(np.bincount(first, minlength=3), WP[0]) >= LEVEL
+    assert chi_p(np.bincount(first, minlength=3), WP[0]) >= LEVEL
 
 
 # ------------------------------------------------------------------ large vocabulary
@@ -300,7 +281,7 @@ def test_deterministic_drafter():
     n_acc, nxt = sampling.verify_many(p, q, np.array([1]), 100_000, 5)
     assert stats.binomtest(int(n_acc.sum()), len(n_acc), 0.3).pvalue >= LEVEL
     rej = nxt[n_acc == 0]
-    assert pooled_chisquare(np.bincount(rej, minlength=3), [5 / 7, 0, 2 / 7]) >= LEVEL
+    assert chi_p(np.bincount(rej, minlength=3), [5 / 7, 0, 2 / 7]) >= LEVEL
 
 
 def test_zero_residual_falls_back_to_p():
@@ -350,7 +331,7 @@ def test_zero_drafts_gives_a_sample_of_p0():
     p = np.array([[0.25, 0.75]])
     n_acc, nxt = sampling.verify_many(p, np.zeros((0, 2)), np.zeros(0, dtype=int), 50_000, 1)
     assert (n_acc == 0).all()
-    assert pooled_chisquare(np.bincount(nxt, minlength=2), p[0]) >= LEVEL
+    assert chi_p(np.bincount(nxt, minlength=2), p[0]) >= LEVEL
 
 
 # ------------------------------------------------------------------ errors

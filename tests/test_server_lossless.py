@@ -26,13 +26,12 @@ import re
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
-import numpy as np
 import pytest
 
-import pyspec
 
 from server_helpers import ServerProcess
-from test_speculative_lossless import ALPHA, TARGET, pooled_chisquare, power, required_n, target_rows
+from chisquare import ALPHA, pooled_chisquare, power, required_n
+from laws import TARGET, independent_pair, lookup_proposal, one_hot, residual_is_p_row, support_of, target_rows
 
 PROMPT = "one two three one two three one two"
 CLIENTS = 4
@@ -40,19 +39,17 @@ MIN_N = 200
 
 
 @pytest.fixture(scope="module")
-def case(gemma_path):
-    lone = pyspec.Model(gemma_path, n_ctx=256, flash_attn="off")  # as the batch runs
+def case(gemma_path, load_model):
+    lone = load_model(gemma_path, n_ctx=256, flash_attn="off")  # as the batch runs
     tokens = lone.tokenize(PROMPT)
     p0, _ = target_rows(lone, tokens)
-    support = [int(t) for t in np.flatnonzero(p0)]
-    pieces = {lone._core.token_to_piece(t, False).decode("utf-8", "replace"): t for t in support}
+    support = support_of(p0)
+    pieces = {lone.native.token_to_piece(t, False).decode("utf-8", "replace"): t for t in support}
     assert len(pieces) == len(support), "two tokens of the support print alike: outcomes would be ambiguous"
-    x = pyspec.SpeculativeDecoder(lone, drafter="ngram", policy="fixed", draft_max=1)._core_drafter.propose(
-        tokens, 1)[0]
+    x = lookup_proposal(lone, "ngram", tokens, 1)[0]
     assert x in support, "the n-gram draft is outside top-k 3: nothing would be verified"
-    exact = {(a, b): float(p0[a] * p0[b]) for a in support for b in support}
-    broken = {y: (1 - p0[x]) * p0[y] + (p0[x] if y == x else 0.0) for y in support}
-    wrong = {(a, b): float(broken[a] * broken[b]) for a in support for b in support}
+    exact = independent_pair(p0, support)
+    wrong = independent_pair(residual_is_p_row(p0, one_hot(x, p0)), support)
     n = max(MIN_N, required_n(exact, wrong))
     assert power(exact, wrong, n) > 0.99
     return tokens, pieces, exact, n

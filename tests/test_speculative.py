@@ -27,21 +27,20 @@ GREEDY_PROMPTS = [
 
 
 @pytest.fixture(scope="module")
-def pair(target_path, draft_path):
-    target = pyspec.Model(target_path, n_ctx=1024, seed=0)
-    draft = pyspec.Model(draft_path, n_ctx=1024, seed=0)
+def pair(target_path, draft_path, load_model):
+    target = load_model(target_path, n_ctx=1024, seed=0)
+    draft = load_model(draft_path, n_ctx=1024, seed=0)
     return target, pyspec.SpeculativeDecoder(target, draft, drafter="model", policy="fixed", draft_max=4)
 
 
-def _self_draft(target, gemma_path, k):
+def _self_draft(target, draft, k):
     """Gemma drafting for itself: the draft-model engine at a fixed length k."""
-    draft = pyspec.Model(gemma_path, n_ctx=target.n_ctx)
     return pyspec.SpeculativeDecoder(target, draft, drafter="model", policy="fixed", draft_max=k)
 
 
 def _plain_logits(model, tokens):
     """Target logits after `tokens`, evaluated one token at a time after the prompt."""
-    core = model._core
+    core = model.native
     core.truncate(0)
     core.decode(tokens, 0, 1)
     row = np.array(core.logits(0), dtype=np.float64)
@@ -75,11 +74,11 @@ def test_greedy_equals_plain(pair, k):
     print(f"k={k}: {len(report)} near-tie divergences {report}")
 
 
-def test_greedy_equals_plain_exactly_with_small_batches(gemma_path):
+def test_greedy_equals_plain_exactly_with_small_batches(gemma_path, load_model):
     """With k <= 2 the verification batch (<= 3 tokens) uses the single-token
     kernels, so greedy output must match plain decoding token for token."""
-    target = pyspec.Model(gemma_path, n_ctx=512)
-    spec = _self_draft(target, gemma_path, 2)
+    target = load_model(gemma_path, n_ctx=512)
+    spec = _self_draft(target, load_model(gemma_path, "draft", n_ctx=512), 2)
     for prompt in ("The capital of France is", "def fibonacci(n):", "Roses are red,"):
         plain = target.generate(prompt, chat=False, max_tokens=40, temperature=0)
         fast = spec.generate(prompt, chat=False, max_tokens=40, temperature=0, draft_temperature=1.0)
@@ -88,7 +87,7 @@ def test_greedy_equals_plain_exactly_with_small_batches(gemma_path):
 
 
 @pytest.mark.pair
-def test_rollback_leaves_exactly_the_accepted_sequence(pair, target_path):
+def test_rollback_leaves_exactly_the_accepted_sequence(pair, target_path, load_model):
     target, spec = pair
     tokens = target.prompt_tokens("Write a limerick about a cat.")
     # Start from empty caches: a prompt prefix kept from an earlier call was computed
@@ -100,20 +99,20 @@ def test_rollback_leaves_exactly_the_accepted_sequence(pair, target_path):
                         draft_temperature=1.8, draft_top_k=50)
     assert out.stats.accepted < out.stats.drafted, "no rejection happened; the test would prove nothing"
     history = tokens + out.tokens
-    core = target._core
+    core = target.native
     # The target holds every committed token but the last, at positions 0..n-2.
     assert core.pos_max() == len(history) - 2
     # The draft holds a prefix of the committed sequence and nothing else.
-    dcore = spec.draft._core
+    dcore = spec.draft.native
     assert dcore.pos_max() <= len(history) - 1
     # Next round's logits from the rolled-back cache equal a fresh evaluation.
     core.decode([history[-1]], len(history) - 1, 1)
     after_rollback = np.array(core.logits(0))
-    fresh = pyspec.Model(target_path, n_ctx=1024)
-    fresh._core.decode(tokens[:-1], 0, 0)
+    fresh = load_model(target_path, n_ctx=1024)
+    fresh.native.decode(tokens[:-1], 0, 0)
     for i, t in enumerate(history[len(tokens) - 1:]):
-        fresh._core.decode([t], len(tokens) - 1 + i, 1)
-    np.testing.assert_allclose(after_rollback, np.array(fresh._core.logits(0)), atol=1e-3, rtol=0)
+        fresh.native.decode([t], len(tokens) - 1 + i, 1)
+    np.testing.assert_allclose(after_rollback, np.array(fresh.native.logits(0)), atol=1e-3, rtol=0)
     # clear_cache empties both models' caches (the bench starts every runner from there).
     spec.clear_cache()
     assert core.cached() == [] and dcore.cached() == []
@@ -138,35 +137,35 @@ def test_statistics_are_consistent(pair):
 
 
 @pytest.mark.pair
-def test_gemma_draft_for_qwen_is_refused(target_path, gemma_path):
-    target = pyspec.Model(target_path, n_ctx=256)
-    draft = pyspec.Model(gemma_path, n_ctx=256)
+def test_gemma_draft_for_qwen_is_refused(target_path, gemma_path, load_model):
+    target = load_model(target_path, n_ctx=256)
+    draft = load_model(gemma_path, n_ctx=256)
     with pytest.raises(IncompatibleModelsError, match="tokenizer types|differ at token"):
         pyspec.SpeculativeDecoder(target, draft)
 
 
-def test_compatible_pair_is_accepted(gemma_path):
-    a = pyspec.Model(gemma_path, n_ctx=256)
-    b = pyspec.Model(gemma_path, n_ctx=256)
+def test_compatible_pair_is_accepted(gemma_path, load_model):
+    a = load_model(gemma_path, n_ctx=256)
+    b = load_model(gemma_path, "draft", n_ctx=256)
     pyspec.SpeculativeDecoder(a, b)  # no exception
 
 
-def test_context_limit_is_respected(gemma_path):
-    target = pyspec.Model(gemma_path, n_ctx=64)
-    spec = _self_draft(target, gemma_path, 8)
+def test_context_limit_is_respected(gemma_path, load_model):
+    target = load_model(gemma_path, n_ctx=64)
+    spec = _self_draft(target, load_model(gemma_path, "draft", n_ctx=target.n_ctx), 8)
     prompt = "Count: " + ", ".join(str(i) for i in range(target.n_ctx // 10))
     out = spec.generate(prompt, chat=False, max_tokens=10 * target.n_ctx, temperature=0)
     assert out.stop_reason in ("context", "eog")
     assert out.n_prompt_tokens + out.n_generated_tokens <= target.n_ctx + 1
-    assert target._core.pos_max() < target.n_ctx
+    assert target.native.pos_max() < target.n_ctx
     # Still usable after hitting the limit.
     assert spec.generate("Hi", chat=False, max_tokens=3, temperature=0).n_generated_tokens == 3
 
 
-def test_stop_strings_and_max_tokens(gemma_path):
+def test_stop_strings_and_max_tokens(gemma_path, load_model):
     # draft_max=2: batches of <= 3 tokens, so greedy text equals plain text exactly.
-    target = pyspec.Model(gemma_path, n_ctx=512)
-    spec = _self_draft(target, gemma_path, 2)
+    target = load_model(gemma_path, n_ctx=512)
+    spec = _self_draft(target, load_model(gemma_path, "draft", n_ctx=512), 2)
     full = target.generate("The three primary colours are", chat=False, max_tokens=30, temperature=0).text
     stop = full.strip().split()[2]
     out = spec.generate("The three primary colours are", chat=False, max_tokens=30, temperature=0, stop=[stop])
@@ -176,8 +175,9 @@ def test_stop_strings_and_max_tokens(gemma_path):
 
 
 def test_keyboard_interrupt_mid_generation(gemma_path):
+    # Models of its own: an interrupt is a state no other test should meet.
     target = pyspec.Model(gemma_path, n_ctx=512)
-    spec = _self_draft(target, gemma_path, 2)
+    spec = _self_draft(target, pyspec.Model(gemma_path, n_ctx=512), 2)
     seen = []
 
     def on_text(t):
@@ -194,12 +194,12 @@ def test_keyboard_interrupt_mid_generation(gemma_path):
     assert again.n_generated_tokens == 6 and again.tokens == plain.tokens
 
 
-def test_invalid_draft_settings(gemma_path):
-    target = pyspec.Model(gemma_path, n_ctx=256)
-    spec = pyspec.SpeculativeDecoder(target, pyspec.Model(gemma_path, n_ctx=256))
+def test_invalid_draft_settings(gemma_path, load_model):
+    target = load_model(gemma_path, n_ctx=256)
+    spec = pyspec.SpeculativeDecoder(target, load_model(gemma_path, "draft", n_ctx=256))
     with pytest.raises(ValueError):
         spec.generate("Hi", chat=False, draft_max=-1)
     with pytest.raises(ValueError):
         spec.generate("Hi", chat=False, draft_temperature=-0.5)
     with pytest.raises(ValueError):
-        pyspec.SpeculativeDecoder(target, pyspec.Model(gemma_path, n_ctx=256), draft_max=-2)
+        pyspec.SpeculativeDecoder(target, load_model(gemma_path, "draft", n_ctx=256), draft_max=-2)

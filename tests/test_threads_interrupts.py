@@ -29,9 +29,9 @@ def _prompts(n: int):
     return [f"{WORDS[i % len(WORDS)].capitalize()} {i}: one two three one two three, the list of" for i in range(n)]
 
 
-def test_threads_share_one_target_through_plain_and_speculative_decoders(gemma_path):
-    target = pyspec.Model(gemma_path, n_ctx=512)
-    draft = pyspec.Model(gemma_path, n_ctx=512)
+def test_threads_share_one_target_through_plain_and_speculative_decoders(gemma_path, load_model):
+    target = load_model(gemma_path, n_ctx=512)
+    draft = load_model(gemma_path, "draft", n_ctx=512)
     # Fixed two-token drafts keep verification batches <= 3 tokens: the same kernels
     # as single steps on this build, so every decoder's greedy output is deterministic.
     decoders = {
@@ -69,11 +69,11 @@ def test_threads_share_one_target_through_plain_and_speculative_decoders(gemma_p
     mismatched = [k for k in jobs if results[k] != expected[k]]
     assert not mismatched, f"{len(mismatched)} outputs changed under threads: {mismatched[:3]}"
     # The KV record and llama.cpp's memory agree on the shared context.
-    assert len(target._core.cached()) == target._core.pos_max() + 1
+    assert len(target.native.cached()) == target.native.pos_max() + 1
 
 
-def test_same_model_as_target_and_draft_is_refused(gemma_path):
-    m = pyspec.Model(gemma_path, n_ctx=256)
+def test_same_model_as_target_and_draft_is_refused(gemma_path, load_model):
+    m = load_model(gemma_path, n_ctx=256)
     with pytest.raises(ValueError, match="separate Model"):
         pyspec.SpeculativeDecoder(m, m, drafter="model")
 

@@ -1,0 +1,329 @@
+// Bindings of the generation loop (engine/): its parameters and results, the
+// Engine, and BatchSession. Generation runs without the GIL; the per-token
+// callback takes it back briefly to stream text and to notice Ctrl-C.
+#include <pybind11/functional.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <map>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "bindings/bind.h"
+#include "bindings/bind_struct.h"
+#include "engine/engine.h"
+
+namespace py = pybind11;
+using namespace pyspec;
+using pyspec_bind::CancelToken;
+using pyspec_bind::Struct;
+
+namespace {
+
+// Streams to an optional Python callable and checks for Ctrl-C between tokens.
+// A Python exception (KeyboardInterrupt included) stops generation; it is
+// re-raised once the C++ loop has unwound and the model is in a clean state.
+// Calls callback(token, text, drafted), or callback(seq, token, text, drafted)
+// for a batch; also where Ctrl-C reaches a generation.
+struct PyTokenSink {
+    py::object callback;
+    std::unique_ptr<py::error_already_set> error;
+
+    bool operator()(int32_t token, const std::string& text, bool drafted) { return call(-1, token, text, drafted); }
+    bool operator()(int32_t seq, int32_t token, const std::string& text, bool drafted) {
+        return call(seq, token, text, drafted);
+    }
+
+private:
+    bool call(int32_t seq, int32_t token, const std::string& text, bool drafted) {
+        py::gil_scoped_acquire gil;
+        try {
+            if (!callback.is_none()) {
+                py::object r = seq < 0 ? callback(token, py::bytes(text), drafted)
+                                       : callback(seq, token, py::bytes(text), drafted);
+                // None or anything truthy goes on; a falsy value stops (Python's own rule).
+                if (!r.is_none()) {
+                    const int truth = PyObject_IsTrue(r.ptr());
+                    if (truth < 0) throw py::error_already_set();
+                    if (truth == 0) return false;
+                }
+            }
+            if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+        } catch (py::error_already_set& e) {
+            error = std::make_unique<py::error_already_set>(std::move(e));
+            return false;
+        }
+        return true;
+    }
+};
+
+// TokenLogprobs as Python sees them: [(logprob, [(token, logprob), ...top])].
+py::list logprob_tuples(const std::vector<TokenLogprobs>& lps) {
+    py::list out;
+    for (const TokenLogprobs& lp : lps) out.append(py::make_tuple(lp.logprob, lp.top));
+    return out;
+}
+
+// A BatchSession as Python holds it: the callback it calls, and the drafters
+// and policies of its live sequences (kept alive until their results are taken).
+struct PySession {
+    GenerateParams params;
+    PyTokenSink sink;
+    std::map<int32_t, py::object> refs;
+    std::unique_ptr<BatchSession> session;
+
+    BatchSession& get() {
+        if (!session) throw std::runtime_error("the batch session is closed");
+        return *session;
+    }
+    ~PySession() {
+        py::gil_scoped_release release;  // closing may wait for the models' locks
+        session.reset();
+    }
+};
+
+void bind_stats(py::module_& m) {
+    Struct<BatchStats>(m, "BatchStats", "What a batch of sequences measured (engine.h documents each field).")
+        .field("n_seq", &BatchStats::n_seq)
+        .field("rounds", &BatchStats::rounds)
+        .field("rows", &BatchStats::rows)
+        .field("max_rows", &BatchStats::max_rows)
+        .field("prompt_rows", &BatchStats::prompt_rows)
+        .field("draft_decodes", &BatchStats::draft_decodes)
+        .field("joint_rounds", &BatchStats::joint_rounds)
+        .field("prompt_s", &BatchStats::prompt_s)
+        .field("decode_s", &BatchStats::decode_s)
+        .field("n_generated", &BatchStats::n_generated)
+        .field("aggregate_tok_s", &BatchStats::aggregate_tok_s)
+        .done();
+    Struct<GenerationStats>(m, "GenerationStats", "What one generation measured (stats.h documents each field).")
+        .field("n_prompt_tokens", &GenerationStats::n_prompt_tokens)
+        .field("n_generated", &GenerationStats::n_generated)
+        .field("prompt_s", &GenerationStats::prompt_s)
+        .field("ttft_s", &GenerationStats::ttft_s)
+        .field("decode_s", &GenerationStats::decode_s)
+        .field("decode_tok_s", &GenerationStats::decode_tok_s)
+        .field("rounds", &GenerationStats::rounds)
+        .field("drafted", &GenerationStats::drafted)
+        .field("accepted", &GenerationStats::accepted)
+        .field("draft_s", &GenerationStats::draft_s)
+        .field("verify_s", &GenerationStats::verify_s)
+        .field("overhead_s", &GenerationStats::overhead_s)
+        .field("calibrate_s", &GenerationStats::calibrate_s)
+        .field("drafted_at", &GenerationStats::drafted_at)
+        .field("accepted_at", &GenerationStats::accepted_at)
+        .field("length_hist", &GenerationStats::length_hist)
+        .field("policy_plain", &GenerationStats::policy_plain)
+        .field("ngram_rounds", &GenerationStats::ngram_rounds)
+        .field("ngram_drafted", &GenerationStats::ngram_drafted)
+        .field("ngram_accepted", &GenerationStats::ngram_accepted)
+        .field("ngram_reanchored", &GenerationStats::ngram_reanchored)
+        .field("ngram_guesses", &GenerationStats::ngram_guesses)
+        .field("ngram_guess_hits", &GenerationStats::ngram_guess_hits)
+        .field("stops_before", &GenerationStats::stops_before)
+        .field("stops_after", &GenerationStats::stops_after)
+        .done();
+}
+
+}  // namespace
+
+void bind_engine(py::module_& m) {
+    py::class_<CancelToken>(m, "CancelToken")
+        .def(py::init<>())
+        .def("set", [](CancelToken& c) { c.flag.store(true); }, "Ask the generation using this token to stop.")
+        .def_property_readonly("is_set", [](const CancelToken& c) { return c.flag.load(); });
+
+    // One generation: parameters in, tokens, text and statistics out.
+    Struct<TestControls>(m, "TestControls", "TEST-ONLY negative controls the lossless tests must catch (engine.h).")
+        .property("variant", [](const TestControls& t) { return verify_variant_names()[static_cast<size_t>(t.variant)]; },
+                  [](TestControls& t, const std::string& v) { t.variant = parse_verify_variant(v); })
+        .field("discard_below", &TestControls::discard_below)
+        .field("shared_stream", &TestControls::shared_stream)
+        .done();
+    Struct<GenerateParams>(m, "GenerateParams", "Settings of one generation (engine.h documents each).")
+        .field("max_tokens", &GenerateParams::max_tokens)
+        .field("sampling", &GenerateParams::sampling)
+        .field("draft_sampling", &GenerateParams::draft_sampling)
+        .field("seed", &GenerateParams::seed)
+        .field("stop", &GenerateParams::stop)
+        .field("draft_max", &GenerateParams::draft_max)
+        .field("test", &GenerateParams::test)
+        .field("parallel_prefill", &GenerateParams::parallel_prefill)
+        .field("prefill_chunk", &GenerateParams::prefill_chunk)
+        .field("logprobs", &GenerateParams::logprobs)
+        .done()
+        .attr("NO_LIMIT") = GenerateParams::kNoLimit;
+    m.def("calibration_rows", &calibration_rows, py::arg("draft_max"), py::arg("n_batch"), py::arg("n_seq"),
+          "The largest target batch a policy with this draft_max wants timed: min(n_batch, (draft_max + 1) * "
+          "n_seq). The engine and pyspec.calibration both go by it.");
+    bind_stats(m);
+    py::class_<GenerateResult>(m, "GenerateResult")
+        .def_readonly("tokens", &GenerateResult::tokens)
+        .def_property_readonly("text", [](const GenerateResult& r) { return py::bytes(r.text); }, "UTF-8 bytes")
+        .def_readonly("stop_reason", &GenerateResult::stop_reason)
+        .def_readonly("stats", &GenerateResult::stats)
+        .def_property_readonly("logprobs", [](const GenerateResult& r) { return logprob_tuples(r.logprobs); },
+                               "[(logprob, [(token, logprob), ...top])] per token (GenerateParams.logprobs >= 0)");
+
+    py::class_<Engine>(m, "Engine")
+        .def(py::init<Model&, Drafter*>(), py::arg("target"), py::arg("drafter") = nullptr,
+             py::keep_alive<1, 2>(), py::keep_alive<1, 3>())
+        .def("generate",
+             [](Engine& e, const std::vector<int32_t>& prompt, GenerateParams params, LengthPolicy* policy,
+                py::object on_token, CancelToken* cancel) {
+                 params.cancel = cancel ? &cancel->flag : nullptr;
+                 PyTokenSink sink;
+                 sink.callback = std::move(on_token);
+                 GenerateResult r;
+                 {
+                     py::gil_scoped_release release;
+                     r = e.generate(prompt, params, std::ref(sink), policy);
+                 }
+                 if (sink.error) throw std::move(*sink.error);
+                 return r;
+             },
+             py::arg("prompt"), py::arg("params"), py::arg("policy") = nullptr, py::arg("on_token") = py::none(),
+             py::arg("cancel") = nullptr, "One generation (the C++ loop, without the GIL).")
+        .def("generate_batch",
+             [](Engine& e, const std::vector<std::vector<int32_t>>& prompts, GenerateParams params,
+                const std::vector<Drafter*>& drafters, const std::vector<LengthPolicy*>& policies,
+                py::object on_token, CancelToken* cancel) {
+                 if ((!drafters.empty() && drafters.size() != prompts.size()) ||
+                     (!policies.empty() && policies.size() != prompts.size())) {
+                     throw std::invalid_argument("drafters and policies: one per prompt (or none)");
+                 }
+                 std::vector<SequenceSpec> specs;
+                 for (size_t j = 0; j < prompts.size(); ++j) {
+                     specs.push_back({prompts[j], drafters.empty() ? nullptr : drafters[j],
+                                      policies.empty() ? nullptr : policies[j], params, 0});
+                 }
+                 params.cancel = cancel ? &cancel->flag : nullptr;
+                 PyTokenSink sink;
+                 sink.callback = std::move(on_token);
+                 std::vector<GenerateResult> r;
+                 BatchStats bs;
+                 {
+                     py::gil_scoped_release release;
+                     r = e.generate_batch(specs, params, std::ref(sink), &bs);
+                 }
+                 if (sink.error) throw std::move(*sink.error);
+                 return std::make_pair(std::move(r), bs);
+             },
+             py::arg("prompts"), py::arg("params"), py::arg("drafters") = std::vector<Drafter*>{},
+             py::arg("policies") = std::vector<LengthPolicy*>{}, py::arg("on_token") = py::none(),
+             py::arg("cancel") = nullptr,
+             "Many sequences, one target decode per round; each its own drafter and policy (engine.h). "
+             "on_token(seq, token, text, drafted). Returns (results in order, BatchStats).")
+        .def("session",
+             [](Engine& e, const GenerateParams& params, py::object on_token, CancelToken* cancel,
+                const std::vector<Model*>& draft_models) {
+                 auto ps = std::make_unique<PySession>();
+                 ps->params = params;
+                 ps->params.cancel = cancel ? &cancel->flag : nullptr;
+                 ps->sink.callback = std::move(on_token);
+                 PyTokenSink* sink = &ps->sink;
+                 BatchTokenCallback cb = [sink](int32_t seq, int32_t token, const std::string& text, bool drafted) {
+                     return (*sink)(seq, token, text, drafted);
+                 };
+                 py::gil_scoped_release release;
+                 ps->session = std::make_unique<BatchSession>(e, ps->params, cb, draft_models, false);
+                 return ps;
+             },
+             py::arg("params"), py::arg("on_token") = py::none(), py::arg("cancel") = nullptr,
+             py::arg("draft_models") = std::vector<Model*>{}, py::keep_alive<0, 1>(), py::keep_alive<0, 4>(),
+             py::keep_alive<0, 5>(),
+             "A BatchSession on this engine's target: draft_max (its bound), test.variant and prefill_chunk come "
+             "from params; "
+             "each add() brings its own sampling settings. on_token(handle, token, text, drafted).");
+    py::class_<PySession>(m, "BatchSession",
+                          "Continuous batching (engine.h): sequences join with add() and leave when they finish "
+                          "or are cancelled; each step() is one round with one target decode. Use it from one "
+                          "thread at a time; close() (or the with-block) releases the models.")
+        .def("add",
+             [](PySession& ps, const std::vector<int32_t>& prompt, const GenerateParams& params, py::object drafter,
+                py::object policy, int32_t stream) {
+                 SequenceSpec spec{prompt, drafter.is_none() ? nullptr : drafter.cast<Drafter*>(),
+                                   policy.is_none() ? nullptr : policy.cast<LengthPolicy*>(), params, stream};
+                 int32_t h;
+                 {
+                     py::gil_scoped_release release;
+                     h = ps.get().add(spec);
+                 }
+                 ps.refs[h] = py::make_tuple(drafter, policy);  // alive while the sequence is
+                 return h;
+             },
+             py::arg("prompt"), py::arg("params"), py::arg("drafter") = py::none(), py::arg("policy") = py::none(),
+             py::arg("stream") = 0,
+             "Queue a sequence (its own max_tokens, sampling, seed, stop); returns its handle. "
+             "ValueError when every slot is taken (see free_slots).")
+        .def("step",
+             [](PySession& ps) {
+                 bool more;
+                 {
+                     py::gil_scoped_release release;
+                     more = ps.get().step();
+                 }
+                 if (ps.sink.error) {
+                     auto e = std::move(ps.sink.error);
+                     throw std::move(*e);
+                 }
+                 return more;
+             },
+             "One round; False when nothing is waiting or generating.")
+        .def("cancel",
+             [](PySession& ps, int32_t handle) {
+                 py::gil_scoped_release release;
+                 ps.get().cancel(handle);
+             },
+             py::arg("handle"), "End a sequence at the next step (stop_reason 'cancelled').")
+        .def("take_finished",
+             [](PySession& ps) {
+                 std::vector<std::pair<int32_t, GenerateResult>> done;
+                 {
+                     py::gil_scoped_release release;
+                     done = ps.get().take_finished();
+                 }
+                 for (const auto& d : done) ps.refs.erase(d.first);
+                 return done;
+             },
+             "[(handle, GenerateResult)] of the sequences finished since the last call.")
+        .def("logprobs",
+             [](PySession& ps, int32_t handle, size_t start) {
+                 std::vector<TokenLogprobs> lp;
+                 {
+                     py::gil_scoped_release release;
+                     lp = ps.get().logprobs(handle, start);
+                 }
+                 return logprob_tuples(lp);
+             },
+             py::arg("handle"), py::arg("start") = 0,
+             "A running sequence's recorded log-probabilities from index start, as GenerateResult.logprobs.")
+        .def_property_readonly("kv_cells", [](PySession& ps) { return ps.get().kv_cells(); },
+                               "(cells of running sequences, all cells held): the target's cache use")
+        .def("release_cache",
+             [](PySession& ps) {
+                 py::gil_scoped_release release;
+                 ps.get().release_cache();
+             },
+             "Empty the cells kept for finished sequences (their prefix cache).")
+        .def_property_readonly("free_slots", [](PySession& ps) { return ps.get().free_slots(); })
+        .def_property_readonly("n_active", [](PySession& ps) { return ps.get().n_active(); })
+        .def_property_readonly("n_waiting", [](PySession& ps) { return ps.get().n_waiting(); })
+        .def_property_readonly("stats", [](PySession& ps) { return ps.get().stats(); })
+        .def("close",
+             [](PySession& ps) {
+                 py::gil_scoped_release release;
+                 ps.session.reset();
+             },
+             "Release the models (idempotent).")
+        .def("__enter__", [](py::object self) { return self; })
+        .def("__exit__", [](PySession& ps, py::args) {
+            py::gil_scoped_release release;
+            ps.session.reset();
+        });
+    m.def("sequence_seed", &sequence_seed, py::arg("seed"), py::arg("j"),
+          "The seed of sequence j of a batch seeded with `seed`.");
+}

@@ -1,0 +1,101 @@
+// Facts about the llama.cpp build this extension runs against: which libllama
+// file is mapped, which ggml backends and devices it registered, whether it can
+// offload to a GPU, and its context defaults. `pyspec info` (pyspec/info.py)
+// reads them; nothing here touches a model.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <ggml-backend.h>
+#include <llama.h>
+
+#include <string>
+
+#if !defined(_WIN32)
+#include <dlfcn.h>
+#endif
+
+#include "bindings/bind.h"
+
+namespace py = pybind11;
+
+namespace {
+
+const char* device_type_name(enum ggml_backend_dev_type t) {
+    switch (t) {
+        case GGML_BACKEND_DEVICE_TYPE_CPU: return "cpu";
+        case GGML_BACKEND_DEVICE_TYPE_GPU: return "gpu";
+        case GGML_BACKEND_DEVICE_TYPE_IGPU: return "igpu";
+        case GGML_BACKEND_DEVICE_TYPE_ACCEL: return "accel";
+        case GGML_BACKEND_DEVICE_TYPE_META: return "meta";
+    }
+    return "unknown";
+}
+
+std::string str_or_empty(const char* s) { return s ? std::string(s) : std::string(); }
+
+// The file the dynamic linker resolved a symbol from: the library this process
+// really calls, whatever path it was asked for.
+std::string library_of(const void* symbol) {
+#if !defined(_WIN32)
+    Dl_info info;
+    if (dladdr(symbol, &info) != 0 && info.dli_fname) return std::string(info.dli_fname);
+#else
+    (void)symbol;
+#endif
+    return std::string();
+}
+
+py::dict device_dict(ggml_backend_dev_t dev) {
+    py::dict d;
+    d["name"] = str_or_empty(ggml_backend_dev_name(dev));
+    d["description"] = str_or_empty(ggml_backend_dev_description(dev));
+    d["type"] = device_type_name(ggml_backend_dev_type(dev));
+    ggml_backend_reg_t reg = ggml_backend_dev_backend_reg(dev);
+    d["backend"] = reg ? str_or_empty(ggml_backend_reg_name(reg)) : std::string();
+    size_t free = 0, total = 0;
+    ggml_backend_dev_memory(dev, &free, &total);
+    d["memory_free"] = free;
+    d["memory_total"] = total;
+    return d;
+}
+
+}  // namespace
+
+void bind_info(py::module_& m) {
+    m.def("supports_gpu_offload", []() { return llama_supports_gpu_offload(); },
+          "llama_supports_gpu_offload(): whether this build has a backend that can hold model layers (CUDA, Metal, ...).");
+    m.def("supports_mmap", []() { return llama_supports_mmap(); });
+    m.def("supports_mlock", []() { return llama_supports_mlock(); });
+    m.def("max_devices", []() { return llama_max_devices(); });
+    m.def("flash_attn_default",
+          []() { return std::string(llama_flash_attn_type_name(llama_context_default_params().flash_attn_type)); },
+          "llama.cpp's default flash-attention setting for a new context (llama_context_default_params).");
+    m.def("libllama_path", []() { return library_of(reinterpret_cast<const void*>(&llama_print_system_info)); },
+          "Path of the libllama this extension calls (dladdr); empty where unknown.");
+    m.def("libggml_path", []() { return library_of(reinterpret_cast<const void*>(&ggml_backend_reg_count)); },
+          "Path of the libggml (backend registry) this extension calls (dladdr); empty where unknown.");
+    m.def("backends",
+          []() {
+              py::list out;
+              for (size_t i = 0; i < ggml_backend_reg_count(); ++i) {
+                  ggml_backend_reg_t reg = ggml_backend_reg_get(i);
+                  py::dict d;
+                  d["name"] = str_or_empty(ggml_backend_reg_name(reg));
+                  py::list devices;
+                  for (size_t j = 0; j < ggml_backend_reg_dev_count(reg); ++j) {
+                      devices.append(str_or_empty(ggml_backend_dev_name(ggml_backend_reg_dev_get(reg, j))));
+                  }
+                  d["devices"] = devices;
+                  out.append(d);
+              }
+              return out;
+          },
+          "The ggml backend registry: [{name, devices: [device names]}].");
+    m.def("devices",
+          []() {
+              py::list out;
+              for (size_t i = 0; i < ggml_backend_dev_count(); ++i) out.append(device_dict(ggml_backend_dev_get(i)));
+              return out;
+          },
+          "Every registered ggml device: [{name, description, type, backend, memory_free, memory_total}].");
+}

@@ -1,0 +1,20 @@
+// C++ error types. bindings/module.cpp translates each into the Python class of the
+// same name in pyspec/errors.py, which owns the user-facing hierarchy.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+namespace pyspec {
+
+struct ModelNotFoundError : std::runtime_error { using std::runtime_error::runtime_error; };
+struct InvalidModelError : std::runtime_error { using std::runtime_error::runtime_error; };
+struct ContextOverflowError : std::runtime_error { using std::runtime_error::runtime_error; };
+struct DecodeError : std::runtime_error { using std::runtime_error::runtime_error; };
+struct IncompatibleModelsError : std::runtime_error { using std::runtime_error::runtime_error; };
+// llama_model_quantize failed (its reason in the message).
+struct QuantizeError : std::runtime_error { using std::runtime_error::runtime_error; };
+// A decode stopped by the caller's cancel flag (Ctrl-C); the cache is left as before the call.
+struct Cancelled : std::runtime_error { using std::runtime_error::runtime_error; };
+
+}  // namespace pyspec

@@ -1,0 +1,196 @@
+#include "drafters/model_drafter.h"
+
+#include <llama.h>
+
+#include <algorithm>
+#include <stdexcept>
+
+#include "core/errors.h"
+
+namespace pyspec {
+
+ModelDrafter::ModelDrafter(Model& model, int32_t seq) : model_(model), seq_(seq) {
+    if (seq < 0 || seq >= model.n_seq()) {
+        throw std::invalid_argument("the draft model's context holds " + std::to_string(model.n_seq()) +
+                                    " sequences; a drafter for sequence " + std::to_string(seq) +
+                                    " needs it loaded with n_seq_max >= " + std::to_string(seq + 1));
+    }
+}
+
+DraftPlan ModelDrafter::plan(const std::vector<int32_t>& history) {
+    DraftPlan p;
+    p.lag = static_cast<int32_t>(history.size() - common_prefix(model_.cached(seq_), history));
+    return p;
+}
+
+void ModelDrafter::begin(const std::vector<int32_t>& prompt, const SamplingParams& sampling, bool prefill) {
+    sampling.validate();
+    sampling_ = sampling;
+    belief_sampling_ = sampling;
+    belief_sampling_.temperature = 1.0;
+    // Reuse whatever prefix of the prompt the cache already holds, in this
+    // sequence or copied from another (samples of one prompt process it once).
+    const size_t keep = model_.adopt_prefix(seq_, prompt, prompt.size());
+    if (prefill && keep < prompt.size()) {
+        model_.decode(prompt.data() + keep, static_cast<int32_t>(prompt.size() - keep), static_cast<int32_t>(keep), 0,
+                      seq_);
+    }
+}
+
+int32_t ModelDrafter::draft(const std::vector<int32_t>& history, int32_t max_n, Rng& rng,
+                            std::vector<int32_t>& tokens, std::vector<Distribution>& q, DraftStopRule* stop) {
+    std::vector<ModelDraftJob> one{{this, &history, max_n, &rng, &tokens, &q, stop}};
+    draft_together(one);
+    return static_cast<int32_t>(tokens.size());
+}
+
+bool ModelDrafter::next(ModelDraftJob& job, int32_t row, int32_t i) {
+    const int32_t n_vocab = model_.n_vocab();
+    const bool greedy = sampling_.greedy();
+    DraftStopRule* stop = job.stop;
+    Distribution& qi = (*job.q)[static_cast<size_t>(i)];
+    try {
+        compute_distribution(model_.logits(row), n_vocab, sampling_, qi, ws_);
+    } catch (const std::invalid_argument& e) {
+        throw DecodeError(std::string("the draft model produced invalid logits: ") + e.what());
+    }
+    // The stop rules' view (drafter.h): q itself, or for a greedy draft (q one-hot)
+    // its T = 1 distribution, with the token it will propose known in advance.
+    const Distribution* belief = &qi;
+    if (stop && greedy) {
+        compute_distribution(model_.logits(row), n_vocab, belief_sampling_, belief_, ws_);
+        belief = &belief_;
+    }
+    if (stop && stop->stop_before(i, *belief, greedy ? qi.argmax() : -1)) return false;
+    const int32_t tok = greedy ? qi.argmax() : qi.sample(job.rng->uniform());
+    job.tokens->push_back(tok);
+    if (stop && stop->stop_after(i, *belief, tok)) {
+        if (stop->discards_test_only()) job.tokens->pop_back();
+        return false;
+    }
+    return i + 1 < job.max_n;
+}
+
+int32_t draft_together(std::vector<ModelDraftJob>& jobs) {
+    if (jobs.empty()) return 0;
+    Model& m = jobs.front().drafter->model_;
+    std::vector<ModelDraftJob*> open;
+    for (ModelDraftJob& job : jobs) {
+        if (&job.drafter->model_ != &m) throw std::invalid_argument("draft_together: jobs of different models");
+        job.tokens->clear();
+        // Never write past the draft's context: position of the last fed token < n_ctx.
+        job.max_n = std::min<int32_t>(job.max_n, m.n_ctx() - static_cast<int32_t>(job.history->size()));
+        if (job.max_n > 0 && !job.history->empty()) open.push_back(&job);
+    }
+    if (open.empty()) return 0;
+    const auto held = m.lock();
+    int32_t decodes = 0;
+    // Sync each cache with its committed sequence: drop a rejected tail, then
+    // feed what is missing (usually one or two tokens), logits for the last
+    // one, all in the first decode. A long lag (a hybrid that drafted by lookup
+    // for a while) is caught up on its own first, to keep that decode small.
+    std::vector<Model::Row> rows;
+    size_t total = 0;
+    std::vector<size_t> keep(open.size());
+    for (size_t j = 0; j < open.size(); ++j) {
+        const std::vector<int32_t>& h = *open[j]->history;
+        const int32_t seq = open[j]->drafter->seq_;
+        keep[j] = common_prefix(m.cached(seq), h);
+        if (keep[j] == h.size()) --keep[j];  // need logits for the last token
+        m.truncate(static_cast<int32_t>(keep[j]), seq);
+        total += h.size() - keep[j];
+    }
+    for (size_t j = 0; j < open.size(); ++j) {
+        const std::vector<int32_t>& h = *open[j]->history;
+        const int32_t seq = open[j]->drafter->seq_;
+        if (total > static_cast<size_t>(m.n_batch()) && h.size() - keep[j] > 1) {
+            m.decode(h.data() + keep[j], static_cast<int32_t>(h.size() - 1 - keep[j]), static_cast<int32_t>(keep[j]),
+                     0, seq);
+            keep[j] = h.size() - 1;
+            ++decodes;
+        }
+        for (size_t p = keep[j]; p < h.size(); ++p) {
+            rows.push_back({seq, static_cast<int32_t>(p), h[p], p + 1 == h.size()});
+        }
+    }
+    m.decode_rows(rows.data(), static_cast<int32_t>(rows.size()));
+    ++decodes;
+    // One draft position per decode: each open job draws its token; those that
+    // go on feed it back together.
+    for (int32_t i = 0; !open.empty(); ++i) {
+        std::vector<ModelDraftJob*> still;
+        rows.clear();
+        for (size_t j = 0; j < open.size(); ++j) {
+            ModelDraftJob& job = *open[j];
+            // Each open job has one logits row, in job order, in every decode.
+            if (job.drafter->next(job, static_cast<int32_t>(j), i)) {
+                const int32_t seq = job.drafter->seq_;
+                rows.push_back({seq, static_cast<int32_t>(m.cached(seq).size()), job.tokens->back(), true});
+                still.push_back(&job);
+            }
+        }
+        open.swap(still);
+        if (open.empty()) break;
+        m.decode_rows(rows.data(), static_cast<int32_t>(rows.size()));
+        ++decodes;
+    }
+    return decodes;
+}
+
+// ---------------------------------------------------------------- compatibility
+
+namespace {
+
+// Ids beyond the other vocabulary are tolerated only when they are padding
+// that no tokenizer path can produce.
+bool is_padding(const Model& m, int32_t id) {
+    const int32_t attr = m.token_attr(id);
+    if (attr == LLAMA_TOKEN_ATTR_UNDEFINED || (attr & LLAMA_TOKEN_ATTR_UNUSED)) return true;
+    const std::string text = m.token_text(id);
+    return text.empty() || text.find("PAD") != std::string::npos || text.find("pad") != std::string::npos;
+}
+
+std::string quoted(const std::string& s) { return "'" + s + "'"; }
+
+}  // namespace
+
+void check_compatible(const Model& target, const Model& draft) {
+    if (target.vocab_type() != draft.vocab_type()) {
+        throw IncompatibleModelsError("draft and target use different tokenizer types (" +
+                                      std::to_string(target.vocab_type()) + " vs " +
+                                      std::to_string(draft.vocab_type()) +
+                                      "); speculative decoding needs one shared vocabulary");
+    }
+    auto same_special = [&](const char* what, int32_t a, int32_t b) {
+        if (a != b) {
+            throw IncompatibleModelsError(std::string("draft and target disagree on the ") + what + " token (" +
+                                          std::to_string(a) + " vs " + std::to_string(b) + ")");
+        }
+    };
+    same_special("BOS", target.bos(), draft.bos());
+    same_special("EOS", target.eos(), draft.eos());
+    same_special("EOT", target.eot(), draft.eot());
+    const int32_t shared = std::min(target.n_vocab(), draft.n_vocab());
+    for (int32_t id = 0; id < shared; ++id) {
+        const std::string a = target.token_text(id);
+        const std::string b = draft.token_text(id);
+        if (a != b) {
+            throw IncompatibleModelsError("draft and target vocabularies differ at token " + std::to_string(id) +
+                                          ": target " + quoted(a) + " vs draft " + quoted(b));
+        }
+        if (target.is_eog(id) != draft.is_eog(id)) {
+            throw IncompatibleModelsError("draft and target disagree on whether token " + std::to_string(id) + " (" +
+                                          quoted(a) + ") ends generation");
+        }
+    }
+    const Model& bigger = target.n_vocab() > draft.n_vocab() ? target : draft;
+    for (int32_t id = shared; id < bigger.n_vocab(); ++id) {
+        if (!is_padding(bigger, id)) {
+            throw IncompatibleModelsError(std::string(&bigger == &target ? "target" : "draft") +
+                                          " has extra token " + std::to_string(id) + " " +
+                                          quoted(bigger.token_text(id)) + " that the other model lacks");
+        }
+    }
+}
+
+}  // namespace pyspec

@@ -1,0 +1,68 @@
+// The classic drafter: a smaller model sharing the target's vocabulary, sampled
+// autoregressively with its own settings. Its KV cache follows the committed
+// sequence lazily: after a rejection it drops the tail, after a fully accepted
+// round it catches up on the missing tokens in the same decode as the next
+// draft's first position.
+//
+// Each drafter decodes in its own sequence `seq` of the draft model's context,
+// so the sequences of a batch draft together: draft_together() runs one
+// llama_decode per draft position for all of them.
+#pragma once
+
+#include "drafters/drafter.h"
+#include "model/model.h"
+
+namespace pyspec {
+
+class ModelDrafter;
+
+// One sequence's draft in a draft_together() call; the arguments of Drafter::draft.
+struct ModelDraftJob {
+    ModelDrafter* drafter;
+    const std::vector<int32_t>* history;
+    int32_t max_n;
+    Rng* rng;
+    std::vector<int32_t>* tokens;
+    std::vector<Distribution>* q;
+    DraftStopRule* stop;
+};
+
+// Draft for several sequences of one draft model at once: each job as its
+// drafter's draft() would (same draws from its rng, same stop rules), with one
+// llama_decode per draft position holding a row for every job still drafting.
+// Every job's drafter must use the same model, each its own sequence.
+// Returns the number of draft-model decodes it ran.
+int32_t draft_together(std::vector<ModelDraftJob>& jobs);
+
+class ModelDrafter : public Drafter {
+public:
+    // std::invalid_argument unless the model's context holds sequence `seq`.
+    explicit ModelDrafter(Model& model, int32_t seq = 0);
+
+    DraftPlan plan(const std::vector<int32_t>& history) override;
+    void begin(const std::vector<int32_t>& prompt, const SamplingParams& sampling, bool prefill) override;
+    int32_t draft(const std::vector<int32_t>& history, int32_t max_n, Rng& rng, std::vector<int32_t>& tokens,
+                  std::vector<Distribution>& q, DraftStopRule* stop) override;
+    Model* model() const override { return &model_; }
+    int32_t model_seq() const override { return seq_; }
+    ModelDrafter* model_drafter() override { return this; }
+
+private:
+    friend int32_t draft_together(std::vector<ModelDraftJob>& jobs);
+    // q for the job's next token from logits row `row`; false when its stop rule ends the draft here.
+    bool next(ModelDraftJob& job, int32_t row, int32_t i);
+
+    Model& model_;
+    int32_t seq_;
+    SamplingParams sampling_;
+    SamplingParams belief_sampling_;  // sampling_ at T = 1: the stop rules' view of a greedy draft
+    Distribution belief_;
+    SamplingWorkspace ws_;
+};
+
+// Throws IncompatibleModelsError unless the draft's vocabulary matches the
+// target's: same tokenizer type, same BOS/EOS, identical token texts over the
+// shared id range; extra ids in either model must be unused padding.
+void check_compatible(const Model& target, const Model& draft);
+
+}  // namespace pyspec

@@ -1,0 +1,166 @@
+#include "drafters/ngram_drafter.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <stdexcept>
+
+namespace pyspec {
+
+NgramDrafter::NgramDrafter(int32_t n_vocab, int32_t n_min, int32_t n_max)
+    : n_vocab_(n_vocab), n_min_(n_min), n_max_(n_max) {
+    if (n_min < 1 || n_max < n_min || n_max > 16) {
+        throw std::invalid_argument("n-gram sizes must satisfy 1 <= n_min <= n_max <= 16");
+    }
+    index_.resize(static_cast<size_t>(n_max - n_min + 1));
+}
+
+void NgramDrafter::begin(const std::vector<int32_t>& prompt, const SamplingParams&, bool) {
+    for (auto& m : index_) m.clear();
+    indexed_ = 0;
+    index_up_to(prompt);
+    cursor_ = anchor_ = proposed_from_ = planned_from_ = -1;
+    run_ = 0;
+    reanchored_ = false;
+    followed_ = prompt.size();
+    failed_.clear();
+    proposed_.clear();
+    planned_size_ = 0;
+}
+
+void NgramDrafter::index_up_to(const std::vector<int32_t>& history) {
+    // An n-gram ending at i is indexed once its next token (i + 1) exists, so the
+    // sequence's own suffix never matches itself.
+    const size_t end = history.size();
+    for (size_t i = indexed_; i + 1 < end; ++i) {
+        for (int32_t n = n_min_; n <= n_max_; ++n) {
+            if (static_cast<int64_t>(i) + 1 < n) break;
+            const int32_t* start = history.data() + i + 1 - n;
+            index_[static_cast<size_t>(n - n_min_)][ngram_key(start, n)] = static_cast<int32_t>(i + 1);
+        }
+    }
+    if (end > 0) indexed_ = std::max(indexed_, end - 1);
+}
+
+int32_t NgramDrafter::find(const std::vector<int32_t>& history, int32_t* match_len) {
+    index_up_to(history);
+    const int32_t size = static_cast<int32_t>(history.size());
+    for (int32_t n = std::min(n_max_, size); n >= n_min_; --n) {
+        const int32_t* suffix = history.data() + size - n;
+        const auto& m = index_[static_cast<size_t>(n - n_min_)];
+        const auto it = m.find(ngram_key(suffix, n));
+        if (it == m.end()) continue;
+        const int32_t next = it->second;
+        // Guard against hash collisions: the tokens must really match.
+        if (next >= n && next < size && std::equal(suffix, suffix + n, history.data() + next - n)) {
+            *match_len = n;
+            return next;
+        }
+    }
+    *match_len = 0;
+    return -1;
+}
+
+void NgramDrafter::follow(const std::vector<int32_t>& history) {
+    const size_t size = history.size();
+    if (followed_ > size) {  // a shorter history: a new sequence without begin(); start over on it
+        begin(history, SamplingParams{}, false);
+        return;
+    }
+    // What became of the last proposal: rejected at its first token means that
+    // source position does not continue this text.
+    if (!proposed_.empty() && proposed_at_size_ < size && proposed_at_size_ >= followed_ &&
+        history[proposed_at_size_] != proposed_[0]) {
+        failed_.insert(proposed_from_);
+    }
+    proposed_.clear();
+    for (size_t j = followed_; j < size; ++j) {
+        if (cursor_ < 0) continue;
+        if (static_cast<size_t>(cursor_) < j && history[static_cast<size_t>(cursor_)] == history[j]) {
+            ++cursor_;
+            ++run_;
+        } else {
+            anchor_ = cursor_;
+            cursor_ = -1;
+            run_ = 0;
+            reanchored_ = false;
+        }
+    }
+    followed_ = size;
+}
+
+int32_t NgramDrafter::reanchor(const std::vector<int32_t>& history, int32_t* m) const {
+    const int32_t size = static_cast<int32_t>(history.size());
+    const int32_t lo = std::max(anchor_ - kReanchorBefore, 0);
+    const int32_t hi = std::min(anchor_ + kReanchorAfter, size - 1);  // the source precedes the suffix
+    for (int32_t n = std::min(3, size); n >= 1; --n) {
+        const int32_t* suffix = history.data() + size - n;
+        int32_t best = -1;
+        // Candidate continuation positions c: history[c - n, c) equals the suffix.
+        for (int32_t c = std::max(lo, n); c <= hi; ++c) {
+            if (!std::equal(suffix, suffix + n, history.data() + c - n) || failed_.count(c)) continue;
+            if (best < 0 || std::abs(c - anchor_) < std::abs(best - anchor_)) best = c;
+        }
+        if (best >= 0) {
+            *m = n;
+            return best;
+        }
+    }
+    return -1;
+}
+
+DraftPlan NgramDrafter::plan(const std::vector<int32_t>& history) {
+    follow(history);
+    DraftPlan p;
+    p.source = DraftSource::kNgram;
+    int32_t from = -1;
+    if (cursor_ >= 0) {
+        from = cursor_;
+        p.match_len = run_;
+    } else {
+        int32_t m = 0;
+        reanchored_ = anchor_ >= 0 && (from = reanchor(history, &m)) >= 0;
+        if (!reanchored_) from = find(history, &m);
+        if (from >= 0) {
+            cursor_ = from;  // follow it from now on
+            run_ = m;
+        }
+        p.fresh = from >= 0;
+        p.match_len = from >= 0 ? m : 0;
+    }
+    p.near_copy = from >= 0 && reanchored_;  // until the copy diverges again
+    p.next_guess = from >= 0 ? history[static_cast<size_t>(from)] : -1;
+    planned_from_ = from;
+    planned_size_ = history.size();
+    return p;
+}
+
+DraftPlan NgramDrafter::choose(const std::vector<int32_t>& history, const LengthFor& length_for) {
+    DraftPlan p = plan(history);
+    p.length = p.match_len > 0 ? length_for(p) : -1;
+    return p;
+}
+
+int32_t NgramDrafter::draft(const std::vector<int32_t>& history, int32_t max_n, Rng&, std::vector<int32_t>& tokens,
+                            std::vector<Distribution>& q, DraftStopRule*) {
+    // No stop rule is asked: a lookup's one-hot q carries no belief (drafter.h).
+    tokens.clear();
+    if (planned_size_ != history.size()) plan(history);
+    planned_size_ = 0;
+    const int32_t at = planned_from_;
+    if (at < 0) return 0;
+    const int32_t size = static_cast<int32_t>(history.size());
+    for (int32_t i = 0; i < max_n; ++i) {
+        // Past the end of history the copy continues from its own proposals,
+        // which extends repeating patterns ("a b c a b c ...").
+        const int32_t src = at + i;
+        const int32_t tok = src < size ? history[static_cast<size_t>(src)] : tokens[static_cast<size_t>(src - size)];
+        q[static_cast<size_t>(i)].set_one_hot(tok, n_vocab_);
+        tokens.push_back(tok);
+    }
+    proposed_ = tokens;
+    proposed_at_size_ = history.size();
+    proposed_from_ = at;
+    return static_cast<int32_t>(tokens.size());
+}
+
+}  // namespace pyspec

@@ -1,0 +1,119 @@
+// Step 2 of a round: the one target decode of every active sequence's
+// verification rows and a chunk of waiting prompts, and what a full cache
+// gives up to make it fit.
+#include <algorithm>
+#include <thread>
+
+#include "core/errors.h"
+#include "engine/sequence.h"
+
+namespace pyspec {
+
+void BatchSession::run_target(std::vector<Sequence*>& active) {
+    const int32_t n_batch = target_.n_batch();
+    while (true) {
+        rows_.clear();
+        const int32_t verify_rows = add_verification_rows(active);
+        int32_t budget = n_batch - verify_rows;
+        if (!active.empty() && shared_.prefill_chunk > 0) budget = std::min(budget, shared_.prefill_chunk);
+        add_prompt_rows(budget);
+        const int32_t n = static_cast<int32_t>(rows_.size());
+        if (n == 0) return;
+        try {
+            target_.decode_rows(rows_.data(), n);
+            bs_.prompt_rows += n - verify_rows;
+            return;
+        } catch (const ContextOverflowError&) {
+            // The unified cache is full. Free cells in order of what they cost to
+            // lose: prefix caches of finished sequences, then this round's drafts
+            // and prompt rows, then the sequence holding the most cells ends
+            // ("context"); its cells go back to the others.
+            bool freed = false;
+            for (int32_t j = 0; j < static_cast<int32_t>(slot_owner_.size()); ++j) {
+                if (slot_owner_[static_cast<size_t>(j)] < 0 && !target_.cached(j).empty()) {
+                    target_.truncate(0, j);
+                    freed = true;
+                }
+            }
+            if (freed) continue;
+            bool had_drafts = false;
+            for (Sequence* s : active) {
+                had_drafts |= !s->drafts.empty();
+                s->drafts.clear();
+            }
+            if (had_drafts) continue;
+            Sequence* biggest = nullptr;
+            for (Sequence* s : active) {
+                if (!biggest || s->history.size() > biggest->history.size()) biggest = s;
+            }
+            if (!biggest) {
+                // Only prompt rows, and nothing else holds cells: a waiting prompt
+                // cannot fit beside the others; it ends.
+                for (Sequence& s : seqs_) {
+                    if (!s.done && !s.started) {
+                        finish(s, "context");
+                        break;
+                    }
+                }
+                if (n_waiting() == 0) return;
+                continue;
+            }
+            finish(*biggest, "context");
+            target_.truncate(0, biggest->id);
+            active.erase(std::find(active.begin(), active.end(), biggest));
+        }
+    }
+}
+
+int32_t BatchSession::add_verification_rows(const std::vector<Sequence*>& active) {
+    std::vector<Model::Row>& rows = rows_;
+    int32_t n_logits = 0;
+    for (Sequence* s : active) {
+        // The cache holds the committed tokens but the last, which is (re)evaluated
+        // with the drafts. (A longer uncommitted tail, which only a cache changed
+        // behind the engine's back could leave, is caught up on its own first.)
+        const size_t last = s->history.size() - 1;
+        const size_t keep = std::min(common_prefix(target_.cached(s->id), s->history), last);
+        if (keep < last) {
+            target_.decode(s->history.data() + keep, static_cast<int32_t>(last - keep), static_cast<int32_t>(keep), 0,
+                           s->id);
+        }
+        target_.truncate(static_cast<int32_t>(last), s->id);
+        int32_t pos = static_cast<int32_t>(last);
+        rows.push_back({s->id, pos++, s->history[last], true});
+        for (int32_t t : s->drafts) rows.push_back({s->id, pos++, t, true});
+        s->first_row = n_logits;
+        n_logits += static_cast<int32_t>(s->drafts.size()) + 1;
+    }
+    return static_cast<int32_t>(rows.size());
+}
+
+void BatchSession::add_prompt_rows(int32_t budget) {
+    for (Sequence& s : seqs_) {
+        if (budget <= 0) break;
+        if (s.done || s.started || waits_for_prefix(s)) continue;
+        if (!s.prompt_begun) {
+            s.prompt_begun = true;
+            if (s.uses_drafter(shared_.draft_max) && shared_.parallel_prefill &&
+                (!s.policy || s.policy->may_draft(DraftSource::kModel))) {
+                Sequence* sp = &s;
+                s.drafter_prefill = std::thread([sp] {
+                    try {
+                        sp->drafter->begin(sp->history, sp->params.draft_sampling, true);
+                    } catch (...) {
+                        sp->drafter_error = std::current_exception();
+                    }
+                });
+            }
+        }
+        const int32_t want = static_cast<int32_t>(s.history.size()) - 1;
+        int32_t pos = static_cast<int32_t>(target_.cached(s.id).size());
+        const int32_t n = std::min(budget, want - pos);
+        for (int32_t i = 0; i < n; ++i, ++pos) {
+            rows_.push_back({s.id, pos, s.history[static_cast<size_t>(pos)], false});
+        }
+        budget -= n;
+    }
+}
+
+}  // namespace pyspec

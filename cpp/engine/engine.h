@@ -1,0 +1,290 @@
+// The generation loop, plain and speculative alike, for one sequence or many:
+// prefill, then rounds (BatchSession::step, round.cpp) of
+//   1. draft:      each sequence's drafter proposes up to k tokens (k = 0: a plain step),
+//   2. run target: the target evaluates every sequence's [last committed token, drafts]
+//                  in ONE llama_decode (rows tagged with the sequence's id; decode.cpp),
+//   3. accept:     per sequence, the sampling core accepts a prefix and draws the next token,
+//   4. roll back:  per sequence, the target's KV cache drops the rejected tail,
+//   5. emit:       the new tokens are committed and streamed (emit.cpp).
+// A single generation is the batch of one: there is one loop. Runs without the
+// GIL; Python sees it through a per-token callback. session.cpp admits and
+// starts sequences; calibrate.cpp times batch sizes for the policies.
+//
+// Sequence j of a batch is sequence j of the target's context and draws from its
+// own random stream, derived from (seed, j) (j = 0 uses the seed itself, so a
+// batch of one is the single-sequence generation): its output does not depend on
+// which other sequences share the batch, apart from the kernels' rounding.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <limits>
+#include <map>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "drafters/drafter.h"
+#include "model/model.h"
+#include "policies/policy.h"
+#include "core/sampling.h"
+#include "engine/stats.h"
+
+namespace pyspec {
+
+// TEST-ONLY negative controls: each breaks losslessness on purpose, and the
+// lossless tests must catch it. Never set in the product.
+//   variant        the verification rule (sampling.h, VerifyVariant), for the whole session;
+//   discard_below  > 0: a model draft ends by DISCARDING a drawn token whose belief is
+//                  below this, the biased rule drafter.h forbids (per sequence);
+//   shared_stream  every sequence draws from the one stream of `seed` (correlated
+//                  samples) instead of its own (per sequence).
+struct TestControls {
+    VerifyVariant variant = VerifyVariant::kCorrect;
+    double discard_below = 0;
+    bool shared_stream = false;
+};
+
+struct GenerateParams {
+    // Passed as draft_max: no session bound, each sequence's policy caps its drafts.
+    static constexpr int32_t kNoLimit = std::numeric_limits<int32_t>::max();
+
+    int32_t max_tokens = 256;
+    SamplingParams sampling;           // the target's settings: define the output distribution
+    SamplingParams draft_sampling;     // the drafter's own settings (q); any choice stays lossless
+    uint64_t seed = 0;
+    std::vector<std::string> stop;
+    // 0: plain decoding, no sequence drafts. > 0: the session drafts, and no draft
+    // is longer than this (a server's limit; kNoLimit: none). A sequence with a
+    // policy drafts at most the policy's own draft_max(), which the engine reads
+    // (callers do not copy it here); one without a policy drafts this many a round.
+    int32_t draft_max = 0;
+    TestControls test;
+    // Let the drafter process the prompt on its own thread while the target does.
+    // Worth it when the models run on different devices (GPU target, CPU draft);
+    // on a CPU alone both would fight over the same cores.
+    bool parallel_prefill = false;
+    // Most prompt tokens a round adds to its target decode while other sequences
+    // are generating (0: as many as the batch has room for). Bounds how long a
+    // newly added long prompt can hold up the others' next token.
+    int32_t prefill_chunk = 0;
+    // Log-probabilities recorded for each emitted token (GenerateResult::logprobs):
+    // -1 none; k >= 0 the token's own and the k most likely alternatives. They are
+    // the target's (token_logprobs in sampling.h), from the verification row that
+    // decided the token: plain decoding at the same prefix reports the same.
+    int32_t logprobs = -1;
+    // Checked between tokens and inside every llama_decode; set from another
+    // thread to stop (stop_reason "cancelled", caches left consistent).
+    const std::atomic<bool>* cancel = nullptr;
+};
+
+struct GenerateResult {
+    std::vector<int32_t> tokens;
+    std::string text;
+    std::string stop_reason;  // "eog", "max_tokens", "stop", "context", "cancelled"
+    GenerationStats stats;
+    std::vector<TokenLogprobs> logprobs;  // one per token when GenerateParams::logprobs >= 0
+};
+
+// Called for every emitted token with the text that became safe to show
+// (token -1 carries the final flush). `drafted` tells whether the token was a
+// draft the target accepted. Return false to stop (stop_reason "cancelled").
+using TokenCallback = std::function<bool(int32_t token, const std::string& text, bool drafted)>;
+// The same for a batch: `seq` is the sequence's handle (its index in a
+// generate_batch call). Returning false stops that sequence only.
+using BatchTokenCallback = std::function<bool(int32_t seq, int32_t token, const std::string& text, bool drafted)>;
+
+// One sequence of a batch. Drafters and adaptive policies keep per-sequence
+// state, so each sequence has its own (null: plain decoding / no policy).
+struct SequenceSpec {
+    std::vector<int32_t> prompt;
+    Drafter* drafter = nullptr;
+    LengthPolicy* policy = nullptr;
+    // Its own settings (a server's requests differ): max_tokens, sampling,
+    // draft_sampling, seed, stop, logprobs, test.discard_below and test.shared_stream
+    // are read from here; draft_max, test.variant, parallel_prefill, prefill_chunk
+    // and cancel are the session's.
+    GenerateParams params;
+    // Which random stream of `params.seed` it draws from (sequence_seed(seed, stream)):
+    // sample j of an n-sample request uses stream j.
+    int32_t stream = 0;
+};
+
+// Figures of a whole batch (each sequence's own are in its GenerateResult).
+struct BatchStats {
+    int32_t n_seq = 0;           // sequences added
+    int32_t rounds = 0;          // target decodes that verified: one per round for all active sequences
+    int64_t rows = 0;            // verification rows in those decodes (prompt rows riding along not counted)
+    int32_t max_rows = 0;        // the largest of them
+    int64_t prompt_rows = 0;     // prompt tokens decoded (copied prefixes not counted)
+    int64_t draft_decodes = 0;   // draft-model decodes (one per draft position for all sequences drafting)
+    int32_t joint_rounds = 0;    // rounds whose drafts were allotted jointly (policy.h, plans_jointly)
+    double prompt_s = 0;         // decodes that held only prompt rows
+    double decode_s = 0;         // from the first emitted token of any sequence to the last
+    int64_t n_generated = 0;     // tokens, all sequences
+    double aggregate_tok_s = 0;  // tokens after each sequence's first, per second of decode_s
+};
+
+// The largest target batch a policy with cap `draft_max` wants timed (its
+// calibration_sizes bound): one sequence's draft_max + 1 rows, per sequence the
+// context holds (batch-aware policies use those sizes), at most one batch. The
+// engine's calibration and pyspec/calibration.py's records both go by it.
+int32_t calibration_rows(int32_t draft_max, int32_t n_batch, int32_t n_seq);
+
+// Seed of sequence j of a batch seeded with `seed` (j = 0: the seed itself).
+uint64_t sequence_seed(uint64_t seed, int32_t j);
+
+class BatchSession;
+
+class Engine {
+public:
+    // drafter may be null (plain decoding only). Throws std::invalid_argument if
+    // the drafter decodes with the target's own context.
+    Engine(Model& target, Drafter* drafter);
+
+    // policy may be null: then every round drafts params.draft_max tokens (which
+    // must then be finite); with one, at most policy->draft_max().
+    // Holds the locks of the target's and the draft model's contexts for the
+    // whole call, so engines sharing a model take turns.
+    GenerateResult generate(const std::vector<int32_t>& prompt, const GenerateParams& params,
+                            const TokenCallback& on_token, LengthPolicy* policy = nullptr);
+
+    // Many sequences, one target decode per round: a session with these
+    // sequences, run to the end. Sequence j draws from stream j of params.seed.
+    // Sequences whose prompts are equal share one prefill (the cache cells are
+    // copied, not recomputed). The target needs n_seq >= seqs.size(). Results
+    // come back in the order given. (The specs' own params are replaced by `params`.)
+    std::vector<GenerateResult> generate_batch(const std::vector<SequenceSpec>& seqs, const GenerateParams& params,
+                                               const BatchTokenCallback& on_token, BatchStats* batch_stats = nullptr);
+
+    Model& target() { return target_; }
+
+private:
+    Model& target_;
+    Drafter* drafter_;                 // the drafter of generate()
+};
+
+// A batch whose sequences join and leave between rounds: continuous batching.
+// Each step() is one round: every active sequence drafts, and ONE target
+// decode holds all their verification rows plus, where the batch has room, a
+// chunk of the prompts of sequences that are waiting to start; then each
+// active sequence is verified on its own rows and rolled back. A waiting
+// sequence whose prompt shares a prefix with a cached one copies those cells
+// instead of computing them. Finished sequences free their slot at once; their
+// cells stay as a prefix cache until the slot is reused, the cells are needed,
+// or release_cache().
+//
+// Uses the target and `draft_models` (those of the drafters it will be given)
+// only: with `hold_locks` it holds their locks for its lifetime (one call, one
+// thread: generate_batch); without, each method takes them for its duration and
+// the session claims the models in between (Model::claim), so that it can live
+// across calls and threads (a server's scheduler).
+class BatchSession {
+public:
+    BatchSession(Engine& engine, const GenerateParams& shared, BatchTokenCallback on_token,
+                 std::vector<Model*> draft_models = {}, bool hold_locks = true);
+    ~BatchSession();
+    BatchSession(const BatchSession&) = delete;
+    BatchSession& operator=(const BatchSession&) = delete;
+
+    // Queue a sequence; it starts generating once its prompt is in the cache.
+    // Returns its handle (0, 1, 2, ... in the order added). std::invalid_argument
+    // (or ContextOverflowError) for a sequence that cannot run; std::length_error
+    // when every slot of the target's context is taken.
+    int32_t add(const SequenceSpec& spec);
+    // End a sequence at the next step (stop_reason "cancelled"). Unknown or
+    // finished handles are ignored.
+    void cancel(int32_t handle);
+    // One round. False when no sequence is waiting or generating.
+    bool step();
+    // Results of the sequences that finished since the last call, by handle.
+    std::vector<std::pair<int32_t, GenerateResult>> take_finished();
+    // Empty the cells kept for finished sequences (their prefix cache).
+    void release_cache();
+
+    int32_t free_slots() const;
+    int32_t n_active() const;   // generating
+    int32_t n_waiting() const;  // prompt not yet in the cache
+    // Target cache cells held (running sequences', and all: finished sequences'
+    // cells stay as a prefix cache that add() reuses and a full cache reclaims).
+    std::pair<int32_t, int32_t> kv_cells() const;
+    // The log-probabilities a running sequence has recorded so far (from index
+    // `start`); empty for unknown or finished handles (their results hold them).
+    std::vector<TokenLogprobs> logprobs(int32_t handle, size_t start);
+    BatchStats stats() const;
+
+private:
+    // The files of cpp/engine/ share these (sequence.h, round.cpp).
+    struct Sequence;
+    class StopRule;
+    class RoundMeter;
+
+    Sequence* find(int32_t handle);
+    void check(const SequenceSpec& spec) const;
+    int32_t pick_slot(const std::vector<int32_t>& prompt) const;
+    // Copy the longest cached prefix of s's prompt from another slot, if longer than its own.
+    void reuse_prefix(Sequence& s);
+    bool waits_for_prefix(const Sequence& s) const;
+    // Waiting sequences whose prompts are in the cache start generating.
+    void start_ready();
+    void start(Sequence& s);
+    // Add a chunk of waiting prompts to rows_ (at most `budget` rows).
+    void add_prompt_rows(int32_t budget);
+    // The sequences that generate this round (ends those cancelled or out of room).
+    std::vector<Sequence*> generating();
+    // The steps of a round (step(), in round.cpp), for the active sequences.
+    // 1. Each sequence's drafter picks a source, its policy a length (at most its
+    //    draft_max), and the drafter proposes up to that many tokens.
+    void draft(const std::vector<Sequence*>& active);
+    // Plans this round's draft lengths for all active sequences at once, when
+    // their policies allow (policy.h, plans_jointly); false: each plans alone.
+    bool plan_jointly(const std::vector<Sequence*>& active, int32_t draft_cap);
+    int32_t round_max(const Sequence& s, int32_t draft_cap) const;  // the longest draft s may make this round
+    // 2. The one target decode of the round (verification rows, then a chunk of
+    //    waiting prompts); on a full cache frees cells (prefix caches, then
+    //    drafts and prompt rows, then the longest sequence) and retries.
+    void run_target(std::vector<Sequence*>& active);
+    // 3. The sampling core (sampling.h, verify) accepts a prefix of s's drafts
+    //    and draws the next token from the target's distributions.
+    void accept(Sequence& s);
+    // 4. s's cache drops the rejected drafts.
+    void roll_back(Sequence& s);
+    // 5. Commit and stream s's round, stopping at EOG, a stop string,
+    //    max_tokens or the callback's word.
+    void emit(Sequence& s);
+    int32_t add_verification_rows(const std::vector<Sequence*>& active);
+    void target_distributions(int32_t first_row, int32_t n_rows, const SamplingParams& sampling);
+    double calibrate(LengthPolicy& policy, int32_t max_batch, int32_t filler, int32_t seq);
+    void finish(Sequence& s, const char* reason);
+    void cancel_all();
+
+    Model& target_;
+    GenerateParams shared_;
+    BatchTokenCallback on_token_;
+    std::vector<Model*> models_;  // locked, in address order
+    using Locks = std::vector<std::unique_lock<std::recursive_mutex>>;
+    Locks lock_models() const;   // the models' locks, in address order
+    Locks hold() const;          // lock_models(), unless held for the lifetime
+    bool hold_locks_;
+    Locks locks_;
+    std::deque<Sequence> seqs_;   // never moved: a stop rule points into its sequence's stats
+    std::vector<int32_t> slot_owner_;  // slot -> handle of the live sequence there, -1: free
+    std::vector<std::pair<int32_t, GenerateResult>> finished_;
+    int32_t next_handle_ = 0;
+    BatchStats bs_;
+    std::map<int32_t, double> timings_;  // target batch size -> seconds, measured by calibrate()
+    int64_t after_first_ = 0;     // tokens after each finished sequence's first
+    bool any_token_ = false;
+    std::chrono::steady_clock::time_point first_token_{}, last_token_{};
+    // Scratch of the rounds, reused so that steady state does not allocate.
+    std::vector<Model::Row> rows_;     // the round's target batch
+    std::vector<int32_t> batch_;       // calibration batches
+    std::vector<Distribution> p_;      // the target's distributions of one sequence's rows
+    SamplingWorkspace ws_;
+};
+
+}  // namespace pyspec

@@ -1,0 +1,107 @@
+// BatchSession's private parts, shared by the files of cpp/engine/: one
+// sequence in flight, and the stop rule its drafter asks.
+#pragma once
+
+#include <chrono>
+#include <exception>
+#include <thread>
+#include <vector>
+
+#include "engine/engine.h"
+#include "model/text_stream.h"
+
+namespace pyspec {
+
+using Clock = std::chrono::steady_clock;
+
+inline double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// The policy as the drafter sees it: counts the drafts it ends, and in the
+// test-only control mode replaces it by the forbidden discard-by-value rule.
+class BatchSession::StopRule : public DraftStopRule {
+public:
+    StopRule(LengthPolicy* policy, double discard_below, GenerationStats& st)
+        : policy_(policy), discard_below_(discard_below), st_(st) {}
+    // Whether drafters need to consult (and compute beliefs for) this rule at all.
+    bool active() const { return discard_below_ > 0 || (policy_ && policy_->stops_early()); }
+    void begin_draft(int32_t length) { length_ = length; }
+    bool stop_before(int32_t i, const Distribution& belief, int32_t known) override {
+        if (discard_below_ > 0) return false;
+        const bool stop = policy_ && policy_->stop_before(i, belief, known);
+        st_.stops_before += stop;
+        return stop;
+    }
+    bool stop_after(int32_t i, const Distribution& belief, int32_t token) override {
+        const bool stop = discard_below_ > 0 ? belief.prob(token) < discard_below_
+                                             : policy_ && policy_->stop_after(i, belief, token);
+        st_.stops_after += stop && i + 1 < length_;  // only stops that shortened the draft
+        return stop;
+    }
+    bool discards_test_only() const override { return discard_below_ > 0; }
+
+private:
+    LengthPolicy* policy_;
+    double discard_below_;
+    GenerationStats& st_;
+    int32_t length_ = 0;
+};
+
+// One generation in flight: the committed sequence, what it produced, and the
+// round being verified.
+struct BatchSession::Sequence {
+    Sequence(const SequenceSpec& spec, int32_t handle_, int32_t slot_)
+        : handle(handle_), id(slot_), drafter(spec.drafter), policy(spec.policy), params(spec.params),
+          history(spec.prompt),
+          rng(spec.params.test.shared_stream ? spec.params.seed : sequence_seed(spec.params.seed, spec.stream)),
+          stream(spec.params.stop), max_tokens(spec.params.max_tokens),
+          stop_rule(spec.policy, spec.params.test.discard_below, result.stats) {}
+
+    int32_t handle;                // what the caller knows it by
+    int32_t id;                    // its slot = sequence id in the target's context
+    Drafter* drafter;
+    LengthPolicy* policy;
+    GenerateParams params;
+    std::vector<int32_t> history;  // prompt + emitted tokens
+    GenerateResult result;
+    Rng rng;
+    TextStream stream;
+    int32_t max_tokens;
+    int32_t draft_max = 0;         // its longest draft: the session's bound and its policy's cap
+    bool started = false;          // its prompt is in the cache: it generates
+    bool done = false;
+    bool cancel_requested = false;
+    bool callback_stopped = false;
+    bool prompt_begun = false;     // a chunk of its prompt was scheduled (or copied)
+    Clock::time_point t_start = Clock::now(), t_first{};
+    StopRule stop_rule;
+    // The drafter processing the prompt on its own thread (parallel_prefill).
+    std::thread drafter_prefill;
+    std::exception_ptr drafter_error;
+
+    // The round in flight.
+    DraftPlan plan;
+    std::vector<int32_t> drafts;
+    std::vector<Distribution> q;
+    double draft_s = 0;
+    int32_t first_row = 0;         // its first logits row in the verification batch
+    VerifyResult vr{0, -1};
+    RoundReport report;            // what the round did, for its policy and statistics
+
+    GenerationStats& stats() { return result.stats; }
+    int32_t generated() const { return static_cast<int32_t>(result.tokens.size()); }
+    int32_t n_prompt() const { return result.stats.n_prompt_tokens; }
+    StopRule* stop() { return stop_rule.active() ? &stop_rule : nullptr; }
+    bool uses_drafter(int32_t session_draft_max) const { return drafter && session_draft_max > 0; }
+    void join_drafter() {
+        if (drafter_prefill.joinable()) drafter_prefill.join();
+    }
+    // A new round: no drafts yet; the drafter picks a source and hears its
+    // length from `length_for` (the policy's next_length, or a joint plan's bid).
+    void start_round(int32_t round_max, const LengthFor& length_for) {
+        drafts.clear();
+        plan = DraftPlan{};
+        if (round_max > 0 && drafter) plan = drafter->choose(history, length_for);
+    }
+};
+
+}  // namespace pyspec

@@ -1,0 +1,282 @@
+// BatchSession's housekeeping: the models' locks, admitting sequences (checks,
+// slots, the prefix cache), starting them once their prompt is in the cache,
+// and what callers read between rounds.
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+#include "core/errors.h"
+#include "engine/sequence.h"
+
+namespace pyspec {
+
+BatchSession::BatchSession(Engine& engine, const GenerateParams& shared, BatchTokenCallback on_token,
+                           std::vector<Model*> draft_models, bool hold_locks)
+    : target_(engine.target()), shared_(shared), on_token_(std::move(on_token)), hold_locks_(hold_locks) {
+    if (shared_.draft_max < 0) throw std::invalid_argument("draft_max must be >= 0");
+    if (shared_.prefill_chunk < 0) throw std::invalid_argument("prefill_chunk must be >= 0");
+    if (shared_.draft_max > 0 && target_.n_batch() < 2) {
+        throw std::invalid_argument("speculative decoding needs the target's n_batch >= 2 (one batch holds the "
+                                    "last token and the drafts); n_batch is " + std::to_string(target_.n_batch()));
+    }
+    models_.push_back(&target_);
+    for (Model* m : draft_models) {
+        if (m == &target_) {
+            throw std::invalid_argument("the draft model must be a separate Model from the target (its own context)");
+        }
+        if (m && std::find(models_.begin(), models_.end(), m) == models_.end()) models_.push_back(m);
+    }
+    std::sort(models_.begin(), models_.end());
+    Locks held = lock_models();
+    size_t claimed = 0;
+    try {
+        for (; claimed < models_.size(); ++claimed) models_[claimed]->claim(this);
+    } catch (...) {
+        while (claimed > 0) models_[--claimed]->unclaim(this);
+        throw;
+    }
+    for (Model* m : models_) m->set_abort_flag(shared_.cancel);
+    slot_owner_.assign(static_cast<size_t>(target_.n_seq()), -1);
+    if (hold_locks_) locks_ = std::move(held);
+}
+
+BatchSession::~BatchSession() {
+    Locks held = hold();
+    for (Sequence& s : seqs_) s.join_drafter();
+    for (Model* m : models_) {
+        m->set_abort_flag(nullptr);
+        m->unclaim(this);
+    }
+}
+
+BatchSession::Locks BatchSession::lock_models() const {
+    // One order (by address), so that sessions sharing models cannot deadlock.
+    Locks locks;
+    for (Model* m : models_) locks.emplace_back(m->mutex());
+    return locks;
+}
+
+BatchSession::Locks BatchSession::hold() const { return hold_locks_ ? Locks{} : lock_models(); }
+
+BatchSession::Sequence* BatchSession::find(int32_t handle) {
+    for (Sequence& s : seqs_) {
+        if (s.handle == handle && !s.done) return &s;
+    }
+    return nullptr;
+}
+
+void BatchSession::check(const SequenceSpec& spec) const {
+    const GenerateParams& p = spec.params;
+    p.sampling.validate();
+    p.draft_sampling.validate();
+    if (p.max_tokens < 0) throw std::invalid_argument("max_tokens must be >= 0");
+    if (spec.stream < 0) throw std::invalid_argument("stream must be >= 0");
+    if (p.logprobs < -1) throw std::invalid_argument("logprobs must be -1 (none) or >= 0");
+    if (shared_.draft_max > 0 && !spec.drafter) throw std::invalid_argument("draft_max > 0 needs a drafter");
+    if (shared_.draft_max == GenerateParams::kNoLimit && !spec.policy) {
+        throw std::invalid_argument("a sequence without a policy drafts draft_max tokens a round: give it a "
+                                    "policy or the session a finite draft_max");
+    }
+    if (spec.drafter && shared_.draft_max > 0) {
+        Model* m = spec.drafter->model();
+        if (m == &target_) {
+            throw std::invalid_argument("the draft model must be a separate Model from the target (its own context)");
+        }
+        if (m && std::find(models_.begin(), models_.end(), m) == models_.end()) {
+            throw std::invalid_argument("the drafter's model was not given to the session (it must be locked)");
+        }
+        // Each sequence drafts in its own sequence of the draft model's context.
+        if (m) {
+            for (const Sequence& o : seqs_) {
+                if (!o.done && o.drafter && o.drafter->model() == m &&
+                    o.drafter->model_seq() == spec.drafter->model_seq()) {
+                    throw std::invalid_argument("two sequences of a batch cannot draft in the same sequence (" +
+                                                std::to_string(m->n_seq() > 1 ? spec.drafter->model_seq() : 0) +
+                                                ") of the draft model's context: give each its own drafter "
+                                                "(make_batch_drafters)");
+                }
+            }
+        }
+    }
+    const std::vector<int32_t>& prompt = spec.prompt;
+    if (prompt.empty()) throw std::invalid_argument("the prompt is empty (no tokens)");
+    const int32_t n_prompt = static_cast<int32_t>(prompt.size());
+    if (n_prompt >= target_.n_ctx()) {
+        throw ContextOverflowError("prompt has " + std::to_string(n_prompt) + " tokens but the context holds " +
+                                   std::to_string(target_.n_ctx()) + " (raise n_ctx or shorten the prompt)");
+    }
+    for (int32_t t : prompt) {
+        if (t < 0 || t >= target_.n_vocab()) {
+            throw std::invalid_argument("prompt token " + std::to_string(t) + " is outside the vocabulary");
+        }
+    }
+}
+
+int32_t BatchSession::pick_slot(const std::vector<int32_t>& prompt) const {
+    // A free slot whose kept cells share the longest prefix with the prompt (a
+    // chat's next turn finds its own); else the one keeping the fewest cells.
+    int32_t best = -1;
+    size_t best_common = 0, best_cached = 0;
+    for (int32_t j = 0; j < static_cast<int32_t>(slot_owner_.size()); ++j) {
+        if (slot_owner_[static_cast<size_t>(j)] >= 0) continue;
+        const std::vector<int32_t>& c = target_.cached(j);
+        const size_t common = common_prefix(c, prompt);
+        if (best < 0 || common > best_common || (common == best_common && c.size() < best_cached)) {
+            best = j;
+            best_common = common;
+            best_cached = c.size();
+        }
+    }
+    return best;
+}
+
+int32_t BatchSession::add(const SequenceSpec& spec) {
+    const Locks held = hold();
+    check(spec);
+    const int32_t slot = pick_slot(spec.prompt);
+    if (slot < 0) {
+        throw std::length_error("all " + std::to_string(target_.n_seq()) + " sequences of the target's context are "
+                                "in use (load it with a larger n_seq_max)");
+    }
+    const int32_t handle = next_handle_++;
+    seqs_.emplace_back(spec, handle, slot);
+    Sequence& s = seqs_.back();
+    slot_owner_[static_cast<size_t>(slot)] = handle;
+    GenerationStats& st = s.stats();
+    st.n_prompt_tokens = static_cast<int32_t>(s.history.size());
+    s.draft_max = s.policy ? std::min(s.policy->draft_max(), shared_.draft_max) : shared_.draft_max;
+    st.reset_tables(s.draft_max);
+    s.history.reserve(static_cast<size_t>(std::min<int64_t>(
+        static_cast<int64_t>(s.history.size()) + s.max_tokens, target_.n_ctx())) + 1);
+    s.result.stop_reason = "max_tokens";
+    ++bs_.n_seq;
+    // Its slot keeps at most the shared prefix (never more than all but the last
+    // prompt token, which the first round evaluates with the first drafts).
+    target_.truncate(static_cast<int32_t>(std::min(common_prefix(target_.cached(slot), s.history),
+                                                   s.history.size() - 1)), slot);
+    if (s.max_tokens == 0) finish(s, "max_tokens");
+    return handle;
+}
+
+void BatchSession::cancel(int32_t handle) {
+    const Locks held = hold();
+    if (Sequence* s = find(handle)) s->cancel_requested = true;
+}
+
+std::vector<TokenLogprobs> BatchSession::logprobs(int32_t handle, size_t start) {
+    const Locks held = hold();
+    const Sequence* s = find(handle);
+    if (!s || start >= s->result.logprobs.size()) return {};
+    return {s->result.logprobs.begin() + static_cast<std::ptrdiff_t>(start), s->result.logprobs.end()};
+}
+
+std::vector<std::pair<int32_t, GenerateResult>> BatchSession::take_finished() {
+    const Locks held = hold();
+    std::vector<std::pair<int32_t, GenerateResult>> out;
+    out.swap(finished_);
+    // Finished sequences are no longer needed (their results moved out).
+    while (!seqs_.empty() && seqs_.front().done) seqs_.pop_front();
+    return out;
+}
+
+void BatchSession::release_cache() {
+    const Locks held = hold();
+    for (int32_t j = 0; j < static_cast<int32_t>(slot_owner_.size()); ++j) {
+        if (slot_owner_[static_cast<size_t>(j)] < 0 && !target_.cached(j).empty()) target_.truncate(0, j);
+    }
+}
+
+int32_t BatchSession::free_slots() const {
+    return static_cast<int32_t>(std::count(slot_owner_.begin(), slot_owner_.end(), -1));
+}
+
+int32_t BatchSession::n_active() const {
+    int32_t n = 0;
+    for (const Sequence& s : seqs_) n += !s.done && s.started;
+    return n;
+}
+
+int32_t BatchSession::n_waiting() const {
+    int32_t n = 0;
+    for (const Sequence& s : seqs_) n += !s.done && !s.started;
+    return n;
+}
+
+std::pair<int32_t, int32_t> BatchSession::kv_cells() const {
+    int32_t running = 0, all = 0;
+    for (int32_t j = 0; j < target_.n_seq(); ++j) all += static_cast<int32_t>(target_.cached(j).size());
+    for (const Sequence& s : seqs_) {
+        if (!s.done && s.started) running += static_cast<int32_t>(target_.cached(s.id).size());
+    }
+    return {running, all};
+}
+
+BatchStats BatchSession::stats() const {
+    BatchStats bs = bs_;
+    if (any_token_) {
+        bs.decode_s = std::chrono::duration<double>(last_token_ - first_token_).count();
+        int64_t after_first = after_first_;
+        for (const Sequence& s : seqs_) {
+            if (!s.done) after_first += std::max(0, s.generated() - 1);
+        }
+        if (bs.decode_s > 0) bs.aggregate_tok_s = static_cast<double>(after_first) / bs.decode_s;
+    }
+    return bs;
+}
+
+void BatchSession::reuse_prefix(Sequence& s) {
+    // The prompt's last token is evaluated with the first round (its logits).
+    target_.adopt_prefix(s.id, s.history, s.history.size() - 1);
+}
+
+bool BatchSession::waits_for_prefix(const Sequence& s) const {
+    // Worth a round's wait: a sequence ahead, still waiting itself, will hold
+    // more of this prompt than this slot has, and its cells are then copied
+    // instead of computed (n samples of one prompt prefill once). A short
+    // shared prefix (a BOS token, a chat header) is not worth the delay.
+    constexpr size_t kMinShared = 32;
+    const size_t want = s.history.size() - 1;
+    const size_t have = target_.cached(s.id).size();
+    for (const Sequence& o : seqs_) {
+        if (&o == &s) break;
+        if (o.done || o.started) continue;
+        const size_t c = std::min(common_prefix(o.history, s.history), want);
+        if (c > have && (c == want || c - have >= kMinShared)) return true;
+    }
+    return false;
+}
+
+void BatchSession::start_ready() {
+    for (Sequence& s : seqs_) {
+        if (s.done || s.started || waits_for_prefix(s)) continue;
+        reuse_prefix(s);
+        if (target_.cached(s.id).size() >= s.history.size() - 1) {
+            s.prompt_begun = true;
+            start(s);
+        }
+    }
+}
+
+void BatchSession::start(Sequence& s) {
+    const std::vector<int32_t>& prompt = s.history;
+    const int32_t draft_max = shared_.draft_max;
+    if (s.drafter_prefill.joinable()) {
+        s.join_drafter();
+        if (s.drafter_error) std::rethrow_exception(s.drafter_error);
+    } else if (s.uses_drafter(draft_max)) {
+        if (s.policy) s.policy->set_remaining(s.max_tokens);
+        // A policy that will not draft from the model soon spares it the prompt.
+        const bool prefill_draft = !s.policy || s.policy->may_draft(DraftSource::kModel);
+        s.drafter->begin(prompt, s.params.draft_sampling, prefill_draft);
+    }
+    if (s.policy) s.policy->begin_generation();
+    s.stats().prompt_s = since(s.t_start);
+    if (s.uses_drafter(draft_max) && s.policy) {
+        const int32_t room = target_.n_ctx() - static_cast<int32_t>(prompt.size()) + 1;
+        const int32_t rows = calibration_rows(s.policy->draft_max(), target_.n_batch(), target_.n_seq());
+        s.stats().calibrate_s = calibrate(*s.policy, std::min(rows, room), prompt.back(), s.id);
+    }
+    s.started = true;
+}
+
+}  // namespace pyspec

@@ -1,0 +1,479 @@
+#include "model/model.h"
+
+#include <llama.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <mutex>
+#include <thread>
+
+#include "core/errors.h"
+#include "core/tokens.h"
+
+namespace pyspec {
+
+// ---------------------------------------------------------------- logging
+
+namespace {
+
+std::mutex g_log_mutex;
+std::string g_last_error;            // accumulated text of the latest error message
+std::atomic<int> g_verbose_models{0};
+std::atomic<void (*)(const char*)> g_observer{nullptr};
+ggml_log_level g_prev_level = GGML_LOG_LEVEL_NONE;
+// What llama.cpp chose for flash attention "auto" while this thread created a
+// context (llama.h has no getter; the choice is only logged): 1 on, 0 off, -1 unsaid.
+thread_local int32_t t_flash_attn_chosen = -1;
+
+void note_flash_attn(const char* text) {
+    if (!std::strstr(text, "Flash Attention")) return;
+    if (std::strstr(text, "Flash Attention enabled")) t_flash_attn_chosen = 1;
+    else if (std::strstr(text, "not supported")) t_flash_attn_chosen = 0;
+}
+
+// Called from C frames inside llama.cpp: nothing may escape it.
+void log_callback(ggml_log_level level, const char* text, void*) noexcept {
+    if (text == nullptr) return;
+    try {
+        if (level == GGML_LOG_LEVEL_CONT) level = g_prev_level;
+        else g_prev_level = level;
+        note_flash_attn(text);
+        if (auto observer = g_observer.load()) observer(text);
+        if (level == GGML_LOG_LEVEL_ERROR) {
+            std::lock_guard<std::mutex> lock(g_log_mutex);
+            if (g_last_error.size() < 4096) g_last_error += text;
+        }
+    } catch (...) {  // out of memory for the message: drop it
+    }
+    // Errors reach the user through our exception messages; the rest is noise
+    // unless someone asked for verbose output.
+    if (g_verbose_models.load() > 0) {
+        std::fputs(text, stderr);
+    }
+}
+
+}  // namespace
+
+void install_log_filter() { llama_log_set(log_callback, nullptr); }
+
+void set_log_observer(void (*observer)(const char* text)) { g_observer.store(observer); }
+
+std::string take_last_llama_error() {
+    std::lock_guard<std::mutex> lock(g_log_mutex);
+    std::string out;
+    out.swap(g_last_error);
+    while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
+    return out;
+}
+
+// ---------------------------------------------------------------- loading
+
+struct Model::BatchStorage {
+    llama_batch batch;
+    explicit BatchStorage(int32_t n) : batch(llama_batch_init(n, 0, 1)) {}
+    ~BatchStorage() { llama_batch_free(batch); }
+};
+
+void Model::ModelFree::operator()(llama_model* m) const { llama_model_free(m); }
+void Model::ContextFree::operator()(llama_context* c) const { llama_free(c); }
+void Model::BatchFree::operator()(BatchStorage* b) const { delete b; }
+
+Model::VerboseMark::VerboseMark(bool on_) : on(on_) {
+    if (on) ++g_verbose_models;
+}
+Model::VerboseMark::~VerboseMark() {
+    if (on) --g_verbose_models;
+}
+
+namespace {
+
+// Check the file before handing it to llama.cpp, so the common mistakes get a
+// precise message instead of a generic load failure.
+void check_gguf_file(const std::string& path) {
+    std::ifstream f(path, std::ios::binary);
+    if (!f.good()) {
+        throw ModelNotFoundError("model file not found: " + path);
+    }
+    char magic[4] = {0, 0, 0, 0};
+    f.read(magic, 4);
+    if (f.gcount() < 4 || std::memcmp(magic, "GGUF", 4) != 0) {
+        throw InvalidModelError("not a GGUF file (bad magic bytes): " + path);
+    }
+}
+
+std::string with_llama_reason(std::string message) {
+    const std::string reason = take_last_llama_error();
+    if (!reason.empty()) message += " (llama.cpp: " + reason + ")";
+    return message;
+}
+
+}  // namespace
+
+void ModelParams::validate() const {
+    if (n_ctx < 16) throw std::invalid_argument("n_ctx must be at least 16, got " + std::to_string(n_ctx));
+    if (n_threads < 0) throw std::invalid_argument("n_threads must be >= 1 (0: all hardware threads), got " +
+                                                   std::to_string(n_threads));
+    if (n_batch < 1) throw std::invalid_argument("n_batch must be >= 1, got " + std::to_string(n_batch));
+    if (flash_attn < -1 || flash_attn > 1) {
+        throw std::invalid_argument("flash_attn must be -1 (auto), 0 (off) or 1 (on), got " + std::to_string(flash_attn));
+    }
+    if (n_seq_max < 1 || n_seq_max > kMaxSequences) {
+        throw std::invalid_argument("n_seq_max must be in [1, " + std::to_string(kMaxSequences) + "], got " +
+                                    std::to_string(n_seq_max));
+    }
+}
+
+Model::Model(const ModelParams& params) : params_(params), verbose_(params.verbose) {
+    params.validate();
+    check_gguf_file(params.path);
+    install_log_filter();
+    take_last_llama_error();
+
+    llama_model_params mp = llama_model_default_params();
+    mp.n_gpu_layers = params.n_gpu_layers;
+    model_.reset(llama_model_load_from_file(params.path.c_str(), mp));
+    if (!model_) {
+        throw InvalidModelError(with_llama_reason(
+            "failed to load GGUF model " + params.path + ": the file is truncated or corrupt"));
+    }
+    // Rejected drafts are removed from the cache by position; recurrent state
+    // cannot be rolled back that way, and would silently give wrong logits.
+    if (llama_model_is_recurrent(model_.get()) || llama_model_is_hybrid(model_.get())) {
+        throw InvalidModelError("unsupported model " + params.path +
+                                ": its recurrent (or hybrid) memory cannot drop a rejected draft tail; "
+                                "pyspec needs a transformer with a KV cache");
+    }
+
+    const int32_t n_threads = params.n_threads > 0
+        ? params.n_threads
+        : std::max(1, static_cast<int32_t>(std::thread::hardware_concurrency()));
+    llama_context_params cp = llama_context_default_params();
+    cp.n_ctx = static_cast<uint32_t>(std::max(params.n_ctx, 16));
+    cp.n_batch = static_cast<uint32_t>(std::max(params.n_batch, 1));
+    cp.n_ubatch = cp.n_batch;
+    cp.n_seq_max = static_cast<uint32_t>(params.n_seq_max);
+    // One cache for all sequences: a prompt copied to n samples shares its cells,
+    // and sequences of uneven length split n_ctx as they grow.
+    cp.kv_unified = true;
+    cp.n_threads = n_threads;
+    cp.n_threads_batch = n_threads;
+    cp.no_perf = true;
+    cp.abort_callback = &Model::abort_requested;
+    cp.abort_callback_data = this;
+    // Several sequences: flash attention stays off unless asked for. Measured on
+    // this build's CPU kernels: with it on, a sequence's logits move by up to ~1
+    // (0.008 in probability) when another sequence's rows share the batch; with
+    // it off they are bit-identical to decoding the sequence alone.
+    const int32_t flash_attn = params.flash_attn == -1 && params.n_seq_max > 1 ? 0 : params.flash_attn;
+    cp.flash_attn_type = static_cast<llama_flash_attn_type>(flash_attn);
+    t_flash_attn_chosen = -1;
+    ctx_.reset(llama_init_from_model(model_.get(), cp));
+    flash_attn_ = flash_attn >= 0 ? flash_attn : t_flash_attn_chosen;
+    if (!ctx_) {
+        throw InvalidModelError(with_llama_reason("failed to create a llama.cpp context for " + params.path));
+    }
+    vocab_ = llama_model_get_vocab(model_.get());
+    n_vocab_ = llama_vocab_n_tokens(vocab_);
+    n_ctx_ = static_cast<int32_t>(llama_n_ctx(ctx_.get()));
+    n_batch_ = static_cast<int32_t>(llama_n_batch(ctx_.get()));
+    n_seq_ = static_cast<int32_t>(llama_n_seq_max(ctx_.get()));  // what the context really holds
+    cached_.assign(static_cast<size_t>(n_seq_), {});
+    batch_.reset(new BatchStorage(n_batch_));
+}
+
+Model::~Model() = default;
+
+bool Model::abort_requested(void* self) {
+    const std::atomic<bool>* flag = static_cast<Model*>(self)->abort_flag_.load();
+    return flag != nullptr && flag->load(std::memory_order_relaxed);
+}
+
+size_t Model::checked_seq(int32_t seq) const {
+    if (seq < 0 || seq >= n_seq_) {
+        throw std::out_of_range("sequence " + std::to_string(seq) + " is outside [0, " + std::to_string(n_seq_) +
+                                ") (raise n_seq_max)");
+    }
+    return static_cast<size_t>(seq);
+}
+
+void Model::check_token(int32_t token) const {
+    if (token < 0 || token >= n_vocab_) {
+        throw std::invalid_argument("token id " + std::to_string(token) + " is outside the vocabulary [0, " +
+                                    std::to_string(n_vocab_) + ")");
+    }
+}
+
+std::string Model::description() const {
+    char buf[256];
+    const int32_t n = llama_model_desc(model_.get(), buf, sizeof(buf));
+    return n > 0 ? std::string(buf, std::min<size_t>(n, sizeof(buf) - 1)) : std::string();
+}
+
+uint64_t Model::n_params() const { return llama_model_n_params(model_.get()); }
+
+int32_t Model::file_type() const { return static_cast<int32_t>(llama_model_ftype(model_.get())); }
+
+// ---------------------------------------------------------------- tokenizer
+
+std::vector<int32_t> Model::tokenize(const std::string& text, bool add_special, bool parse_special) const {
+    std::vector<int32_t> out(text.size() + 8);
+    int32_t n = llama_tokenize(vocab_, text.data(), static_cast<int32_t>(text.size()), out.data(),
+                               static_cast<int32_t>(out.size()), add_special, parse_special);
+    if (n < 0) {
+        if (n == INT32_MIN) throw std::length_error("text is too long to tokenize");
+        out.resize(static_cast<size_t>(-n));
+        n = llama_tokenize(vocab_, text.data(), static_cast<int32_t>(text.size()), out.data(),
+                           static_cast<int32_t>(out.size()), add_special, parse_special);
+    }
+    out.resize(static_cast<size_t>(std::max(n, 0)));
+    return out;
+}
+
+std::string Model::token_to_piece(int32_t token, bool special) const {
+    check_token(token);
+    char buf[256];
+    int32_t n = llama_token_to_piece(vocab_, token, buf, sizeof(buf), 0, special);
+    if (n >= 0) return std::string(buf, static_cast<size_t>(n));
+    std::string big(static_cast<size_t>(-n), '\0');
+    n = llama_token_to_piece(vocab_, token, big.data(), static_cast<int32_t>(big.size()), 0, special);
+    big.resize(static_cast<size_t>(std::max(n, 0)));
+    return big;
+}
+
+std::string Model::detokenize(const std::vector<int32_t>& tokens, bool special) const {
+    for (int32_t t : tokens) check_token(t);
+    std::string out(tokens.size() * 8 + 16, '\0');
+    int32_t n = llama_detokenize(vocab_, tokens.data(), static_cast<int32_t>(tokens.size()), out.data(),
+                                 static_cast<int32_t>(out.size()), false, special);
+    if (n < 0) {
+        out.resize(static_cast<size_t>(-n));
+        n = llama_detokenize(vocab_, tokens.data(), static_cast<int32_t>(tokens.size()), out.data(),
+                             static_cast<int32_t>(out.size()), false, special);
+    }
+    out.resize(static_cast<size_t>(std::max(n, 0)));
+    return out;
+}
+
+std::string Model::apply_chat_template(const std::vector<std::pair<std::string, std::string>>& messages,
+                                       bool add_assistant) const {
+    const char* tmpl = llama_model_chat_template(model_.get(), nullptr);
+    if (!tmpl) {
+        throw InvalidModelError("model has no chat template (pass chat=False / --raw): " + params_.path);
+    }
+    std::vector<llama_chat_message> chat;
+    chat.reserve(messages.size());
+    size_t total = 0;
+    for (const auto& m : messages) {
+        chat.push_back({m.first.c_str(), m.second.c_str()});
+        total += m.first.size() + m.second.size();
+    }
+    std::string buf(2 * total + 256, '\0');
+    int32_t n = llama_chat_apply_template(tmpl, chat.data(), chat.size(), add_assistant, buf.data(),
+                                          static_cast<int32_t>(buf.size()));
+    if (n > static_cast<int32_t>(buf.size())) {
+        buf.resize(static_cast<size_t>(n));
+        n = llama_chat_apply_template(tmpl, chat.data(), chat.size(), add_assistant, buf.data(),
+                                      static_cast<int32_t>(buf.size()));
+    }
+    if (n < 0) {
+        throw InvalidModelError("llama.cpp does not support this model's chat template; use raw prompts");
+    }
+    buf.resize(static_cast<size_t>(n));
+    return buf;
+}
+
+// ---------------------------------------------------------------- vocabulary
+
+int32_t Model::vocab_type() const { return static_cast<int32_t>(llama_vocab_type(vocab_)); }
+int32_t Model::bos() const { return llama_vocab_bos(vocab_); }
+int32_t Model::eos() const { return llama_vocab_eos(vocab_); }
+int32_t Model::eot() const { return llama_vocab_eot(vocab_); }
+bool Model::add_bos() const { return llama_vocab_get_add_bos(vocab_); }
+bool Model::is_eog(int32_t token) const { return token >= 0 && token < n_vocab_ && llama_vocab_is_eog(vocab_, token); }
+int32_t Model::token_attr(int32_t token) const {
+    check_token(token);
+    return static_cast<int32_t>(llama_vocab_get_attr(vocab_, token));
+}
+
+std::string Model::token_text(int32_t token) const {
+    check_token(token);
+    const char* t = llama_vocab_get_text(vocab_, token);
+    return t ? std::string(t) : std::string();
+}
+
+// ---------------------------------------------------------------- decoding
+
+void Model::decode(const int32_t* tokens, int32_t n, int32_t pos0, int32_t n_logits, int32_t seq) {
+    if (n <= 0) throw std::invalid_argument("decode needs at least one token");
+    if (n_logits < 0 || n_logits > n || n_logits > n_batch_) {
+        throw std::invalid_argument("n_logits must be in [0, min(n, n_batch)]");
+    }
+    if (pos0 < 0 || static_cast<int64_t>(pos0) + n > n_ctx_) {
+        throw ContextOverflowError("context overflow: " + std::to_string(pos0 + n) + " tokens do not fit in n_ctx=" +
+                                   std::to_string(n_ctx_));
+    }
+    std::vector<int32_t>& cached = cached_[checked_seq(seq)];
+    const auto held = lock();
+    if (pos0 > static_cast<int32_t>(cached.size())) {
+        throw std::invalid_argument("decode would leave a gap in the KV cache (pos0 past the cached tokens)");
+    }
+    truncate(pos0, seq);
+    llama_batch& b = batch_->batch;
+    // Chunk so that the last chunk holds every token whose logits we keep.
+    int32_t done = 0;
+    while (done < n) {
+        int32_t remaining = n - done;
+        int32_t chunk = std::min(remaining, n_batch_);
+        if (remaining > n_batch_ && remaining - chunk < n_logits) chunk = remaining - n_logits;
+        const int32_t first_logit = n - n_logits;  // global index of logits(0)
+        b.n_tokens = chunk;
+        for (int32_t i = 0; i < chunk; ++i) {
+            const int32_t g = done + i;
+            b.token[i] = tokens[g];
+            b.pos[i] = pos0 + g;
+            b.n_seq_id[i] = 1;
+            b.seq_id[i][0] = seq;
+            b.logits[i] = g >= first_logit ? 1 : 0;
+        }
+        const int32_t rc = abort_requested(this) ? 2 : llama_decode(ctx_.get(), b);
+        if (rc != 0) {
+            // Leave the cache exactly as it was before this call.
+            truncate(pos0, seq);
+            if (rc == 2 && abort_requested(this)) throw Cancelled("cancelled");
+            if (rc == 1) {
+                throw ContextOverflowError(with_llama_reason("no KV-cache slot for the batch (context full)"));
+            }
+            throw DecodeError(with_llama_reason("llama_decode failed with code " + std::to_string(rc)));
+        }
+        cached.insert(cached.end(), tokens + done, tokens + done + chunk);
+        if (done + chunk == n) {
+            logit_rows_.clear();
+            for (int32_t r = chunk - n_logits; r < chunk; ++r) logit_rows_.push_back(r);
+        }
+        done += chunk;
+    }
+}
+
+void Model::decode_rows(const Row* rows, int32_t n) {
+    if (n <= 0) throw std::invalid_argument("decode_rows needs at least one row");
+    if (n > n_batch_) {
+        throw std::invalid_argument(std::to_string(n) + " rows do not fit one batch (n_batch " +
+                                    std::to_string(n_batch_) + ")");
+    }
+    const auto held = lock();
+    // Each sequence's rows must continue its cache in order: where it starts,
+    // to restore it on failure, and where the next row must go.
+    std::vector<int32_t> start(static_cast<size_t>(n_seq_), -1), next(static_cast<size_t>(n_seq_), -1);
+    for (int32_t i = 0; i < n; ++i) {
+        const Row& r = rows[i];
+        const size_t s = checked_seq(r.seq);
+        check_token(r.token);
+        if (next[s] < 0) start[s] = next[s] = static_cast<int32_t>(cached_[s].size());
+        if (r.pos != next[s]) {
+            throw std::invalid_argument("row " + std::to_string(i) + " of sequence " + std::to_string(r.seq) +
+                                        " is at position " + std::to_string(r.pos) + ", expected " +
+                                        std::to_string(next[s]) + " (rows must continue the cached tokens)");
+        }
+        if (r.pos >= n_ctx_) {
+            throw ContextOverflowError("context overflow: sequence " + std::to_string(r.seq) + " would reach " +
+                                       std::to_string(r.pos + 1) + " tokens; n_ctx=" + std::to_string(n_ctx_));
+        }
+        ++next[s];
+    }
+    llama_batch& b = batch_->batch;
+    b.n_tokens = n;
+    std::vector<int32_t> logit_rows;
+    for (int32_t i = 0; i < n; ++i) {
+        b.token[i] = rows[i].token;
+        b.pos[i] = rows[i].pos;
+        b.n_seq_id[i] = 1;
+        b.seq_id[i][0] = rows[i].seq;
+        b.logits[i] = rows[i].logits ? 1 : 0;
+        if (rows[i].logits) logit_rows.push_back(i);
+    }
+    const int32_t rc = abort_requested(this) ? 2 : llama_decode(ctx_.get(), b);
+    if (rc != 0) {
+        for (int32_t s = 0; s < n_seq_; ++s) {
+            if (start[static_cast<size_t>(s)] >= 0) truncate(start[static_cast<size_t>(s)], s);
+        }
+        if (rc == 2 && abort_requested(this)) throw Cancelled("cancelled");
+        if (rc == 1) throw ContextOverflowError(with_llama_reason("no KV-cache slot for the batch (context full)"));
+        throw DecodeError(with_llama_reason("llama_decode failed with code " + std::to_string(rc)));
+    }
+    for (int32_t i = 0; i < n; ++i) cached_[static_cast<size_t>(rows[i].seq)].push_back(rows[i].token);
+    logit_rows_ = std::move(logit_rows);
+}
+
+const float* Model::logits(int32_t row) const {
+    if (row < 0 || row >= static_cast<int32_t>(logit_rows_.size())) {
+        throw std::out_of_range("no logits kept for that row");
+    }
+    const float* p = llama_get_logits_ith(ctx_.get(), logit_rows_[static_cast<size_t>(row)]);
+    if (!p) throw DecodeError("llama.cpp returned no logits for row " + std::to_string(row));
+    return p;
+}
+
+void Model::claim(const void* owner) {
+    const void* expected = nullptr;
+    if (!claim_.compare_exchange_strong(expected, owner) && expected != owner) {
+        throw std::runtime_error("the model " + params_.path + " is in use by a batch session (a server's): its "
+                                 "sequences cannot be shared; load the model again for other work");
+    }
+}
+
+void Model::truncate(int32_t pos, int32_t seq) {
+    std::vector<int32_t>& cached = cached_[checked_seq(seq)];
+    const auto held = lock();
+    pos = std::max(pos, 0);
+    if (pos < static_cast<int32_t>(cached.size())) cached.resize(static_cast<size_t>(pos));
+    if (!llama_memory_seq_rm(llama_get_memory(ctx_.get()), seq, pos, -1)) {
+        throw DecodeError("llama.cpp could not remove positions >= " + std::to_string(pos) + " of sequence " +
+                          std::to_string(seq) + " from the cache of " + params_.path);
+    }
+}
+
+void Model::copy_prefix(int32_t src, int32_t dst, int32_t n) {
+    const std::vector<int32_t>& from = cached_[checked_seq(src)];
+    checked_seq(dst);
+    const auto held = lock();
+    if (n < 0 || n > static_cast<int32_t>(from.size())) {
+        throw std::invalid_argument("sequence " + std::to_string(src) + " holds " + std::to_string(from.size()) +
+                                    " tokens; cannot copy " + std::to_string(n));
+    }
+    if (src == dst) {
+        truncate(n, dst);
+        return;
+    }
+    truncate(0, dst);
+    if (n == 0) return;
+    llama_memory_seq_cp(llama_get_memory(ctx_.get()), src, dst, 0, n);
+    cached_[static_cast<size_t>(dst)].assign(from.begin(), from.begin() + n);
+}
+
+size_t Model::adopt_prefix(int32_t dst, const std::vector<int32_t>& tokens, size_t limit) {
+    const auto held = lock();
+    const auto shared = [&](int32_t j) { return common_prefix(cached_[static_cast<size_t>(j)], tokens, limit); };
+    checked_seq(dst);
+    int32_t src = dst;
+    size_t best = shared(dst);
+    for (int32_t j = 0; j < n_seq(); ++j) {
+        const size_t c = j == dst ? 0 : shared(j);
+        if (c > best) {
+            best = c;
+            src = j;
+        }
+    }
+    copy_prefix(src, dst, static_cast<int32_t>(best));
+    return best;
+}
+
+int32_t Model::pos_max(int32_t seq) const {
+    checked_seq(seq);
+    const auto held = lock();
+    return llama_memory_seq_pos_max(llama_get_memory(ctx_.get()), seq);
+}
+
+}  // namespace pyspec
