@@ -4,7 +4,7 @@ The engine talks to a policy through next_length / stop_before / stop_after / ob
 calibrated; these tests play the engine's part with cost curves shaped like a
 2-core CPU (verification compute-bound, the 0.5B draft ~half a target step) and
 like a GPU (verification nearly free, cheap drafts), so every decision below
-follows from the documented cost model (cpp/auto_policy.h), not from timing.
+follows from the documented cost model (cpp/policies/auto_policy.h), not from timing.
 """
 
 from __future__ import annotations

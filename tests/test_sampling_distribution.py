@@ -1,6 +1,6 @@
 """Logits -> distribution: the C++ core against a NumPy reference, plus properties.
 
-The reference below is written from the rule documented at the top of cpp/sampling.cpp
+The reference below is written from the rule documented at the cpp/core/sampling.h
 (llama.cpp's chain): order by (logit desc, id asc); top-k; top-p on the T=1 softmax of
 the top-k survivors (smallest prefix with cumulative mass >= top_p); min-p keeps
 exp(l - l_max) >= min_p; temperature on the survivors; renormalise. Greedy (T=0) is
