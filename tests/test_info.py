@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import warnings
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +15,8 @@ import pyspec
 from cli_helpers import pyspec_cmd
 from pyspec import _core
 from pyspec.info import KEYS, build_info
+
+REPO = Path(__file__).resolve().parents[1]
 
 NO_GPU = not _core.supports_gpu_offload()
 cpu_only = pytest.mark.skipif(not NO_GPU, reason="this llama.cpp build can offload to a GPU")
@@ -66,7 +69,8 @@ def test_info_text_report():
 def test_cpu_build_reports_no_gpu_offload():
     d = build_info()
     assert d["gpu_offload"] is False
-    assert "GPU builds (CUDA, Metal)" in pyspec_cmd("info").stdout
+    assert "docs/gpu.md" in pyspec_cmd("info").stdout
+    assert (REPO / "docs" / "gpu.md").read_text().startswith("# GPU builds")
 
 
 @cpu_only
@@ -93,7 +97,7 @@ def test_cli_gpu_layers_warn_and_strict(gemma_path):
             "--n-gpu-layers", "-1"]
     out = pyspec_cmd(*args)
     assert out.returncode == 0, out.stderr
-    assert "warning: n_gpu_layers=-1" in out.stderr and "GPU builds (CUDA, Metal)" in out.stderr
+    assert "warning: n_gpu_layers=-1" in out.stderr and "docs/gpu.md" in out.stderr
     assert "Traceback" not in out.stderr
     out = pyspec_cmd(*args, "--strict")
     assert out.returncode != 0
