@@ -31,6 +31,7 @@ from .errors import (
     ModelNotFoundError,
     PyspecError,
 )
+from .memory import Memory
 from .model import Model
 from .speculative import SpeculativeDecoder
 from .results import BatchStats, Completion, Completions, GenerationStats
@@ -46,6 +47,7 @@ except PackageNotFoundError:  # running from a source tree
     __version__ = "0.0.0+unknown"
 
 __all__ = [
+    "Memory",
     "Model",
     "SpeculativeDecoder",
     "Completion",

@@ -85,6 +85,9 @@ class GenerationStats:
     ngram_drafted: int
     ngram_accepted: int
     ngram_reanchored: int
+    memory_rounds: int
+    memory_drafted: int
+    memory_accepted: int
     ngram_guesses: int
     ngram_guess_hits: int
     stops_before: int
@@ -177,7 +180,20 @@ class CancelToken:
     is_set: bool
 
 # --------------------------------------------------------------- drafters and policies
-class Drafter: ...
+class SuffixStore:
+    def __init__(self, cap_bytes: int) -> None: ...
+    def add(self, tokens: Sequence[int]) -> None: ...
+    def clear(self) -> None: ...
+    def documents(self) -> List[List[int]]: ...
+    def longest_match(self, tokens: Sequence[int]) -> Dict[str, int]: ...  # {match_len, next_token, count}
+    cap_bytes: int
+    bytes: int
+    n_tokens: int
+    n_documents: int
+    epoch: int
+
+class Drafter:
+    def use_memory(self, store: Optional[SuffixStore]) -> bool: ...
 
 class NgramDrafter(Drafter):
     def __init__(self, n_vocab: int, n_min: int = 1, n_max: int = 16) -> None: ...
@@ -196,6 +212,13 @@ class ConsensusDrafter(Drafter):
     def plan(self, history: Sequence[int]) -> Dict[str, Any]: ...  # {match_len, next_guess}
     def propose(self, history: Sequence[int], max_n: int) -> List[int]: ...
     sibling_drafts: int
+
+class SuffixDrafter(Drafter):
+    def __init__(self, n_vocab: int, n_min: int = 1, n_max: int = 16) -> None: ...
+    def begin(self, prompt: Sequence[int]) -> None: ...
+    def plan(self, history: Sequence[int]) -> Dict[str, Any]: ...  # {match_len, near_copy, next_guess, fresh, from_memory}
+    def propose(self, history: Sequence[int], max_n: int) -> List[int]: ...
+    memory_drafts: int
 
 def drafters() -> List[Dict[str, Any]]: ...  # [{name, needs_draft_model, summary}]
 def drafter_name(params: DrafterParams, have_draft_model: bool) -> str: ...

@@ -21,6 +21,7 @@ from . import _core
 from .results import BatchStats, Completion, Completions, GenerationStats
 
 if TYPE_CHECKING:
+    from .memory import Memory
     from .model import Model
 
 Message = Mapping[str, str]
@@ -122,6 +123,10 @@ class Generator:
     target: "Model"
     #: Whether generations draft (a SpeculativeDecoder) or decode plainly.
     speculative: bool = False
+    #: The memory lookup drafters copy from, and where finished generations (prompt
+    #: and answer) are remembered when ``remember``; None: none.
+    memory: Optional["Memory"] = None
+    remember: bool = True
 
     def clear_cache(self) -> None:  # pragma: no cover - abstract
         """Forget the processed prompt, so the next call processes all of it."""
@@ -315,6 +320,7 @@ class Generator:
         choices = []
         for j, (seq, tokens, out) in enumerate(zip(seqs, token_lists, outs)):
             self.record(seq, out.stats)
+            self._remember(tokens, out.tokens)
             choices.append(self._completion(tokens, out, _core.sequence_seed(seed, j)))
         return Completions(choices, BatchStats(batch, seed, tuple(o.stats.ttft_s for o in outs)))
 
@@ -380,4 +386,10 @@ class Generator:
         on_main = threading.current_thread() is threading.main_thread()
         out = run_interruptible(call, cancel) if on_main else call()
         self.record(seq, out.stats)
+        self._remember(tokens, out.tokens)
         return self._completion(tokens, out, seed)
+
+    def _remember(self, prompt: Sequence[int], output: Sequence[int]) -> None:
+        """A finished generation joins memory: later ones may copy from it."""
+        if self.remember and self.memory is not None and len(output) > 0:
+            self.memory.add(list(prompt) + list(output))

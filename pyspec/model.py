@@ -13,6 +13,7 @@ from . import _core
 from ._platform import physical_cores
 from .errors import GPUOffloadUnavailableError, ModelNotFoundError
 from .generation import SEED_BITS, Generator, Message, Prompt
+from .memory import DEFAULT_CAP_MB, Memory
 
 
 def resolve_path(model: Union[str, os.PathLike]) -> str:
@@ -71,6 +72,10 @@ class Model(Generator):
     "on" or "off"; :attr:`flash_attn` tells what the context runs. ``n_gpu_layers``
     on a build without a GPU backend warns (the model runs on the CPU), or with
     ``strict=True`` raises :class:`~pyspec.GPUOffloadUnavailableError`.
+
+    :attr:`memory` (a :class:`~pyspec.Memory` of ``memory_mb``; 0: none) keeps
+    the prompts and answers of its generations, and of decoders over it, for
+    the ``suffix`` drafter (docs/drafters.md#suffix).
     """
 
     def __init__(
@@ -86,6 +91,7 @@ class Model(Generator):
         flash_attn: str = "auto",
         strict: bool = False,
         n_seq_max: int = MODEL_DEFAULTS.n_seq_max,
+        memory_mb: float = DEFAULT_CAP_MB,
     ) -> None:
         # The core validates the numbers; here only what Python adds: None and names.
         if n_threads is not None and n_threads < 1:
@@ -108,6 +114,10 @@ class Model(Generator):
         # Seeds of generations that pass none: fresh entropy, or with `seed` a
         # reproducible sequence (a new sample each call, the same run each time).
         self._seeds = random.Random(seed) if seed is not None else None
+        # What its generations (and decoders' over it) said, for suffix drafting; 0 MB: none.
+        if memory_mb < 0:
+            raise ValueError(f"memory_mb must be >= 0 (0: no memory), got {memory_mb}")
+        self.memory: Optional[Memory] = Memory(memory_mb) if memory_mb > 0 else None
 
     @property
     def native(self) -> "_core.Model":

@@ -8,10 +8,12 @@ one-line summaries come from the C++ core (:data:`DRAFTERS`, :data:`POLICIES`).
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple, Union
 
 from . import _core, calibration
+from . import memory as memory_
 from .generation import Generator, sampling_params
+from .memory import Memory
 from .model import Model
 
 #: name -> {"needs_draft_model", "summary"}, in the core's order.
@@ -35,6 +37,11 @@ class SpeculativeDecoder(Generator):
     (``draft_temperature`` and friends, defaulting to the target's): any choice
     stays lossless, it only changes how often drafts are accepted.
 
+    ``memory``: the :class:`~pyspec.Memory` that lookup drafters (``suffix``,
+    and ``hybrid``'s lookup) copy from and that generations are added to; True
+    (default) is the target's (``target.memory``), False none. With
+    ``remember=False`` generations only read it (a benchmark's fixed memory).
+
     Raises :class:`~pyspec.IncompatibleModelsError` when the vocabularies differ.
     """
 
@@ -50,11 +57,13 @@ class SpeculativeDecoder(Generator):
         draft_max: Optional[int] = None,
         ngram_min: int = DRAFTER_DEFAULTS.ngram_min,
         ngram_max: int = DRAFTER_DEFAULTS.ngram_max,
+        memory: Union[bool, Memory] = True,
+        remember: bool = True,
     ) -> None:
         params = _core.DrafterParams(name=drafter or "", ngram_min=ngram_min, ngram_max=ngram_max)
         self.drafter = _core.drafter_name(params, draft is not None)
-        # Batches of n samples draft by consensus unless the n-gram drafter was asked for by name.
-        self._batch_drafter = "ngram" if drafter == "ngram" else "consensus"
+        self.memory = memory_.resolve(memory, target.memory)
+        self.remember = remember
         self._ngram_sizes = (ngram_min, ngram_max)
         self.target = target
         self.draft = draft if DRAFTERS[self.drafter]["needs_draft_model"] else None
@@ -113,11 +122,14 @@ class SpeculativeDecoder(Generator):
         draft_top_k: Optional[int] = None,
         draft_top_p: Optional[float] = None,
         draft_min_p: Optional[float] = None,
+        memory: Union[bool, Memory] = True,
     ) -> List[Tuple[Optional["_core.Drafter"], Optional["_core.LengthPolicy"]]]:
         """Fill the drafting fields of ``params``; each slot's (drafter, policy)
         (see :meth:`~pyspec.generation.Generator.setup`). ``drafter`` (a name)
         is for sessions' slots, which may draft with another drafter than the
-        decoder's; a batch drafts as :meth:`_batch_drafters` says."""
+        decoder's; a batch drafts as :meth:`_batch_drafters` says. ``memory``
+        is what the drafters look up (True: the decoder's; a server passes
+        each user's)."""
         s = params.sampling
         params.draft_sampling = sampling_params(
             s.temperature if draft_temperature is None else draft_temperature,
@@ -147,18 +159,20 @@ class SpeculativeDecoder(Generator):
             chosen = [pool[j] for j in slots]
         else:
             raise ValueError(f"drafters must be 'engine', 'batch' or 'slots', got {drafters!r}")
+        store = memory_.resolve(memory, self.memory)
+        for d in chosen if drafters != "engine" else [self._core_drafter]:
+            d.use_memory(store.native if store is not None else None)
         return list(zip(chosen, policies))
 
     def _batch_drafters(self, n: int) -> List["_core.Drafter"]:
         """One drafter per sequence of a batch (drafters keep per-sequence state):
-        without a draft model, consensus (or n-gram lookup when asked for by
-        name); with one, each sequence drafts in its own sequence of the draft
-        model's context (hybrid: beside consensus lookup)."""
+        lookup drafters see the siblings' texts (``suffix``, ``consensus``;
+        ``ngram`` only its own); with a draft model, each sequence drafts in its
+        own sequence of the draft model's context (hybrid: beside suffix lookup)."""
         if self.draft is not None and self.draft.n_seq_max < n:
             raise ValueError(f"{n} sequences drafting with a draft model need it loaded with n_seq_max >= {n} "
                              f"(this one holds {self.draft.n_seq_max}): pyspec.Model(..., n_seq_max={n})")
-        name = self.drafter if self.draft is not None else self._batch_drafter
-        return self._make_drafters(name, n)
+        return self._make_drafters(self.drafter, n)
 
     def _slot_drafters(self, name: str) -> List["_core.Drafter"]:
         """The drafters of a session's slots for drafter ``name``, kept across

@@ -78,7 +78,8 @@ def load_model():
     loaded once per session for each ``(path, instance, kwargs)`` and shared by
     every test that asks for the same; ``instance`` names a second copy of the
     same settings (a draft beside its target). Each call forgets the model's
-    cache (``clear_cache``), so a test sees no prompt a test before it left.
+    cache (``clear_cache``) and memory, so a test sees no prompt or answer a
+    test before it left.
     What is not reset: the seed stream of a model loaded with ``seed=`` (tests
     on a shared model pass their seeds), and whatever a test keeps holding.
     Tests of loading, closing or interrupting a model, and of its seed stream,
@@ -91,6 +92,8 @@ def load_model():
         if model is None:
             model = cache[key] = pyspec.Model(path, **kwargs)
         model.clear_cache()
+        if model.memory is not None:
+            model.memory.clear()
         return model
 
     return load

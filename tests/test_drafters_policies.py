@@ -279,9 +279,9 @@ def test_hybrid_uses_both_sources(target_path, draft_path, load_model):
 
 def test_a_hybrid_whose_draft_model_cannot_pay_drafts_as_lookup_alone(gemma_path, load_model, tmp_path, monkeypatch):
     """Issue 11: having a draft model that cannot pay here must cost nothing
-    against --drafter ngram. On costs where every lookup pays (a flat batch
+    against lookup alone (--drafter suffix, the hybrid's lookup). On costs where every lookup pays (a flat batch
     curve) and a draft model recorded as too slow to pay, the hybrid makes the
-    n-gram drafter's every decision, short matches included (before, a match
+    lookup drafter's every decision, short matches included (before, a match
     below the hybrid's 2-token minimum went to the model, which declined, and
     the round was plain: 26 rounds against lookup's 21 here)."""
     # The made-up draft cost is kept on disk after the run: in a cache of its own,
@@ -300,9 +300,9 @@ def test_a_hybrid_whose_draft_model_cannot_pay_drafts_as_lookup_alone(gemma_path
             policy.recorded_draft_cost(1e3)  # the draft model cannot pay
         return spec.generate(prompt, chat=False, max_tokens=60, temperature=0).stats
 
-    lookup = run("ngram")
+    lookup = run("suffix")
     hybrid = run("hybrid", load_model(gemma_path, "draft", n_ctx=256))
-    print(f"ngram: rounds {lookup.rounds}, drafted {lookup.ngram_drafted}; "
+    print(f"suffix: rounds {lookup.rounds}, drafted {lookup.ngram_drafted}; "
           f"hybrid: rounds {hybrid.rounds}, drafted {hybrid.ngram_drafted}, model {hybrid.drafted - hybrid.ngram_drafted}")
     assert lookup.ngram_drafted > 0
     assert hybrid.drafted == hybrid.ngram_drafted, "the draft model drafted"

@@ -12,6 +12,8 @@
 #include "drafters/consensus_drafter.h"
 #include "drafters/drafters.h"
 #include "drafters/ngram_drafter.h"
+#include "drafters/suffix_drafter.h"
+#include "drafters/suffix_store.h"
 
 namespace py = pybind11;
 using namespace pyspec;
@@ -39,7 +41,33 @@ std::vector<int32_t> propose(D& d, const std::vector<int32_t>& history, int32_t 
 }  // namespace
 
 void bind_drafters(py::module_& m) {
-    py::class_<Drafter>(m, "Drafter");
+    py::class_<SuffixStore, std::shared_ptr<SuffixStore>>(
+        m, "SuffixStore", "Memory: earlier texts that suffix drafters look up, under a byte cap (suffix_store.h).")
+        .def(py::init<size_t>(), py::arg("cap_bytes"))
+        .def("add", &SuffixStore::add, py::arg("tokens"), py::call_guard<py::gil_scoped_release>(),
+             "Add one document (token ids); evicts the least recently used documents over the cap.")
+        .def("clear", &SuffixStore::clear, py::call_guard<py::gil_scoped_release>())
+        .def("documents", &SuffixStore::documents, "The documents, least recently used first.")
+        .def("longest_match",
+             [](const SuffixStore& store, const std::vector<int32_t>& tokens) {
+                 const auto lock = store.read();
+                 SuffixAutomaton::Match match;
+                 for (int32_t t : tokens) store.automaton().advance(match, t);
+                 const SuffixAutomaton::Next next = store.automaton().best_next(match);
+                 return py::dict("match_len"_a = match.len, "next_token"_a = next.token, "count"_a = next.count);
+             },
+             py::arg("tokens"),
+             "The longest suffix of tokens found in memory: {match_len, next_token (-1: none), count}.")
+        .def_property_readonly("cap_bytes", &SuffixStore::cap_bytes)
+        .def_property_readonly("bytes", &SuffixStore::bytes, "Bytes its index and texts hold.")
+        .def_property_readonly("n_tokens", &SuffixStore::n_tokens)
+        .def_property_readonly("n_documents", &SuffixStore::n_documents)
+        .def_property_readonly("epoch", &SuffixStore::epoch, "Changes whenever stored positions move (eviction).");
+    py::class_<Drafter>(m, "Drafter")
+        .def("use_memory",
+             [](Drafter& d, std::shared_ptr<SuffixStore> store) { return d.use_memory(std::move(store)); },
+             py::arg("store").none(true), py::keep_alive<1, 2>(),
+             "Draw drafts from this memory from now on (None: none); False if this drafter uses no memory.");
     py::class_<NgramDrafter, Drafter>(m, "NgramDrafter")
         .def(py::init<int32_t, int32_t, int32_t>(), py::arg("n_vocab"), py::arg("n_min") = 1, py::arg("n_max") = 16)
         .def("begin", &begin<NgramDrafter>, py::arg("prompt"))
@@ -78,6 +106,22 @@ void bind_drafters(py::module_& m) {
              py::arg("history"), py::arg("max_n"))
         .def_property_readonly("sibling_drafts", &ConsensusDrafter::sibling_drafts,
                                "rounds whose draft came from a sibling since begin()");
+    py::class_<SuffixDrafter, Drafter>(m, "SuffixDrafter")
+        .def(py::init([](int32_t n_vocab, int32_t n_min, int32_t n_max) {
+                 return std::make_unique<SuffixDrafter>(std::make_unique<NgramDrafter>(n_vocab, n_min, n_max), n_vocab);
+             }),
+             py::arg("n_vocab"), py::arg("n_min") = 1, py::arg("n_max") = 16)
+        .def("begin", &begin<SuffixDrafter>, py::arg("prompt"))
+        .def("plan",
+             [](SuffixDrafter& d, const std::vector<int32_t>& history) {
+                 const DraftPlan p = d.plan(history);
+                 return py::dict("match_len"_a = p.match_len, "near_copy"_a = p.near_copy,
+                                 "next_guess"_a = p.next_guess, "fresh"_a = p.fresh, "from_memory"_a = p.from_memory);
+             },
+             py::arg("history"))
+        .def("propose", &propose<SuffixDrafter>, py::arg("history"), py::arg("max_n"))
+        .def_property_readonly("memory_drafts", &SuffixDrafter::memory_drafts,
+                               "rounds whose draft came from memory since begin()");
     Struct<DrafterParams>(m, "DrafterParams", "Which drafter to build, and its settings.")
         .field("name", &DrafterParams::name)
         .field("ngram_min", &DrafterParams::ngram_min)
@@ -106,6 +150,6 @@ void bind_drafters(py::module_& m) {
               return out;
           },
           py::arg("params"), py::arg("target"), py::arg("draft"), py::arg("n"),
-          "One drafter per sequence of a batch of n (drafters.h): ngram, consensus (one pool), model or hybrid "
-          "(model and consensus; the draft model loaded with n_seq_max >= n).");
+          "One drafter per sequence of a batch of n (drafters.h): ngram, consensus (one pool), suffix (consensus "
+          "and memory), model or hybrid (model and suffix; the draft model loaded with n_seq_max >= n).");
 }

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include "core/rng.h"
@@ -14,6 +15,7 @@ namespace pyspec {
 
 class Model;
 class ModelDrafter;
+class SuffixStore;
 
 // How a draft may end early: the one place this rule is written down (SPEC,
 // "Draft length may adapt"). Drafters ask, length policies answer.
@@ -66,6 +68,7 @@ struct DraftPlan {
     // without drafting (deterministic drafters); -1 otherwise. A plain round then
     // still learns, for free, whether the draft would have been accepted.
     int32_t next_guess = -1;
+    bool from_memory = false;  // the draft copies earlier text from memory (suffix_store.h)
 };
 
 // Asked by a drafter for the length of a draft from a given plan.
@@ -109,6 +112,9 @@ public:
     // sequence of a batch together, one draft-model decode per position
     // (draft_together in model_drafter.h); null for other sources.
     virtual ModelDrafter* model_drafter() { return nullptr; }
+    // The memory this drafter looks up from now on (null: none); false for
+    // drafters that do not use memory. Set between generations.
+    virtual bool use_memory(std::shared_ptr<const SuffixStore> /*store*/) { return false; }
 };
 
 }  // namespace pyspec

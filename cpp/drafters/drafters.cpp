@@ -7,6 +7,7 @@
 #include "drafters/hybrid_drafter.h"
 #include "drafters/model_drafter.h"
 #include "drafters/ngram_drafter.h"
+#include "drafters/suffix_drafter.h"
 
 namespace pyspec {
 
@@ -16,12 +17,13 @@ const std::vector<DrafterInfo>& drafter_catalog() {
         {"ngram", false, "prompt lookup: continue the longest earlier n-gram match (no draft model)"},
         {"hybrid", true, "n-gram lookup on a match of >= 2 tokens, else the draft model"},
         {"consensus", false, "parallel samples draft what their siblings wrote (n > 1; alone: n-gram lookup)"},
+        {"suffix", false, "lookup in this text, its sibling samples and memory of earlier requests (no draft model)"},
     };
     return catalog;
 }
 
 std::string drafter_name(const DrafterParams& params, bool have_draft_model) {
-    const std::string name = !params.name.empty() ? params.name : have_draft_model ? "hybrid" : "ngram";
+    const std::string name = !params.name.empty() ? params.name : have_draft_model ? "hybrid" : "suffix";
     std::string names;
     for (const DrafterInfo& info : drafter_catalog()) {
         if (name == info.name) {
@@ -37,17 +39,19 @@ std::string drafter_name(const DrafterParams& params, bool have_draft_model) {
 
 std::unique_ptr<Drafter> make_drafter(const DrafterParams& params, const Model& target, Model* draft) {
     const std::string name = drafter_name(params, draft != nullptr);
-    if (name == "ngram") return std::make_unique<NgramDrafter>(target.n_vocab(), params.ngram_min, params.ngram_max);
+    const int32_t n_vocab = target.n_vocab();
+    auto ngram = [&] { return std::make_unique<NgramDrafter>(n_vocab, params.ngram_min, params.ngram_max); };
+    if (name == "ngram") return ngram();
+    if (name == "suffix") return std::make_unique<SuffixDrafter>(ngram(), n_vocab);
     if (name == "consensus") {  // a batch gives each sample its own, over one pool (pyspec/speculative.py)
-        return std::make_unique<ConsensusDrafter>(std::make_shared<ConsensusPool>(1), 0, target.n_vocab(),
-                                                  params.ngram_min, params.ngram_max);
+        return std::make_unique<ConsensusDrafter>(std::make_shared<ConsensusPool>(1), 0, n_vocab, params.ngram_min,
+                                                  params.ngram_max);
     }
     check_compatible(target, *draft);
     auto model = std::make_unique<ModelDrafter>(*draft);
     if (name == "model") return model;
-    return std::make_unique<HybridDrafter>(
-        std::move(model), std::make_unique<NgramDrafter>(target.n_vocab(), params.ngram_min, params.ngram_max),
-        params.hybrid_min_match);
+    return std::make_unique<HybridDrafter>(std::move(model), std::make_unique<SuffixDrafter>(ngram(), n_vocab),
+                                           params.hybrid_min_match);
 }
 
 std::vector<std::unique_ptr<Drafter>> make_batch_drafters(const DrafterParams& params, const Model& target,
@@ -56,14 +60,19 @@ std::vector<std::unique_ptr<Drafter>> make_batch_drafters(const DrafterParams& p
     const std::string name = drafter_name(params, draft != nullptr);
     if (draft) check_compatible(target, *draft);
     auto pool = std::make_shared<ConsensusPool>(n);
+    const int32_t n_vocab = target.n_vocab();
     std::vector<std::unique_ptr<Drafter>> out;
     for (int32_t j = 0; j < n; ++j) {
+        // Lookup in a batch: the sample's own text and its siblings' (consensus), and memory.
         auto lookup = [&]() -> std::unique_ptr<Drafter> {
-            return std::make_unique<ConsensusDrafter>(pool, j, target.n_vocab(), params.ngram_min, params.ngram_max);
+            return std::make_unique<SuffixDrafter>(
+                std::make_unique<ConsensusDrafter>(pool, j, n_vocab, params.ngram_min, params.ngram_max), n_vocab);
         };
         if (name == "ngram") {
-            out.push_back(std::make_unique<NgramDrafter>(target.n_vocab(), params.ngram_min, params.ngram_max));
+            out.push_back(std::make_unique<NgramDrafter>(n_vocab, params.ngram_min, params.ngram_max));
         } else if (name == "consensus") {
+            out.push_back(std::make_unique<ConsensusDrafter>(pool, j, n_vocab, params.ngram_min, params.ngram_max));
+        } else if (name == "suffix") {
             out.push_back(lookup());
         } else if (name == "model") {
             out.push_back(std::make_unique<ModelDrafter>(*draft, j));

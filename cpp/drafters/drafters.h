@@ -19,7 +19,7 @@ struct DrafterInfo {
 const std::vector<DrafterInfo>& drafter_catalog();
 
 struct DrafterParams {
-    std::string name;          // empty: "hybrid" with a draft model, "ngram" without
+    std::string name;          // empty: "hybrid" with a draft model, "suffix" without
     int32_t ngram_min = 1;     // shortest n-gram match that proposes a draft
     int32_t ngram_max = 16;    // longest n-gram matched
     int32_t hybrid_min_match = 2;  // hybrid: n-gram matches at least this long win over the model
@@ -34,9 +34,10 @@ std::string drafter_name(const DrafterParams& params, bool have_draft_model);
 std::unique_ptr<Drafter> make_drafter(const DrafterParams& params, const Model& target, Model* draft);
 
 // One drafter per sequence of a batch of n (drafters keep per-sequence state):
-// "ngram" and "consensus" (one pool over the n samples) need no model; "model"
-// and "hybrid" (the model beside consensus lookup) give sequence j sequence j
-// of the draft model's context, which must hold n (n_seq_max).
+// "ngram", "consensus" (one pool over the n samples) and "suffix" (consensus
+// and memory) need no model; "model" and "hybrid" (the model beside suffix
+// lookup) give sequence j sequence j of the draft model's context, which must
+// hold n (n_seq_max).
 std::vector<std::unique_ptr<Drafter>> make_batch_drafters(const DrafterParams& params, const Model& target,
                                                           Model* draft, int32_t n);
 

@@ -1,4 +1,4 @@
-// Lookup (n-gram, or consensus over a batch's samples) when it has a confident
+// Lookup (suffix: this text, a batch's siblings, memory) when it has a confident
 // match (at least min_match tokens, or a copy re-anchored where it diverged),
 // the draft model otherwise; the length policy sets the length either way. When
 // it declines a lookup draft (length <= 0) the model is offered instead, and
@@ -49,6 +49,7 @@ public:
     Model* model() const override { return model_->model(); }
     int32_t model_seq() const override { return model_->model_seq(); }
     ModelDrafter* model_drafter() override { return chosen_ == DraftSource::kModel ? model_.get() : nullptr; }
+    bool use_memory(std::shared_ptr<const SuffixStore> store) override { return ngram_->use_memory(std::move(store)); }
 
 private:
     bool confident(const DraftPlan& p) const { return p.match_len >= min_match_ || (p.near_copy && p.match_len > 0); }
@@ -58,7 +59,7 @@ private:
     }
 
     std::unique_ptr<ModelDrafter> model_;
-    std::unique_ptr<Drafter> ngram_;  // lookup: NgramDrafter, or ConsensusDrafter in a batch
+    std::unique_ptr<Drafter> ngram_;  // lookup: a SuffixDrafter (over NgramDrafter, or ConsensusDrafter in a batch)
     int32_t min_match_;
     DraftSource chosen_ = DraftSource::kModel;
 };

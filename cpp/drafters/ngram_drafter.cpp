@@ -1,8 +1,9 @@
 #include "drafters/ngram_drafter.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <stdexcept>
+
+#include "drafters/reanchor.h"
 
 namespace pyspec {
 
@@ -89,23 +90,9 @@ void NgramDrafter::follow(const std::vector<int32_t>& history) {
 }
 
 int32_t NgramDrafter::reanchor(const std::vector<int32_t>& history, int32_t* m) const {
+    // The source precedes the suffix: its own text, up to its last token.
     const int32_t size = static_cast<int32_t>(history.size());
-    const int32_t lo = std::max(anchor_ - kReanchorBefore, 0);
-    const int32_t hi = std::min(anchor_ + kReanchorAfter, size - 1);  // the source precedes the suffix
-    for (int32_t n = std::min(3, size); n >= 1; --n) {
-        const int32_t* suffix = history.data() + size - n;
-        int32_t best = -1;
-        // Candidate continuation positions c: history[c - n, c) equals the suffix.
-        for (int32_t c = std::max(lo, n); c <= hi; ++c) {
-            if (!std::equal(suffix, suffix + n, history.data() + c - n) || failed_.count(c)) continue;
-            if (best < 0 || std::abs(c - anchor_) < std::abs(best - anchor_)) best = c;
-        }
-        if (best >= 0) {
-            *m = n;
-            return best;
-        }
-    }
-    return -1;
+    return Reanchor::find(history.data(), size, history.data(), size, anchor_, failed_, m);
 }
 
 DraftPlan NgramDrafter::plan(const std::vector<int32_t>& history) {

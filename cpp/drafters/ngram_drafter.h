@@ -39,16 +39,13 @@ public:
     // (the plain lookup, without the cursor).
     int32_t find(const std::vector<int32_t>& history, int32_t* match_len);
 
-    static constexpr int32_t kReanchorBefore = 4;   // re-anchor window around where the copy diverged
-    static constexpr int32_t kReanchorAfter = 64;   // (an edit may insert or delete a few dozen tokens)
-
 private:
     void index_up_to(const std::vector<int32_t>& history);
     // Bring the cursor up to date with the committed tokens, and learn what became
     // of the last proposal.
     void follow(const std::vector<int32_t>& history);
     // The source position nearest the old cursor that follows the last m tokens
-    // (3, 2, then 1) and has not failed here, or -1; sets *m.
+    // (3, 2, then 1) and has not failed here, or -1; sets *m (drafters/reanchor.h).
     int32_t reanchor(const std::vector<int32_t>& history, int32_t* m) const;
 
     int32_t n_vocab_, n_min_, n_max_;

@@ -32,6 +32,9 @@ struct GenerationStats {
     int32_t ngram_drafted = 0;         // ... their drafted tokens
     int32_t ngram_accepted = 0;        // ... and accepted ones
     int32_t ngram_reanchored = 0;      // n-gram rounds that drafted from a copy re-anchored after an edit
+    int32_t memory_rounds = 0;         // n-gram rounds that copied from memory (suffix drafter)
+    int32_t memory_drafted = 0;        // ... their drafted tokens
+    int32_t memory_accepted = 0;       // ... and accepted ones
     int32_t ngram_guesses = 0;         // plain rounds that checked the n-gram's guess for free
     int32_t ngram_guess_hits = 0;      // ... and found it right
     int32_t stops_before = 0;          // drafts the stop rule ended before drawing a token
@@ -64,6 +67,11 @@ struct GenerationStats {
             ngram_drafted += r.drafted;
             ngram_accepted += r.accepted;
             ngram_reanchored += r.plan.near_copy;
+            if (r.plan.from_memory) {
+                ++memory_rounds;
+                memory_drafted += r.drafted;
+                memory_accepted += r.accepted;
+            }
         }
     }
 };

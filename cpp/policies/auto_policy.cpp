@@ -14,6 +14,8 @@ constexpr double kOptimistic = 0.9;   // acceptance per position a probe must be
 constexpr double kTieMargin = 1.0001;    // prefer the shorter draft on (near) ties
 constexpr int32_t kFirstInterval = 8;
 constexpr int32_t kFreshCap = 3;        // longest first draft of a newly found n-gram source
+constexpr int32_t kShortCap = 16;       // longest draft of anything but a long copy
+constexpr int32_t kLongCopy = 32;       // lookup evidence (tokens matched and followed) of a long copy
 constexpr int32_t kMaxInterval = 256;
 constexpr int32_t kCalibration[] = {1, 2, 4, 8, 16, 32, 64};
 // The clock (auto_policy.h).
@@ -131,15 +133,29 @@ int32_t AutoPolicy::longest_for(int32_t round_max, const DraftPlan& plan) const 
     // prompt match (a schema, a signature) often stops after a few tokens, and
     // a failed 15-token draft costs ~5 steps on a CPU. Its first draft stays
     // short; once a token of it is confirmed, the copy may draft long.
-    const int32_t cap = plan.source == DraftSource::kNgram && plan.fresh ? kFreshCap : kMaxDraft;
+    // Only a long copy drafts past kShortCap: verifying 64 rows costs ~3x 16 on a CPU,
+    // which only text known to repeat pays back (long_copy_alpha).
+    const bool lookup = plan.source == DraftSource::kNgram;
+    const int32_t cap = lookup && plan.fresh ? kFreshCap : lookup && plan.match_len >= kLongCopy ? kMaxDraft : kShortCap;
     return std::max(0, std::min({draft_max_, round_max, cap}));
+}
+
+double AutoPolicy::lookup_alpha(const Bucket& b, const DraftPlan& plan) {
+    // A copy followed for r tokens without a miss continues with probability
+    // (r + 1) / (r + 2) by the rule of succession; the bucket's per-position
+    // average, discounted for recency, cannot see a 200-token run. Long drafts
+    // then pay only after ~100 followed tokens (E(63) / V(64) > E(15) / V(16)).
+    const double a = b.alpha_low();
+    if (plan.match_len < kLongCopy) return a;
+    const double r = plan.match_len;
+    return std::max(a, (r + 1) / (r + 2));
 }
 
 LengthBid AutoPolicy::bid(int32_t round_max, const DraftPlan& plan) const {
     const Bucket& b = buckets_[static_cast<size_t>(bucket_of(plan))];
     LengthBid out;
     if (plan.source == DraftSource::kModel && could_pay(b)) return out;  // plans_jointly said no
-    out.alpha = plan.source == DraftSource::kModel ? 0.0 : b.alpha_low();
+    out.alpha = plan.source == DraftSource::kModel ? 0.0 : lookup_alpha(b, plan);
     out.cost = std::max(b.cost, 0.0);
     out.longest = out.alpha > 0 ? longest_for(round_max, plan) : 0;
     return out;
@@ -219,7 +235,8 @@ bool AutoPolicy::could_pay(const Bucket& b) const {
     if (b.cost < 0 || v1_ <= 0) return true;  // not measured yet: find out
     const double opt = std::max(b.alpha(), kOptimistic);
     const double plain = rate(b, opt, 0);
-    for (int32_t k = 1; k <= draft_max_; ++k) {
+    // Up to the ordinary cap: only a long copy drafts longer, and it needs no probes.
+    for (int32_t k = 1; k <= std::min(draft_max_, kShortCap); ++k) {
         const bool measured = k == 1 || verify_cost(std::min(other_rows_ + k + 1, kMaxBatch)) > 0;
         if (measured && rate(b, opt, k) > plain * kTieMargin) return true;
     }
@@ -253,7 +270,7 @@ int32_t AutoPolicy::next_length(int32_t round_max, const DraftPlan& plan) {
     double best = plain, model_best = plain;
     // Lookups are judged at alpha's lower bound (Bucket::alpha_low); a draft model's
     // alpha is steadier, and its belief re-plans the draft as it goes.
-    const double alpha = plan.source == DraftSource::kModel ? b.alpha() : b.alpha_low();
+    const double alpha = plan.source == DraftSource::kModel ? b.alpha() : lookup_alpha(b, plan);
     for (int32_t k = 1; k <= longest; ++k) {
         if (k > 1 && verify_cost(std::min(other_rows_ + k + 1, kMaxBatch)) <= 0) continue;  // only measured sizes
         const double r = rate(b, alpha, k);

@@ -83,6 +83,12 @@
 // taught is a prior, and it cannot cost new text its gains for long.
 // Suspending is a decision made before a draft is drawn: lossless.
 //
+// Long copies: drafts are at most 16 tokens, except from a lookup whose
+// evidence (tokens matched and followed) is >= 32: text known to repeat, such
+// as an answer copied from memory. Its alpha is then at least (r + 1) / (r + 2)
+// for a run of r (the rule of succession), so drafts of 32-63 tokens are chosen
+// where the measured V(32), V(64) make them pay (the default cap is 63).
+//
 // Exploration a short answer cannot pay back is not started: paid probes and
 // the first draft that measures a drafter's cost need at least 32 tokens left
 // to generate (set_remaining).
@@ -210,7 +216,8 @@ private:
     static void learn(Bucket& b, double hit);
     static int bucket_of(const DraftPlan& plan);
     static int conf_bin(double c);
-    int32_t longest_for(int32_t round_max, const DraftPlan& plan) const;  // draft_max, round_max, fresh cap
+    int32_t longest_for(int32_t round_max, const DraftPlan& plan) const;  // draft_max, round_max, fresh/long caps
+    static double lookup_alpha(const Bucket& b, const DraftPlan& plan);   // alpha_low, or a long copy's run
     double verify_cost_estimate(int32_t batch) const;   // V(n), interpolated for unmeasured sizes
     double rate(const Bucket& b, double alpha, int32_t k) const;
     double round_cost(int32_t own_rows) const;  // V(o + own_rows): the shared decode with this many own rows

@@ -27,7 +27,7 @@ const std::vector<PolicyInfo>& policy_catalog() {
         {"heuristic", 16, "+2 after a fully accepted round, -1 otherwise (Hugging Face)"},
         {"confidence", 16, "stop before a token whose top draft probability is < p_min (llama.cpp)"},
         {"svip", 40, "stop after a token when sqrt(gamma * H) > h, H the draft's entropy (SVIP)"},
-        {"auto", 16, "cost-aware: the length (0 = plain step) with the most expected tokens per second"},
+        {"auto", 63, "cost-aware: the length (0 = plain step) with the most expected tokens per second"},
     };
     return catalog;
 }

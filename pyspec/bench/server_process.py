@@ -1,5 +1,6 @@
 """A server in a process of its own, as its users start it: for the serving
-benchmark (pyspec's server beside llama-cpp-python's) and the server tests."""
+benchmarks (pyspec's server beside llama-cpp-python's and llama.cpp's) and the
+server tests."""
 
 from __future__ import annotations
 
@@ -85,15 +86,18 @@ def request(port: int, method: str, path: str, body: Any = None, *, headers: Opt
 
 
 def stream_completion(port: int, body: Dict[str, Any], *, headers: Optional[Dict[str, str]] = None,
-                      timeout: float = 600) -> Dict[str, Any]:
-    """POST /v1/completions with ``stream: true``; returns the text and the times
-    (perf_counter) of sending, of the first text and of the end."""
+                      timeout: float = 600, path: str = "/v1/completions") -> Dict[str, Any]:
+    """POST ``path`` (/v1/completions, or /v1/chat/completions: text from each
+    chunk's ``delta``) with ``stream: true``; returns the text, the times
+    (perf_counter) of sending, of the first text and of the end, and the
+    llama.cpp-style ``timings`` of the last chunk that carried them (or None)."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     t0 = time.perf_counter()
     first = None
+    timings = None
     pieces = []
     try:
-        conn.request("POST", "/v1/completions", body=json.dumps({**body, "stream": True}).encode(),
+        conn.request("POST", path, body=json.dumps({**body, "stream": True}).encode(),
                      headers={"Content-Type": "application/json", **(headers or {})})
         r = conn.getresponse()
         if r.status != 200:
@@ -103,10 +107,13 @@ def stream_completion(port: int, body: Dict[str, Any], *, headers: Optional[Dict
             if not line.startswith(b"data: ") or line == b"data: [DONE]":
                 continue
             chunk = json.loads(line[6:])
+            timings = chunk.get("timings") or timings
             for c in chunk.get("choices", []):
-                if c.get("text"):
+                text = c.get("text") or (c.get("delta") or {}).get("content")
+                if text:
                     first = first or time.perf_counter()
-                    pieces.append(c["text"])
+                    pieces.append(text)
     finally:
         conn.close()
-    return {"text": "".join(pieces), "t_send": t0, "t_first": first, "t_end": time.perf_counter()}
+    return {"text": "".join(pieces), "t_send": t0, "t_first": first, "t_end": time.perf_counter(),
+            "timings": timings}

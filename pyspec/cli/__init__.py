@@ -20,10 +20,11 @@ def main() -> None:
     """
 
 
-from . import agree, bench, generate, serve, tools  # noqa: E402  (each registers its commands on main)
+from . import agree, bench, bench_multiturn, generate, serve, tools  # noqa: E402  (each registers its commands on main)
 
 generate.register(main)
 serve.register(main)
 tools.register(main)
 agree.register(main)
 bench.register(main)
+bench_multiturn.register(main)

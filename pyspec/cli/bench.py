@@ -8,6 +8,7 @@ from dataclasses import asdict
 
 import click
 
+from ..bench.conversations import CONVERSATIONS
 from ..speculative import POLICIES
 from .options import (DEFAULT_DRAFT, DEFAULT_MODEL, IntList, command_errors, flash_attn_option, load_model,
                       report_options, suite_options)
@@ -45,6 +46,10 @@ from .options import (DEFAULT_DRAFT, DEFAULT_MODEL, IntList, command_errors, fla
                    "is plain, default (hybrid + auto with the draft model) or DRAFTER[:POLICY[:K]], e.g. "
                    "ngram, model:fixed:4. The runner options (-k, --policy, --ngram, --hybrid, --cap, --lookup) "
                    "do not apply. Use --reps >= 4.")
+@click.option("--memory-from", "memory_from", multiple=True, type=click.Path(exists=True, dir_okay=False),
+              help="--paired: text files that fill a fixed memory the lookup drafters may copy from (repeatable); "
+                   "the bench's own answers never join it. Without it they have no memory, so repetitions of a "
+                   "prompt stay independent.")
 @click.option("--raw", is_flag=True, help="Use the prompts as raw text (no chat template: models without one).")
 @click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0),
               help="Seed of the first repetition (repetition r uses seed + r); matters for -t > 0.")
@@ -52,7 +57,7 @@ from .options import (DEFAULT_DRAFT, DEFAULT_MODEL, IntList, command_errors, fla
                 "(--paired: each category's ratio with its interval, and every prompt's)")
 @click.pass_context
 def bench(ctx, model, categories, per_category, max_tokens, temperature, reps, threads, n_ctx, flash_attn, draft,
-          k_values, policies, ngram_policies, hybrid_policies, cap, lookup, paired, raw, seed, json_path,
+          k_values, policies, ngram_policies, hybrid_policies, cap, lookup, paired, memory_from, raw, seed, json_path,
           plot_path) -> None:
     """Measure decode speed side by side with llama-cpp-python.
 
@@ -85,9 +90,12 @@ def bench(ctx, model, categories, per_category, max_tokens, temperature, reps, t
         if ignored:
             raise click.UsageError(f"--paired runs its own configurations; {', '.join(ignored)} would be ignored")
         return _bench_paired(model, draft, paired, categories, per_category, max_tokens, temperature, reps, seed,
-                             n_threads, n_ctx, flash_attn, raw, json_path, plot_path)
+                             n_threads, n_ctx, flash_attn, raw, json_path, plot_path, memory_from)
+    if memory_from:
+        raise click.UsageError("--memory-from applies to --paired")
     with command_errors():
-        load = dict(n_ctx=n_ctx, n_threads=n_threads, flash_attn=flash_attn)
+        # No memory: a repeated prompt would otherwise copy its earlier answer.
+        load = dict(n_ctx=n_ctx, n_threads=n_threads, flash_attn=flash_attn, memory_mb=0)
         target = load_model(model, **load)
         # llama-cpp-python takes a bool: give it what pyspec's context runs.
         fa_on = target.flash_attn == "on"
@@ -152,8 +160,21 @@ def _report(result: dict, json_path, plot_path, draw, text: str) -> None:
         click.echo(text)
 
 
+def _fixed_memory(target, paths):
+    """A memory holding the text of ``paths`` (one document per file), or None."""
+    if not paths:
+        return None
+    from ..memory import Memory
+
+    memory = Memory()
+    for path in paths:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            memory.add(target.tokenize(f.read(), add_special=False))
+    return memory
+
+
 def _bench_paired(model, draft, paired, categories, per_category, max_tokens, temperature, reps, seed, n_threads,
-                  n_ctx, flash_attn, raw, json_path, plot_path) -> None:
+                  n_ctx, flash_attn, raw, json_path, plot_path, memory_from=()) -> None:
     """`pyspec bench --paired`: see pyspec/bench/paired.py for the method."""
     from ..errors import PyspecError
     from ..bench.paired import format_paired, parse_config, plot_paired, run_paired, summarize_all
@@ -176,16 +197,17 @@ def _bench_paired(model, draft, paired, categories, per_category, max_tokens, te
 
             pyplot()
         items = suite_prompts(categories or None, per_category)
-        load = dict(n_ctx=n_ctx, n_threads=n_threads, flash_attn=flash_attn)
+        load = dict(n_ctx=n_ctx, n_threads=n_threads, flash_attn=flash_attn, memory_mb=0)
         target = load_model(model, **load)
         draft_model = load_model(draft, **load) if any(c.needs_draft_model for c in configs) else None
+        memory = _fixed_memory(target, memory_from)
         runners = []
         for c in configs:
             if c.drafter is None:
                 runners.append(PyspecRunner(target, c.name))
                 continue
             gen = SpeculativeDecoder(target, draft_model if c.needs_draft_model else None, drafter=c.drafter,
-                                     policy=c.policy, draft_max=c.draft_max)
+                                     policy=c.policy, draft_max=c.draft_max, memory=memory or False, remember=False)
             runners.append(PyspecRunner(gen, c.name))
         settings = Settings(max_tokens=max_tokens, temperature=temperature, seed=seed)
         tokenize = lambda text: target.prompt_tokens(text, chat=not raw)  # noqa: E731
@@ -199,6 +221,7 @@ def _bench_paired(model, draft, paired, categories, per_category, max_tokens, te
         "configurations": names, "reps": reps, "order": "ABBA",
         "settings": asdict(settings), "threads": n_threads, "flash_attn": target.flash_attn,
         "model": target.path, "draft": draft if draft_model is not None else None,
+        "memory_tokens": memory.n_tokens if memory else 0,
         "paired": summary, "samples": [asdict(s) for s in samples],
     }
     _report(result, json_path, plot_path, plot_paired, format_paired(summary))
@@ -346,18 +369,34 @@ def bench_parallel(model, sizes, max_tokens, temperature, reps, threads, prompt,
               help="pyspec's draft model; '' for n-gram lookup only (llama-cpp-python's server has none).")
 @click.option("--clients", "counts", default="1,2,4,8", show_default=True, type=IntList(1),
               help="Comma-separated numbers of clients.")
-@click.option("--max-tokens", "-n", default=64, show_default=True, type=click.IntRange(min=2),
-              help="Tokens per answer (greedy).")
+@click.option("--max-tokens", "-n", default=None, type=click.IntRange(min=2),
+              help="Tokens per answer (greedy) [default: 64; --multiturn: at most 512].")
 @click.option("--reps", default=2, show_default=True, type=click.IntRange(min=1), help="Repetitions.")
 @click.option("--threads", default=None, type=click.IntRange(min=1), help="CPU threads [default: physical cores].")
-@click.option("--n-ctx", default=8192, show_default=True, type=click.IntRange(min=512),
-              help="Context of each server (pyspec's is shared by its slots).")
+@click.option("--n-ctx", default=None, type=click.IntRange(min=512),
+              help="Context of each server (pyspec's is shared by its slots; llama-server splits -c among its "
+                   "slots) [default: 8192; --multiturn: 4096 per conversation].")
 @click.option("--generate/--no-generate", "with_generate", default=True, show_default=True,
               help="At 1 client, also run the prompts through `pyspec generate`'s code in this process.")
 @click.option("--raw", is_flag=True, help="Send the prompts as raw text (no chat template).")
-@report_options("every wave's figures", "aggregate tok/s and TTFT p95 against the number of clients")
-def bench_serve(model, draft, counts, max_tokens, reps, threads, n_ctx, with_generate, raw, json_path,
-                plot_path) -> None:
+@click.option("--multiturn", is_flag=True,
+              help="Multi-turn mode: --conversations editing conversations at once (bench-multiturn's), each by "
+                   "its own client and `user`, against --llama-server and/or --memory-off; --clients, --draft "
+                   "and --generate do not apply (pyspec serve runs its defaults: suffix drafter, memory).")
+@click.option("--conversations", "n_conversations", default=None, type=click.IntRange(1, len(CONVERSATIONS)),
+              help="--multiturn: concurrent conversations, and slots of every server [default: 4].")
+@click.option("--llama-server", "llama_server", default=None, type=click.Path(exists=True, dir_okay=False),
+              help="--multiturn: llama.cpp's llama-server binary, run on the same model, threads, slots and -c "
+                   "(docs/server.md says how to build it).")
+@click.option("--llama-spec", "llama_specs", default="none,ngram-mod,ngram-simple", show_default=True,
+              help="--multiturn: llama-server variants, comma-separated --spec-type values ('none': plain).")
+@click.option("--llama-args", default="", help="--multiturn: extra llama-server arguments, e.g. '--kv-unified'.")
+@click.option("--memory-off", is_flag=True, help="--multiturn: also run `pyspec serve --no-memory`.")
+@report_options("every wave's figures", "aggregate tok/s and TTFT p95 against the number of clients "
+                "(--multiturn: the ratios with their intervals, and every run's aggregate tok/s)")
+@click.pass_context
+def bench_serve(ctx, model, draft, counts, max_tokens, reps, threads, n_ctx, with_generate, raw, multiturn,
+                n_conversations, llama_server, llama_specs, llama_args, memory_off, json_path, plot_path) -> None:
     """pyspec's server against llama-cpp-python's, under concurrent clients.
 
     Starts `pyspec serve` and `python -m llama_cpp.server` (needs the `bench`
@@ -366,10 +405,40 @@ def bench_serve(model, draft, counts, max_tokens, reps, threads, n_ctx, with_gen
     (chat-templated) at once, alternating the servers, over --reps repetitions.
     Prints aggregate tokens/s with its ratio to llama-cpp-python, TTFT p50/p95
     and per-request continuation speed. Progress goes to stderr.
+
+    With --multiturn: multi-turn conversations (4 at once, each its own
+    `user`) through /v1/chat/completions of `pyspec serve` and of llama.cpp's
+    llama-server (--llama-server PATH; plain and with each --llama-spec),
+    backends alternating run by run, each run on a fresh server, every backend
+    sent the same prompts.
+    Prints each backend's aggregate tok/s, TTFT and drafts, and the ratio
+    pyspec serve / each other backend with a 95 % interval over repetitions
+    (pyspec/bench/serve_multiturn.py states the method).
     """
-    import llama_cpp
+    from click.core import ParameterSource
 
     from .._platform import physical_cores
+
+    given = [n for n in ctx.params if ctx.get_parameter_source(n) == ParameterSource.COMMANDLINE]
+    wrong = ("counts", "draft", "with_generate") if multiturn else ("n_conversations", "llama_server",
+                                                                    "llama_specs", "llama_args", "memory_off")
+    flags = {"counts": "--clients", "with_generate": "--generate", "n_conversations": "--conversations",
+             "llama_specs": "--llama-spec"}
+    ignored = [flags.get(n, f"--{n.replace('_', '-')}") for n in wrong if n in given]
+    if ignored:
+        verb = ("do not apply to", "only apply to") if len(ignored) > 1 else ("does not apply to", "only applies to")
+        raise click.UsageError(f"{', '.join(ignored)} {verb[0] if multiturn else verb[1]} --multiturn")
+    if multiturn:
+        from .bench_multiturn import bench_serve_multiturn
+
+        specs = [x.strip() for x in llama_specs.split(",") if x.strip()]
+        return bench_serve_multiturn(model, n_conversations=n_conversations, max_tokens=max_tokens or 512, reps=reps,
+                                     threads=threads or physical_cores(), n_ctx=n_ctx, llama_server=llama_server,
+                                     llama_specs=specs, llama_args=llama_args, memory_off=memory_off, raw=raw,
+                                     json_path=json_path, plot_path=plot_path)
+    n_ctx, max_tokens = n_ctx or 8192, max_tokens or 64
+    import llama_cpp
+
     from ..bench import serve as bs
     from ..bench.suite import prompts as suite_prompts
     from ..speculative import SpeculativeDecoder

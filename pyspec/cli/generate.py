@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Optional
 
@@ -19,14 +20,14 @@ from .options import DEFAULT_DRAFT, DEFAULT_MODEL, command_errors, load_pair, mo
                    f"[default: {DEFAULT_MODEL}].")
 @click.option("--draft", "-d", default=None,
               help="Draft model for speculative decoding (path or name). With neither --model nor --draft, "
-                   f"the default pair is used (draft: {DEFAULT_DRAFT}); with --model alone, n-gram lookup drafts.")
+                   f"the default pair is used (draft: {DEFAULT_DRAFT}); with --model alone, suffix lookup drafts.")
 @click.option("--no-draft", is_flag=True, help="Plain decoding with the target alone.")
 @click.option("--draft-max", "-k", default=None, type=click.IntRange(min=0),
               help="Tokens drafted per target pass (fixed policy) or their cap (other policies); 0 = plain "
                    "[default: " + ", ".join(f"{n} {p['default_draft_max']}" for n, p in POLICIES.items()) + "].")
 @click.option("--drafter", type=click.Choice(list(DRAFTERS)), default=None,
               help="; ".join(f"{n}: {d['summary']}" for n, d in DRAFTERS.items())
-                   + " [default: hybrid with a draft model, else ngram].")
+                   + " [default: hybrid with a draft model, else suffix].")
 @click.option("--policy", type=click.Choice(list(POLICIES)), default="auto", show_default=True,
               help="Draft length per round (see docs/drafters.md): "
                    + "; ".join(f"{n}: {p['summary']}" for n, p in POLICIES.items()) + ".")
@@ -50,31 +51,35 @@ from .options import DEFAULT_DRAFT, DEFAULT_MODEL, command_errors, load_pair, mo
 @click.option("--strict", is_flag=True,
               help="Fail instead of warning when --n-gpu-layers asks for GPU offload on a build that has no "
                    "GPU backend.")
+@click.option("--memory", "memory_file", default=None, type=click.Path(dir_okay=False),
+              help="A memory file: earlier prompts and answers to draft from (suffix drafter); created if "
+                   "missing, and this run's prompt and answer are added to it.")
 @sampling_options
 @model_options
 def generate(prompt, model, draft, no_draft, draft_max, drafter, policy, p_min, svip_h, svip_gamma, raw, stop,
              as_json, show_stats, show_drafts, n_samples, strict, max_tokens, temperature, top_k, top_p, min_p, seed, n_ctx,
-             threads, n_gpu_layers, flash_attn) -> None:
+             threads, n_gpu_layers, flash_attn, memory_file) -> None:
     """Generate a continuation of PROMPT and stream it to stdout.
 
     By default the default target/draft pair runs speculative decoding, which
     keeps the target's output distribution exactly: the hybrid drafter (n-gram
     lookup where the text repeats, the draft model elsewhere) under the auto
     policy, which drafts only where its measurements say it pays. With
-    --model and no --draft, n-gram lookup drafts. --no-draft decodes plainly.
+    --model and no --draft, suffix lookup drafts (this text, the other samples,
+    and --memory). --no-draft decodes plainly.
     """
-    # Samples draft by consensus unless a draft model is named (on a CPU the default
+    # Samples draft by lookup unless a draft model is named (on a CPU the default
     # pair's draft model rarely pays, and n samples would need n draft sequences).
     default_draft = n_samples == 1
     if draft is None and drafter is None and not (model is None and default_draft):
-        # No draft model: prompt lookup (samples: consensus), which auto uses only where it pays.
-        drafter = "consensus" if n_samples > 1 else "ngram"
+        drafter = "suffix"  # no draft model: lookup, which auto uses only where it pays
     colour = show_drafts and sys.stdout.isatty() and not as_json
     with command_errors():
         target, gen = load_pair(model, draft, no_draft=no_draft, drafter=drafter, policy=policy,
                                 draft_max=draft_max, default_draft=default_draft, n_ctx=n_ctx, n_threads=threads,
                                 n_gpu_layers=n_gpu_layers, flash_attn=flash_attn, strict=strict, n_seq_max=n_samples)
         kwargs = dict(p_min=p_min, svip_h=svip_h, svip_gamma=svip_gamma) if gen.speculative else {}
+        memory = _open_memory(memory_file, gen)
 
         def echo(text: str, drafted: bool) -> None:
             sys.stdout.write(click.style(text, fg="green") if colour and drafted else text)
@@ -84,6 +89,7 @@ def generate(prompt, model, draft, no_draft, draft_max, drafter, policy, p_min, 
             batch = gen.generate(prompt, n=n_samples, max_tokens=max_tokens, temperature=temperature, top_k=top_k,
                                  top_p=top_p, min_p=min_p, seed=seed, stop=list(stop), chat=not raw, **kwargs)
     if n_samples > 1:
+        _save_memory(memory, memory_file, target)
         _print_samples(batch, as_json, show_stats, target.flash_attn)
         return
     with command_errors():
@@ -100,6 +106,7 @@ def generate(prompt, model, draft, no_draft, draft_max, drafter, policy, p_min, 
             on_token=None if as_json else echo,
             **kwargs,
         )
+        _save_memory(memory, memory_file, target)
     if as_json:
         d = out.to_dict()
         d["flash_attn"] = target.flash_attn  # as the target's context runs it ("on"/"off")
@@ -109,6 +116,26 @@ def generate(prompt, model, draft, no_draft, draft_max, drafter, policy, p_min, 
     if show_stats:
         sys.stdout.flush()
         click.echo(_stats_summary(out, flash_attn=target.flash_attn, requested=flash_attn), err=True)
+
+
+def _open_memory(path, gen):
+    """The generator's memory, with the documents of the --memory file added."""
+    if path is None:
+        return None
+    from ..memory import vocab_fingerprint
+
+    if gen.memory is None:
+        raise click.UsageError("--memory needs a model loaded with memory (memory_mb > 0)")
+    if os.path.exists(path):
+        gen.memory.load(path, vocab_fingerprint(gen.target))
+    return gen.memory
+
+
+def _save_memory(memory, path, target) -> None:
+    if memory is not None:
+        from ..memory import vocab_fingerprint
+
+        memory.save(path, vocab_fingerprint(target))
 
 
 def _print_samples(batch, as_json: bool, show_stats: bool, flash_attn: str) -> None:
@@ -149,7 +176,8 @@ def _stats_summary(out, flash_attn: Optional[str] = None, requested: Optional[st
                      f"{calib}")
         hist = " ".join(f"{k}:{n}" for k, n in enumerate(s.length_hist) if n)
         lines.append(f"draft lengths (length:rounds) {hist}; policy chose plain {s.policy_plain} times; "
-                     f"n-gram drafted {s.ngram_rounds} rounds ({s.ngram_reanchored} re-anchored after an edit)")
+                     f"lookup drafted {s.ngram_rounds} rounds ({s.ngram_reanchored} re-anchored after an edit, "
+                     f"{s.memory_rounds} from memory)")
     return "\n".join(lines)
 
 

@@ -17,10 +17,10 @@ from .options import DEFAULT_DRAFT, DEFAULT_MODEL, command_errors, flash_attn_op
               help=f"Target model: a .gguf path or a default model name [default: {DEFAULT_MODEL}].")
 @click.option("--draft", "-d", default=None,
               help=f"Draft model (path or name). With neither --model nor --draft the default pair is served "
-                   f"(draft: {DEFAULT_DRAFT}); with --model alone, n-gram lookup drafts.")
+                   f"(draft: {DEFAULT_DRAFT}); with --model alone, suffix lookup drafts.")
 @click.option("--no-draft", is_flag=True, help="Plain decoding with the target alone.")
 @click.option("--drafter", type=click.Choice(list(DRAFTERS)), default=None,
-              help="Drafter of every request that names none [default: hybrid with a draft model, else ngram].")
+              help="Drafter of every request that names none [default: hybrid with a draft model, else suffix].")
 @click.option("--policy", type=click.Choice(list(POLICIES)), default="auto", show_default=True,
               help="Draft-length policy of requests that name none.")
 @click.option("--draft-max", "-k", default=None, type=click.IntRange(min=0),
@@ -44,10 +44,18 @@ from .options import DEFAULT_DRAFT, DEFAULT_MODEL, command_errors, flash_attn_op
 @click.option("--n-gpu-layers", default=0, show_default=True, type=int,
               help="Layers to offload on Metal/CUDA builds of llama.cpp (-1 = all).")
 @flash_attn_option
+@click.option("--memory/--no-memory", default=True, show_default=True,
+              help="Keep each user's earlier prompts and answers for suffix drafting (per request field `user`; "
+                   "requests without one share one memory). Off: a request drafts from its own text only.")
+@click.option("--memory-mb", default=64.0, show_default=True, type=click.FloatRange(min=0.0625),
+              help="Byte cap of each user's memory (least recently used text goes first).")
+@click.option("--memory-users", default=8, show_default=True, type=click.IntRange(min=1),
+              help="Users whose memories are kept (the least recently active is dropped first).")
 @click.option("--test-variant", type=click.Choice(VARIANTS), default="correct", hidden=True,
               help="TEST-ONLY: a wrong acceptance rule (e.g. residual_is_p) for the lossless test's negative control.")
 def serve(model, draft, no_draft, drafter, policy, draft_max, host, port, parallel, queue_size, n_ctx, prefill_chunk,
-          api_key, model_alias, threads, n_gpu_layers, flash_attn, test_variant) -> None:
+          api_key, model_alias, threads, n_gpu_layers, flash_attn, memory, memory_mb, memory_users,
+          test_variant) -> None:
     """Serve the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models),
     with /health and Prometheus /metrics.
 
@@ -72,7 +80,8 @@ def serve(model, draft, no_draft, drafter, policy, draft_max, host, port, parall
                                n_seq_max=parallel)
     app = create_app(decoder, model_name=name, parallel=parallel,
                      queue_size=4 * parallel if queue_size is None else queue_size, api_key=api_key,
-                     prefill_chunk=prefill_chunk, _test=dict(variant=test_variant))
+                     prefill_chunk=prefill_chunk, memory_mb=memory_mb if memory else 0, memory_users=memory_users,
+                     _test=dict(variant=test_variant))
     if test_variant != "correct":
         click.echo(f"pyspec serve: TEST-ONLY acceptance rule {test_variant!r}: output is NOT the target's", err=True)
     click.echo(f"pyspec serve: {name} ({decoder!r}) on http://{host}:{port}/v1 with {parallel} slots; "

@@ -25,6 +25,7 @@ from starlette.routing import Route
 
 from .. import __version__
 from . import protocol
+from .memories import UserMemories
 from .metrics import Metrics
 from .protocol import FINISH_REASON, APIError
 from .scheduler import (MAX_DRAFT, EngineFailed, Job, JobCancelled, JobRefused, QueueFull, Scheduler,
@@ -52,11 +53,13 @@ def http_error(e: SchedulerError) -> APIError:
 
 
 def create_app(decoder, *, model_name: str, parallel: int = 8, queue_size: int = 32, api_key: Optional[str] = None,
-               prefill_chunk: int = 256, _test=None) -> Starlette:
+               prefill_chunk: int = 256, memory_mb: float = 64.0, memory_users: int = 8, _test=None) -> Starlette:
     """An ASGI app serving ``decoder`` (a Model or SpeculativeDecoder whose
     target, and draft model, hold ``parallel`` sequences) under ``model_name``.
     ``_test`` holds TEST-ONLY negative controls (a wrong acceptance rule the
-    lossless test must catch; :func:`pyspec.generation.test_controls`)."""
+    lossless test must catch; :func:`pyspec.generation.test_controls`).
+    Memory for suffix drafting is kept per user (``memory_mb`` each, for up to
+    ``memory_users`` users; 0 MB: none; server/memories.py)."""
     from ..speculative import DRAFTERS, POLICIES
 
     state: Dict[str, Any] = {}
@@ -66,6 +69,7 @@ def create_app(decoder, *, model_name: str, parallel: int = 8, queue_size: int =
     drafters = [d for d in DRAFTERS if not DRAFTERS[d]["needs_draft_model"] or getattr(decoder, "draft", None)]
     drafters = drafters if decoder.speculative else []
     created = int(time.time())
+    memories = UserMemories(memory_mb if decoder.speculative else 0, memory_users)
 
     @asynccontextmanager
     async def lifespan(app):
@@ -135,7 +139,7 @@ def create_app(decoder, *, model_name: str, parallel: int = 8, queue_size: int =
                 raise APIError(404, f"the model '{parsed.model}' does not exist (this server has '{model_name}')",
                                param="model", code="model_not_found")
             prompts = [tokens_of(kind, p) for p in parsed.prompts]
-            job = Job(parsed.sampling, prompts, asyncio.get_running_loop())
+            job = Job(parsed.sampling, prompts, asyncio.get_running_loop(), memory=memories.get(parsed.user))
             state["scheduler"].submit(job)
         except SchedulerError as e:
             return error(http_error(e))

@@ -65,6 +65,7 @@ class ParsedRequest:
     sampling: Sampling
     stream: bool = False
     include_usage: bool = False
+    user: str = ""                             # the end user (memory is kept per user: memories.py)
 
 
 # ------------------------------------------------------------------ parsing
@@ -91,8 +92,8 @@ _NEUTRAL = {
     "web_search_options": (None,),
 }
 # Accepted and without effect on the output by the API's own definition.
-_NO_EFFECT = {"user"}
-_COMMON = {"model", "max_tokens", "temperature", "top_p", "seed", "stop", "n", "stream", "stream_options",
+_NO_EFFECT: set = set()
+_COMMON = {"user", "model", "max_tokens", "temperature", "top_p", "seed", "stop", "n", "stream", "stream_options",
            "top_k", "min_p", "draft_max", "policy", "drafter"}
 _FIELDS = {
     "completion": _COMMON | {"prompt", "logprobs"},
@@ -256,7 +257,11 @@ def parse(kind: str, body: Any, *, max_n: int, policies: Sequence[str], drafters
     )
     if sampling.top_p == 0:
         raise APIError(400, "'top_p' must be > 0", param="top_p")
-    return ParsedRequest(kind, model, prompts, sampling, stream, include_usage)
+    user = body.get("user")
+    user = "" if user is None else user  # some clients send null
+    if not isinstance(user, str):
+        raise APIError(400, "'user' must be a string", param="user")
+    return ParsedRequest(kind, model, prompts, sampling, stream, include_usage, user)
 
 
 # ------------------------------------------------------------------ responses
@@ -291,6 +296,9 @@ def timings(stats: Sequence[Any], n_prompt: int) -> Dict[str, float]:
         "predicted_per_second": 1000 * after_first / predicted_ms if predicted_ms > 0 else 0.0,
         "draft_n": sum(s.drafted for s in stats),
         "draft_n_accepted": sum(s.accepted for s in stats),
+        # pyspec's own: drafts copied from the user's memory (suffix drafter)
+        "draft_memory_rounds": sum(s.memory_rounds for s in stats),
+        "draft_memory_n": sum(s.memory_drafted for s in stats),
     }
 
 

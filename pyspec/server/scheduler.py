@@ -25,14 +25,17 @@ import itertools
 import secrets
 import threading
 from dataclasses import dataclass, field
-from typing import Deque, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Deque, Dict, List, Optional, Tuple
 
 from .. import _core
 from ..generation import SEED_BITS, SequenceSetup
 from .protocol import Sampling
 
+if TYPE_CHECKING:
+    from ..memory import Memory
+
 #: Largest draft a request may ask for (draft_max); the session's cap.
-MAX_DRAFT = 32
+MAX_DRAFT = 63
 
 
 class SchedulerError(Exception):
@@ -88,6 +91,7 @@ class Job:
     events: "asyncio.Queue[Tuple]" = field(default_factory=asyncio.Queue)
     choices: List[Choice] = field(default_factory=list)
     cancelled: bool = False
+    memory: Optional["Memory"] = None  # the user's: drafts copy from it, answers join it
 
     @property
     def need(self) -> int:
@@ -229,7 +233,8 @@ class Scheduler:
         s = job.sampling
         base = s.seed if s.seed is not None else secrets.randbits(SEED_BITS)
         # Drafting settings only where the decoder drafts (a plain server ignores them).
-        drafting = dict(drafter=s.drafter, policy=s.policy, draft_max=s.draft_max) if self.decoder.speculative else {}
+        drafting = (dict(drafter=s.drafter, policy=s.policy, draft_max=s.draft_max, memory=job.memory)
+                    if self.decoder.speculative else {})
         for p_i, prompt in enumerate(job.prompts):
             for j in range(s.n):
                 index = p_i * s.n + j
@@ -281,6 +286,8 @@ class Scheduler:
                 self.counters["draft_tokens"] += st.drafted
                 self.counters["draft_accepted"] += st.accepted
                 self.decoder.record(c.setup, st)
+                if job.memory is not None:
+                    job.memory.add(c.prompt + list(result.tokens))
                 self._send(job, ("done", c.index, result, c.seed))
                 if all(x.done for x in job.choices):
                     with self._lock:

@@ -1,0 +1,160 @@
+"""`pyspec bench-multiturn`: multi-turn editing conversations, speculative
+(suffix drafter, memory) against plain decoding, in one process; and the
+multi-turn mode of `pyspec bench-serve` (through pyspec's and llama.cpp's
+servers)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Optional, Sequence
+
+import click
+
+from ..bench.conversations import CONVERSATIONS
+from ..memory import DEFAULT_CAP_MB
+from .options import DEFAULT_MODEL, command_errors, flash_attn_option, load_model, report_options
+
+
+@click.command("bench-multiturn")
+@click.option("--model", "-m", default=DEFAULT_MODEL, show_default=True, help="Target model (path or default name).")
+@click.option("--conversations", "n_conversations", default=None, type=click.IntRange(1, len(CONVERSATIONS)),
+              help="Run only the first N conversations [default: all 6].")
+@click.option("--max-tokens", "-n", default=512, show_default=True, type=click.IntRange(min=2),
+              help="Most tokens per answer (greedy); an answer cut short is still the next turn's history.")
+@click.option("--threads", default=None, type=click.IntRange(min=1), help="CPU threads [default: physical cores].")
+@click.option("--n-ctx", default=8192, show_default=True, type=click.IntRange(min=256),
+              help="Context window: a conversation's last prompt and answer must fit in it.")
+@flash_attn_option
+@click.option("--memory-mb", default=DEFAULT_CAP_MB, show_default=True, type=click.FloatRange(min=0.0625),
+              help="Byte cap of the default side's memory (a fresh one per conversation).")
+@click.option("--memory-off/--no-memory-off", "with_memory_off", default=True,
+              help="Also run the default decoder with memory=False, a third side: what memory adds "
+                   "[default: --memory-off].")
+@click.option("--raw", is_flag=True,
+              help="Send the conversations as a plain 'User: / Assistant:' transcript (models without a chat "
+                   "template).")
+@report_options("every turn's figures and the summary", "each comparison's ratio per turn with its interval")
+def bench_multiturn(model, n_conversations, max_tokens, threads, n_ctx, flash_attn, memory_mb, with_memory_off,
+                    raw, json_path, plot_path) -> None:
+    """Multi-turn conversations: the default decoder against plain decoding.
+
+    Runs conversations that ask for a file back with one change per turn
+    (rename, add a parameter, fix a bug, reformat, translate comments), and
+    repeated tasks (the same instruction on similar files, each request alone),
+    turn by turn in one process. At every turn the sides generate greedily from
+    the same prompt, back to back in rotating order: plain (the target's own
+    generate), default (SpeculativeDecoder: suffix drafter, auto policy, a
+    memory of the conversation's earlier requests) and, unless
+    --no-memory-off, the default decoder without memory. Every side's next
+    prompt holds the default side's answers; the answers must be equal
+    (lossless), and any that differ are listed.
+
+    Prints decode-speed ratios (tokens after the first) per turn and, as the
+    headline, the geometric mean over conversations of turns 2 onwards with a
+    95 % bootstrap interval; then each side's pooled acceptance and the share
+    of accepted drafts that came from memory. Progress goes to stderr;
+    pyspec/bench/multiturn.py states the method.
+    """
+    from .._platform import physical_cores
+    from ..bench import multiturn as mt
+    from ..bench.conversations import conversations
+    from ..bench.runner import progress_bar
+    from ..errors import PyspecError
+
+    n_threads = threads or physical_cores()
+    with command_errors(errors=(PyspecError, ValueError, OSError, RuntimeError)):
+        if plot_path:  # fail before a long run, not after it
+            from ..bench.plot import pyplot
+
+            pyplot()
+        convs = conversations(n_conversations)
+        # memory_mb=0: the plain side's answers must not reach the default side's drafts (multiturn.py).
+        target = load_model(model, n_ctx=n_ctx, n_threads=n_threads, flash_attn=flash_attn, memory_mb=0)
+        sides = mt.make_sides(target, memory_mb=memory_mb, memory_off=with_memory_off)
+        names = [n for n, _ in sides]
+        warm = mt.prompt_tokens(target, convs[0].messages(0, []), raw)
+        for _, gen in sides:  # page in weights, calibrate the auto policy: the first run of a process is slow
+            gen.generate(warm, max_tokens=8, temperature=0, seed=0)
+        bar = progress_bar(sum(len(c.turns) for c in convs) * len(sides), True)
+        records = mt.run_multiturn(target, sides, convs, max_tokens=max_tokens, raw=raw, progress=bar)
+        bar(None)
+    summary = mt.summarize(records, names)
+    mt.add_turn_ratios(records, list(summary))
+    totals = mt.side_totals(records, names)
+    result = {
+        "model": target.path, "threads": n_threads, "flash_attn": target.flash_attn, "n_ctx": n_ctx,
+        "max_tokens": max_tokens, "temperature": 0.0, "raw": raw, "memory_mb": memory_mb, "sides": names,
+        "conversations": [c.id for c in convs], "summary": summary, "sides_turns_2plus": totals,
+        "turns": records,
+    }
+    result["table"] = mt.format_report(summary, totals, records)
+    _report(result, json_path, plot_path, mt.plot,
+            f"{target.path} ({n_threads} threads, flash attention {target.flash_attn}), greedy, "
+            f"at most {max_tokens} tokens per answer\n" + result["table"])
+
+
+def _report(result: dict, json_path, plot_path, draw, text: str) -> None:
+    """--json (the whole result), --plot (draw), and the table on stdout unless the JSON goes there."""
+    if json_path:
+        with click.open_file(json_path, "w") as f:
+            json.dump(result, f, indent=2)
+    if plot_path:
+        draw(result, plot_path)
+    if json_path != "-":
+        click.echo(text)
+
+
+def bench_serve_multiturn(model: str, *, n_conversations: Optional[int], max_tokens: int, reps: int, threads: int,
+                          n_ctx: Optional[int], llama_server: Optional[str], llama_specs: Sequence[str],
+                          llama_args: str, memory_off: bool, raw: bool, json_path, plot_path) -> None:
+    """`pyspec bench-serve --multiturn`: pyspec/bench/serve_multiturn.py states the method."""
+    import shlex
+
+    import llama_cpp
+
+    from ..bench import serve_multiturn as sm
+    from ..bench.conversations import conversations
+    from ..errors import PyspecError
+    from ..model import resolve_path
+
+    if llama_server is None and not memory_off:
+        raise click.UsageError("--multiturn compares pyspec serve with llama.cpp's server (--llama-server PATH) "
+                               "and/or with itself without memory (--memory-off)")
+    with command_errors(errors=(PyspecError, ValueError, OSError, RuntimeError)):
+        if plot_path:  # fail before a long run, not after it
+            from ..bench.plot import pyplot
+
+            pyplot()
+        convs = conversations(4 if n_conversations is None else n_conversations)
+        ctx = n_ctx or sm.CTX_PER_CONVERSATION * len(convs)
+        path = resolve_path(model)
+        backends = sm.backends(path, parallel=len(convs), n_ctx=ctx, threads=threads, llama_server=llama_server,
+                               llama_specs=llama_specs, llama_args=shlex.split(llama_args or ""),
+                               memory_off=memory_off)
+        vocab = llama_cpp.Llama(path, vocab_only=True, verbose=False)
+
+        def count(text: str) -> int:  # one rule for every backend: the model's own tokenizer
+            return len(vocab.tokenize(text.encode("utf-8"), add_bos=False, special=False)) if text else 0
+
+        with click.progressbar(length=reps * len(backends), label="bench-serve --multiturn", file=sys.stderr,
+                               item_show_func=lambda x: x) as bar:
+            def progress(what: str) -> None:
+                bar.label = what
+                bar.render_progress()
+
+            runs = sm.run(backends, convs, max_tokens=max_tokens, reps=reps, count=count, raw=raw,
+                          progress=progress, done=lambda: bar.update(1))
+    summary = sm.summarize(runs, [b.name for b in backends])
+    result = {"mode": "multiturn", "model": path, "threads": threads, "n_ctx": ctx, "parallel": len(convs),
+              "max_tokens": max_tokens, "reps": reps, "raw": raw, "conversations": [c.id for c in convs],
+              "backends": [{"name": b.name, "command": b.command} for b in backends], "summary": summary,
+              "runs": runs}
+    result["table"] = sm.format_report(summary, runs)
+    _report(result, json_path, plot_path, sm.plot,
+            f"{path}, {threads} threads, {len(convs)} concurrent conversations and slots, context {ctx}, "
+            f"at most {max_tokens} greedy tokens per answer\n" + result["table"])
+
+
+def register(main: click.Group) -> None:
+    main.add_command(bench_multiturn)

@@ -1,0 +1,131 @@
+"""Memory: earlier prompts and answers that the ``suffix`` drafter copies from.
+
+Local work repeats itself: the file sent two turns ago comes back with one
+change, the same instruction meets a similar input. A :class:`Memory` keeps
+the token ids of earlier texts (documents) under a byte cap, evicting the least
+recently used, and indexes them with a suffix automaton in the C++ core
+(``cpp/drafters/suffix_store.h``); a suffix drafter looks the current text up
+there every round. Drafting from memory never changes the output's law (a copy
+is a deterministic draft, verified like any other): it only changes speed.
+
+Who remembers what: a :class:`~pyspec.Model` keeps one (``Model.memory``) that
+its generations and those of decoders over it add to; the server keeps one per
+user (``serve.py``); ``pyspec generate --memory FILE`` loads and saves one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+import zipfile
+from pathlib import Path
+from typing import List, Optional, Sequence, Union
+
+import numpy as np
+
+from . import _core
+
+#: Default byte cap of one memory.
+DEFAULT_CAP_MB = 64.0
+# Text whose tokenization identifies a vocabulary (a file is only reused by models that agree).
+_PROBE = "Memory: the quick brown fox jumps over 13 lazy dogs; def f(x): return x ** 2  # ✓ naïve"
+
+
+class Memory:
+    """A bounded store of earlier texts (token ids) for suffix drafting.
+
+    ``cap_mb`` bounds the bytes of its index and texts: over it, the least
+    recently used documents (added, or copied from by a draft) are dropped.
+    Thread-safe: drafters read it while others add to it."""
+
+    def __init__(self, cap_mb: float = DEFAULT_CAP_MB) -> None:
+        if not cap_mb > 0:
+            raise ValueError(f"a memory's cap must be > 0 MB, got {cap_mb}")
+        self.native = _core.SuffixStore(int(cap_mb * 2**20))
+
+    def add(self, tokens: Sequence[int]) -> None:
+        """Remember one document (a prompt and its answer, a file, ...)."""
+        self.native.add(list(tokens))
+
+    def clear(self) -> None:
+        self.native.clear()
+
+    def documents(self) -> List[List[int]]:
+        """The documents, least recently used first."""
+        return self.native.documents()
+
+    @property
+    def cap_bytes(self) -> int:
+        return self.native.cap_bytes
+
+    @property
+    def bytes(self) -> int:
+        """Bytes held now (at most ``cap_bytes`` after every add)."""
+        return self.native.bytes
+
+    @property
+    def n_tokens(self) -> int:
+        return self.native.n_tokens
+
+    @property
+    def n_documents(self) -> int:
+        return self.native.n_documents
+
+    def __repr__(self) -> str:
+        return (f"Memory({self.n_documents} documents, {self.n_tokens} tokens, "
+                f"{self.bytes / 2**20:.1f} of {self.cap_bytes / 2**20:.0f} MiB)")
+
+    # ------------------------------------------------------------ files
+    def save(self, path: Union[str, os.PathLike], vocab: str) -> None:
+        """Write the documents to ``path`` (atomically: a crash leaves the old
+        file), tagged with ``vocab`` (:func:`vocab_fingerprint`)."""
+        docs = self.documents()
+        lengths = np.array([len(d) for d in docs], dtype=np.int64)
+        tokens = np.array([t for d in docs for t in d], dtype=np.int32)
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                np.savez(f, vocab=np.array(vocab), lengths=lengths, tokens=tokens)
+            os.replace(tmp, path)
+        except BaseException:
+            os.unlink(tmp)
+            raise
+
+    def load(self, path: Union[str, os.PathLike], vocab: str) -> int:
+        """Add the documents saved in ``path``; returns how many. A file of
+        another vocabulary, or not a memory file, raises ValueError."""
+        try:
+            with np.load(path, allow_pickle=False) as f:
+                saved, lengths, tokens = str(f["vocab"]), f["lengths"], f["tokens"]
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:
+            raise ValueError(f"{path} is not a pyspec memory file ({e})") from None
+        if saved != vocab:
+            raise ValueError(f"{path} was saved with another model's vocabulary: its token ids mean other text here")
+        if lengths.sum() != len(tokens) or (len(tokens) and tokens.min() < 0):
+            raise ValueError(f"{path} is damaged (its lengths do not match its tokens)")
+        at = 0
+        for n in lengths.tolist():
+            self.add(tokens[at:at + n].tolist())
+            at += n
+        return len(lengths)
+
+
+def vocab_fingerprint(model) -> str:
+    """What identifies ``model``'s vocabulary for a saved memory: its size and
+    how it tokenizes a probe text."""
+    ids = model.tokenize(_PROBE, add_special=False)
+    return f"{model.n_vocab}:{hashlib.sha256(np.array(ids, dtype=np.int32).tobytes()).hexdigest()[:16]}"
+
+
+def resolve(memory: Union[bool, Memory, None], default: Optional[Memory]) -> Optional[Memory]:
+    """A ``memory=`` argument: True (``default``), False/None (none), or a Memory."""
+    if memory is True:
+        return default
+    if memory is False or memory is None:
+        return None
+    if isinstance(memory, Memory):
+        return memory
+    raise TypeError(f"memory must be True, False or a pyspec.Memory, got {type(memory).__name__}")
