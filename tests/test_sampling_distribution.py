@@ -269,7 +269,15 @@ def test_properties(case):
     dropped = np.setdiff1d(np.flatnonzero(np.isfinite(logits)), support)
     if len(dropped) and kw["temperature"] > 1e-3:
         assert logits[support].min() >= logits[dropped].max()
-    np.testing.assert_allclose(d, ref_distribution(logits, **kw), rtol=1e-9, atol=1e-300)
+    # Where the cumulative mass meets top_p within rounding (near-equal logits: hypothesis
+    # finds [0, 0, 1e-16, 0] at top_p 0.5), the core's sum and numpy's may cut either side.
+    refs = [ref_distribution(logits, **{**kw, "top_p": p}) for p in _top_p_either_side(kw["top_p"])]
+    assert any(np.allclose(d, r, rtol=1e-9, atol=1e-300) for r in refs), (d, refs[0])
+
+
+def _top_p_either_side(top_p: float, eps: float = 1e-12):
+    """top_p itself, and just below and above it (a cut within eps of the boundary)."""
+    return [top_p] if top_p >= 1.0 else [top_p, top_p - eps, min(top_p + eps, 1.0)]
 
 
 NAN = st.just(float("nan"))

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <stdexcept>
 
-#include "drafters/reanchor.h"
 
 namespace pyspec {
 
@@ -19,9 +18,8 @@ void NgramDrafter::begin(const std::vector<int32_t>& prompt, const SamplingParam
     for (auto& m : index_) m.clear();
     indexed_ = 0;
     index_up_to(prompt);
-    cursor_ = anchor_ = proposed_from_ = planned_from_ = -1;
-    run_ = 0;
-    reanchored_ = false;
+    copy_.reset();
+    proposed_from_ = planned_from_ = -1;
     followed_ = prompt.size();
     failed_.clear();
     proposed_.clear();
@@ -75,16 +73,8 @@ void NgramDrafter::follow(const std::vector<int32_t>& history) {
     }
     proposed_.clear();
     for (size_t j = followed_; j < size; ++j) {
-        if (cursor_ < 0) continue;
-        if (static_cast<size_t>(cursor_) < j && history[static_cast<size_t>(cursor_)] == history[j]) {
-            ++cursor_;
-            ++run_;
-        } else {
-            anchor_ = cursor_;
-            cursor_ = -1;
-            run_ = 0;
-            reanchored_ = false;
-        }
+        if (copy_.at < 0) continue;
+        copy_.step(static_cast<size_t>(copy_.at) < j && history[static_cast<size_t>(copy_.at)] == history[j]);
     }
     followed_ = size;
 }
@@ -92,7 +82,7 @@ void NgramDrafter::follow(const std::vector<int32_t>& history) {
 int32_t NgramDrafter::reanchor(const std::vector<int32_t>& history, int32_t* m) const {
     // The source precedes the suffix: its own text, up to its last token.
     const int32_t size = static_cast<int32_t>(history.size());
-    return Reanchor::find(history.data(), size, history.data(), size, anchor_, failed_, m);
+    return copy_.find_near_anchor(history.data(), size, history.data(), size, failed_, m);
 }
 
 DraftPlan NgramDrafter::plan(const std::vector<int32_t>& history) {
@@ -100,21 +90,18 @@ DraftPlan NgramDrafter::plan(const std::vector<int32_t>& history) {
     DraftPlan p;
     p.source = DraftSource::kNgram;
     int32_t from = -1;
-    if (cursor_ >= 0) {
-        from = cursor_;
-        p.match_len = run_;
+    if (copy_.at >= 0) {
+        from = copy_.at;
+        p.match_len = copy_.run;
     } else {
         int32_t m = 0;
-        reanchored_ = anchor_ >= 0 && (from = reanchor(history, &m)) >= 0;
-        if (!reanchored_) from = find(history, &m);
-        if (from >= 0) {
-            cursor_ = from;  // follow it from now on
-            run_ = m;
-        }
+        const bool near = (from = reanchor(history, &m)) >= 0;
+        if (!near) from = find(history, &m);
+        if (from >= 0) copy_.start(from, m, near);  // follow it from now on
         p.fresh = from >= 0;
         p.match_len = from >= 0 ? m : 0;
     }
-    p.near_copy = from >= 0 && reanchored_;  // until the copy diverges again
+    p.near_copy = from >= 0 && copy_.reanchored;  // until the copy diverges again
     p.next_guess = from >= 0 ? history[static_cast<size_t>(from)] : -1;
     planned_from_ = from;
     planned_size_ = history.size();

@@ -20,6 +20,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "drafters/copy_cursor.h"
 #include "drafters/drafter.h"
 
 namespace pyspec {
@@ -45,7 +46,7 @@ private:
     // of the last proposal.
     void follow(const std::vector<int32_t>& history);
     // The source position nearest the old cursor that follows the last m tokens
-    // (3, 2, then 1) and has not failed here, or -1; sets *m (drafters/reanchor.h).
+    // (3, 2, then 1) and has not failed here, or -1; sets *m (copy_cursor.h).
     int32_t reanchor(const std::vector<int32_t>& history, int32_t* m) const;
 
     int32_t n_vocab_, n_min_, n_max_;
@@ -53,10 +54,7 @@ private:
     std::vector<std::unordered_map<uint64_t, int32_t>> index_;
     size_t indexed_ = 0;   // n-grams ending before this position are indexed
 
-    int32_t cursor_ = -1;     // history[cursor_] is the token the copy predicts next; -1: no copy
-    int32_t anchor_ = -1;     // where the copy was when it last diverged; -1: nowhere
-    int32_t run_ = 0;         // evidence for the cursor: matched tokens when anchored + tokens followed since
-    bool reanchored_ = false; // the cursor was re-anchored near a divergence (not found by a fresh lookup)
+    CopyCursor copy_;         // copy_.at: the position in history whose token the copy predicts next
     size_t followed_ = 0;     // history size the cursor is up to date with
     std::unordered_set<int32_t> failed_;  // source positions whose proposal was rejected outright
     std::vector<int32_t> proposed_;       // the last draft, and where it started

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <stdexcept>
 
-#include "drafters/reanchor.h"
 
 namespace pyspec {
 
@@ -28,9 +27,8 @@ bool SuffixDrafter::use_memory(std::shared_ptr<const SuffixStore> store) {
 
 void SuffixDrafter::forget_memory() {
     match_ = SuffixAutomaton::Match{};
-    cursor_ = anchor_ = proposed_from_ = -1;
-    run_ = 0;
-    reanchored_ = false;
+    copy_.reset();
+    proposed_from_ = -1;
     failed_.clear();
 }
 
@@ -58,16 +56,8 @@ void SuffixDrafter::follow(const std::vector<int32_t>& history, const SuffixAuto
     for (size_t j = followed_; j < size; ++j) {
         const int32_t tok = history[j];
         sam.advance(match_, tok);
-        if (cursor_ < 0) continue;
-        if (static_cast<size_t>(cursor_) < text.size() && text[static_cast<size_t>(cursor_)] == tok) {
-            ++cursor_;
-            ++run_;
-        } else {
-            anchor_ = cursor_;
-            cursor_ = -1;
-            run_ = 0;
-            reanchored_ = false;
-        }
+        if (copy_.at < 0) continue;
+        copy_.step(static_cast<size_t>(copy_.at) < text.size() && text[static_cast<size_t>(copy_.at)] == tok);
     }
     followed_ = size;
 }
@@ -80,30 +70,25 @@ int32_t SuffixDrafter::memory_source(const std::vector<int32_t>& history, const 
     auto proposes = [&](int32_t c) {
         return c >= 0 && c < n_text && text[static_cast<size_t>(c)] >= 0 && text[static_cast<size_t>(c)] < n_vocab_;
     };
-    if (cursor_ >= 0 && !proposes(cursor_)) cursor_ = -1;  // the copied document ended
-    if (cursor_ < 0 && anchor_ >= 0) {
+    if (copy_.at >= 0 && !proposes(copy_.at)) copy_.at = -1;  // the copied document ended
+    if (copy_.at < 0) {
         int32_t m = 0;
-        const int32_t c = Reanchor::find(text.data(), n_text, history.data(), static_cast<int32_t>(history.size()),
-                                         anchor_, failed_, &m);
-        if (proposes(c)) {
-            cursor_ = c;
-            run_ = m;
-            reanchored_ = true;
-        }
+        const int32_t c = copy_.find_near_anchor(text.data(), n_text, history.data(),
+                                                 static_cast<int32_t>(history.size()), failed_, &m);
+        if (proposes(c)) copy_.start(c, m, true);
     }
-    if (cursor_ >= 0) {
-        *evidence = run_;
-        *reanchored = reanchored_;
-        return cursor_;
+    if (copy_.at >= 0) {
+        *evidence = copy_.run;
+        *reanchored = copy_.reanchored;
+        return copy_.at;
     }
     if (match_.len < kMinMatch) return -1;
     const SuffixAutomaton::Next next = sam.best_next(match_);
     if (!proposes(next.pos) || failed_.count(next.pos)) return -1;
-    cursor_ = next.pos;  // follow it from now on
-    run_ = match_.len;
-    reanchored_ = *reanchored = false;
+    copy_.start(next.pos, match_.len, false);  // follow it from now on
+    *reanchored = false;
     *evidence = match_.len + std::min(next.count - 1, match_.len);
-    return cursor_;
+    return next.pos;
 }
 
 DraftPlan SuffixDrafter::plan(const std::vector<int32_t>& history) {
@@ -119,7 +104,7 @@ DraftPlan SuffixDrafter::plan(const std::vector<int32_t>& history) {
     }
     const SuffixAutomaton& sam = store_->automaton();
     follow(history, sam);
-    const bool copying = cursor_ >= 0;
+    const bool copying = copy_.at >= 0;
     int32_t evidence = 0;
     bool reanchored = false;
     const int32_t from = memory_source(history, sam, &evidence, &reanchored);

@@ -16,14 +16,15 @@
 // on it, like the n-gram drafter's: while the output follows, the cursor
 // advances and proposes what comes next in that document (even where the
 // automaton's latest occurrence is elsewhere); after a divergence it re-anchors
-// near where the copy was (reanchor.h), since edited text resumes its source
-// nearby. Deterministic: q is one-hot, and which text is copied depends only on
+// near where the copy was (copy_cursor.h), since edited text resumes its source
+// nearby (copy_cursor.h). Deterministic: q is one-hot, and which text is copied depends only on
 // committed tokens and on what memory held before the round.
 #pragma once
 
 #include <memory>
 #include <unordered_set>
 
+#include "drafters/copy_cursor.h"
 #include "drafters/drafter.h"
 #include "drafters/suffix_store.h"
 
@@ -62,10 +63,7 @@ private:
     uint64_t epoch_ = 0;                 // the store's epoch that positions below refer to
     SuffixAutomaton::Match match_;
     size_t followed_ = 0;                // history size the matcher and cursor have seen
-    int32_t cursor_ = -1;                // memory position the copy predicts next; -1: no copy
-    int32_t anchor_ = -1;                // where the copy was when it last diverged
-    int32_t run_ = 0;                    // evidence for the cursor (as NgramDrafter's run_)
-    bool reanchored_ = false;
+    CopyCursor copy_;                    // copy_.at: the memory position the copy predicts next
     std::unordered_set<int32_t> failed_; // memory positions whose proposal was rejected outright
     int32_t proposed_from_ = -1;         // the last memory draft's start, and the history size then
     int32_t proposed_token_ = -1;

@@ -11,7 +11,7 @@ import click
 from ..bench.conversations import CONVERSATIONS
 from ..speculative import POLICIES
 from .options import (DEFAULT_DRAFT, DEFAULT_MODEL, IntList, command_errors, flash_attn_option, load_model,
-                      report_options, suite_options)
+                      report_options, suite_options, write_report)
 
 
 @click.command()
@@ -143,21 +143,9 @@ def bench(ctx, model, categories, per_category, max_tokens, temperature, reps, t
     result["draft"] = draft if draft_model is not None else None
     from ..bench.plot import plot
 
-    _report(result, json_path, plot_path, plot,
+    write_report(result, json_path, plot_path, plot,
             f"flash attention {target.flash_attn} for pyspec and llama-cpp-python (--flash-attn {flash_attn})\n"
             + result["table"])
-
-
-def _report(result: dict, json_path, plot_path, draw, text: str) -> None:
-    """A bench's result: --json (the whole of it), --plot (draw), and the table on stdout
-    unless the JSON goes there."""
-    if json_path:
-        with click.open_file(json_path, "w") as f:
-            json.dump(result, f, indent=2)
-    if plot_path:
-        draw(result, plot_path)
-    if json_path != "-":
-        click.echo(text)
 
 
 def _fixed_memory(target, paths):
@@ -224,7 +212,7 @@ def _bench_paired(model, draft, paired, categories, per_category, max_tokens, te
         "memory_tokens": memory.n_tokens if memory else 0,
         "paired": summary, "samples": [asdict(s) for s in samples],
     }
-    _report(result, json_path, plot_path, plot_paired, format_paired(summary))
+    write_report(result, json_path, plot_path, plot_paired, format_paired(summary))
 
 
 

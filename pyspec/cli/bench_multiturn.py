@@ -5,7 +5,6 @@ servers)."""
 
 from __future__ import annotations
 
-import json
 import sys
 from typing import Optional, Sequence
 
@@ -13,7 +12,7 @@ import click
 
 from ..bench.conversations import CONVERSATIONS
 from ..memory import DEFAULT_CAP_MB
-from .options import DEFAULT_MODEL, command_errors, flash_attn_option, load_model, report_options
+from .options import DEFAULT_MODEL, command_errors, flash_attn_option, load_model, report_options, write_report
 
 
 @click.command("bench-multiturn")
@@ -89,20 +88,9 @@ def bench_multiturn(model, n_conversations, max_tokens, threads, n_ctx, flash_at
         "turns": records,
     }
     result["table"] = mt.format_report(summary, totals, records)
-    _report(result, json_path, plot_path, mt.plot,
+    write_report(result, json_path, plot_path, mt.plot,
             f"{target.path} ({n_threads} threads, flash attention {target.flash_attn}), greedy, "
             f"at most {max_tokens} tokens per answer\n" + result["table"])
-
-
-def _report(result: dict, json_path, plot_path, draw, text: str) -> None:
-    """--json (the whole result), --plot (draw), and the table on stdout unless the JSON goes there."""
-    if json_path:
-        with click.open_file(json_path, "w") as f:
-            json.dump(result, f, indent=2)
-    if plot_path:
-        draw(result, plot_path)
-    if json_path != "-":
-        click.echo(text)
 
 
 def bench_serve_multiturn(model: str, *, n_conversations: Optional[int], max_tokens: int, reps: int, threads: int,
@@ -151,7 +139,7 @@ def bench_serve_multiturn(model: str, *, n_conversations: Optional[int], max_tok
               "backends": [{"name": b.name, "command": b.command} for b in backends], "summary": summary,
               "runs": runs}
     result["table"] = sm.format_report(summary, runs)
-    _report(result, json_path, plot_path, sm.plot,
+    write_report(result, json_path, plot_path, sm.plot,
             f"{path}, {threads} threads, {len(convs)} concurrent conversations and slots, context {ctx}, "
             f"at most {max_tokens} greedy tokens per answer\n" + result["table"])
 

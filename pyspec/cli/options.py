@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 import warnings
 from contextlib import contextmanager
@@ -76,6 +77,18 @@ def report_options(json_what: str, plot_what: str):
         return click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False, allow_dash=True),
                             help=f"Write {json_what} as JSON to FILE ('-' for stdout).")(f)
     return decorate
+
+
+def write_report(result: dict, json_path, plot_path, draw, text: str) -> None:
+    """A bench's result as report_options promise it: --json (the whole of it),
+    --plot (draw), and the table on stdout unless the JSON goes there."""
+    if json_path:
+        with click.open_file(json_path, "w") as f:
+            json.dump(result, f, indent=2)
+    if plot_path:
+        draw(result, plot_path)
+    if json_path != "-":
+        click.echo(text)
 
 
 def sampling_options(f):
