@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 from . import _core
+from .memory import resolve as resolve_memory
 from .results import BatchStats, Completion, Completions, GenerationStats
 
 if TYPE_CHECKING:
@@ -320,7 +321,7 @@ class Generator:
         choices = []
         for j, (seq, tokens, out) in enumerate(zip(seqs, token_lists, outs)):
             self.record(seq, out.stats)
-            self._remember(tokens, out.tokens)
+            self._remember(tokens, out.tokens, draft_kwargs.get("memory", True))
             choices.append(self._completion(tokens, out, _core.sequence_seed(seed, j)))
         return Completions(choices, BatchStats(batch, seed, tuple(o.stats.ttft_s for o in outs)))
 
@@ -386,10 +387,12 @@ class Generator:
         on_main = threading.current_thread() is threading.main_thread()
         out = run_interruptible(call, cancel) if on_main else call()
         self.record(seq, out.stats)
-        self._remember(tokens, out.tokens)
+        self._remember(tokens, out.tokens, draft_kwargs.get("memory", True))
         return self._completion(tokens, out, seed)
 
-    def _remember(self, prompt: Sequence[int], output: Sequence[int]) -> None:
-        """A finished generation joins memory: later ones may copy from it."""
-        if self.remember and self.memory is not None and len(output) > 0:
-            self.memory.add(list(prompt) + list(output))
+    def _remember(self, prompt: Sequence[int], output: Sequence[int], memory=True) -> None:
+        """A finished generation joins the memory it drafted from (``memory=``
+        of the call: True is the generator's own): later ones may copy from it."""
+        store = resolve_memory(memory, self.memory)
+        if self.remember and store is not None and len(output) > 0:
+            store.add(list(prompt) + list(output))

@@ -89,6 +89,8 @@ class Memory:
         try:
             with os.fdopen(fd, "wb") as f:
                 np.savez(f, vocab=np.array(vocab), lengths=lengths, tokens=tokens)
+                f.flush()
+                os.fsync(f.fileno())  # on disk before it replaces the old file
             os.replace(tmp, path)
         except BaseException:
             os.unlink(tmp)
@@ -98,13 +100,18 @@ class Memory:
         """Add the documents saved in ``path``; returns how many. A file of
         another vocabulary, or not a memory file, raises ValueError."""
         try:
-            with np.load(path, allow_pickle=False) as f:
+            f = np.load(path, allow_pickle=False)
+            if not isinstance(f, np.lib.npyio.NpzFile):
+                raise ValueError("not an .npz archive")
+            with f:
                 saved, lengths, tokens = str(f["vocab"]), f["lengths"], f["tokens"]
         except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:
             raise ValueError(f"{path} is not a pyspec memory file ({e})") from None
         if saved != vocab:
             raise ValueError(f"{path} was saved with another model's vocabulary: its token ids mean other text here")
-        if lengths.sum() != len(tokens) or (len(tokens) and tokens.min() < 0):
+        ints = lengths.dtype.kind in "iu" and tokens.dtype.kind in "iu"
+        if (not ints or lengths.ndim != 1 or tokens.ndim != 1 or (len(lengths) and lengths.min() < 0)
+                or lengths.sum() != len(tokens) or (len(tokens) and not 0 <= tokens.min() <= tokens.max() < 2**31)):
             raise ValueError(f"{path} is damaged (its lengths do not match its tokens)")
         at = 0
         for n in lengths.tolist():

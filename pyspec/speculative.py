@@ -179,13 +179,14 @@ class SpeculativeDecoder(Generator):
         requests: slot j drafts in sequence j of the draft model's context."""
         if name not in self._slot_pool:
             n = min(m.n_seq_max for m in (self.target, self.draft) if m is not None)
-            self._slot_pool[name] = self._make_drafters(name, n)
+            # Slots hold different requests (and users): none drafts from another's text.
+            self._slot_pool[name] = self._make_drafters(name, n, siblings=False)
         return self._slot_pool[name]
 
-    def _make_drafters(self, name: str, n: int) -> List["_core.Drafter"]:
+    def _make_drafters(self, name: str, n: int, siblings: bool = True) -> List["_core.Drafter"]:
         n_min, n_max = self._ngram_sizes
         params = _core.DrafterParams(name=name, ngram_min=n_min, ngram_max=n_max)
-        return _core.make_batch_drafters(params, self.target.native, self._draft_native, n)
+        return _core.make_batch_drafters(params, self.target.native, self._draft_native, n, siblings)
 
     @property
     def _draft_native(self) -> Optional["_core.Model"]:

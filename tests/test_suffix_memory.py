@@ -693,3 +693,19 @@ def test_cli_generate_with_a_memory_file(gemma_path, gemma, tmp_path):
     out = pyspec_cmd(*args)
     assert out.returncode == 1 and "Traceback" not in out.stderr and "Error:" in out.stderr, out.stderr[-2000:]
 
+
+
+@pytest.mark.parametrize("siblings", [True, False])
+def test_a_servers_slots_never_draft_from_each_others_text(gemma, siblings):
+    """A batch's samples draft from each other (consensus); a server's slots hold
+    other requests, other users: their drafters (siblings=False) see their own
+    text only. Slot 0 writes A B C D; slot 1, having written A B, would copy C D
+    from a sibling. Control: the batch's drafters (siblings=True) do."""
+    a, b, c, d = 1000, 1001, 1002, 1003
+    params = _core.DrafterParams(name="suffix")
+    d0, d1 = _core.make_batch_drafters(params, gemma.native, None, 2, siblings)
+    d0.begin([7, 8])
+    d1.begin([9, 10])
+    d0.plan([7, 8, a, b, c, d])  # slot 0 commits its text (the pool learns it)
+    proposal = d1.propose([9, 10, a, b], 2)
+    assert (proposal == [c, d]) is siblings, proposal

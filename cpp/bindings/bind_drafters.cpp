@@ -66,7 +66,7 @@ void bind_drafters(py::module_& m) {
     py::class_<Drafter>(m, "Drafter")
         .def("use_memory",
              [](Drafter& d, std::shared_ptr<SuffixStore> store) { return d.use_memory(std::move(store)); },
-             py::arg("store").none(true), py::keep_alive<1, 2>(),
+             py::arg("store").none(true),  // the drafter's shared_ptr owns the store: no keep_alive
              "Draw drafts from this memory from now on (None: none); False if this drafter uses no memory.");
     py::class_<NgramDrafter, Drafter>(m, "NgramDrafter")
         .def(py::init<int32_t, int32_t, int32_t>(), py::arg("n_vocab"), py::arg("n_min") = 1, py::arg("n_max") = 16)
@@ -142,14 +142,15 @@ void bind_drafters(py::module_& m) {
           py::keep_alive<0, 2>(), py::keep_alive<0, 3>(),
           "Build a drafter; IncompatibleModelsError unless the draft model shares the target's vocabulary.");
     m.def("make_batch_drafters",
-          [](const DrafterParams& params, const Model& target, Model* draft, int32_t n) {
-              std::vector<std::unique_ptr<Drafter>> ds = make_batch_drafters(params, target, draft, n);
+          [](const DrafterParams& params, const Model& target, Model* draft, int32_t n, bool siblings) {
+              std::vector<std::unique_ptr<Drafter>> ds = make_batch_drafters(params, target, draft, n, siblings);
               py::list out;
               // The caller keeps the models alive while it uses the drafters (a list cannot hold keep_alive).
               for (auto& d : ds) out.append(py::cast(d.release(), py::return_value_policy::take_ownership));
               return out;
           },
-          py::arg("params"), py::arg("target"), py::arg("draft"), py::arg("n"),
+          py::arg("params"), py::arg("target"), py::arg("draft"), py::arg("n"), py::arg("siblings") = true,
           "One drafter per sequence of a batch of n (drafters.h): ngram, consensus (one pool), suffix (consensus "
-          "and memory), model or hybrid (model and suffix; the draft model loaded with n_seq_max >= n).");
+          "and memory), model or hybrid (model and suffix; the draft model loaded with n_seq_max >= n). siblings=False "
+          "(a server's slots): each sequence's lookup sees only its own text.");
 }

@@ -55,23 +55,26 @@ std::unique_ptr<Drafter> make_drafter(const DrafterParams& params, const Model& 
 }
 
 std::vector<std::unique_ptr<Drafter>> make_batch_drafters(const DrafterParams& params, const Model& target,
-                                                          Model* draft, int32_t n) {
+                                                          Model* draft, int32_t n, bool siblings) {
     if (n < 1) throw std::invalid_argument("a batch needs at least one sequence");
     const std::string name = drafter_name(params, draft != nullptr);
     if (draft) check_compatible(target, *draft);
-    auto pool = std::make_shared<ConsensusPool>(n);
+    const std::shared_ptr<ConsensusPool> shared = siblings ? std::make_shared<ConsensusPool>(n) : nullptr;
     const int32_t n_vocab = target.n_vocab();
     std::vector<std::unique_ptr<Drafter>> out;
     for (int32_t j = 0; j < n; ++j) {
+        // Without siblings, sequence j is sample 0 of a pool of its own.
+        const std::shared_ptr<ConsensusPool> pool = siblings ? shared : std::make_shared<ConsensusPool>(1);
+        const int32_t sample = siblings ? j : 0;
         // Lookup in a batch: the sample's own text and its siblings' (consensus), and memory.
         auto lookup = [&]() -> std::unique_ptr<Drafter> {
             return std::make_unique<SuffixDrafter>(
-                std::make_unique<ConsensusDrafter>(pool, j, n_vocab, params.ngram_min, params.ngram_max), n_vocab);
+                std::make_unique<ConsensusDrafter>(pool, sample, n_vocab, params.ngram_min, params.ngram_max), n_vocab);
         };
         if (name == "ngram") {
             out.push_back(std::make_unique<NgramDrafter>(n_vocab, params.ngram_min, params.ngram_max));
         } else if (name == "consensus") {
-            out.push_back(std::make_unique<ConsensusDrafter>(pool, j, n_vocab, params.ngram_min, params.ngram_max));
+            out.push_back(std::make_unique<ConsensusDrafter>(pool, sample, n_vocab, params.ngram_min, params.ngram_max));
         } else if (name == "suffix") {
             out.push_back(lookup());
         } else if (name == "model") {

@@ -37,8 +37,10 @@ std::unique_ptr<Drafter> make_drafter(const DrafterParams& params, const Model& 
 // "ngram", "consensus" (one pool over the n samples) and "suffix" (consensus
 // and memory) need no model; "model" and "hybrid" (the model beside suffix
 // lookup) give sequence j sequence j of the draft model's context, which must
-// hold n (n_seq_max).
+// hold n (n_seq_max). With `siblings` false (a server's slots, whose sequences
+// belong to different requests and users) each sequence's lookup sees only its
+// own text: its consensus pool holds it alone.
 std::vector<std::unique_ptr<Drafter>> make_batch_drafters(const DrafterParams& params, const Model& target,
-                                                          Model* draft, int32_t n);
+                                                          Model* draft, int32_t n, bool siblings = true);
 
 }  // namespace pyspec

@@ -8,7 +8,7 @@ namespace pyspec {
 
 namespace {
 // After memory was rebuilt, the matcher re-reads at most this many committed
-// tokens: a longer match than that would only add evidence auto already caps.
+// tokens: a longer match would add no evidence (kPrefixEvidence caps it).
 constexpr size_t kRestream = 256;
 }  // namespace
 
@@ -18,11 +18,24 @@ SuffixDrafter::SuffixDrafter(std::unique_ptr<Drafter> local, int32_t n_vocab)
 }
 
 bool SuffixDrafter::use_memory(std::shared_ptr<const SuffixStore> store) {
-    store_ = std::move(store);
+    std::lock_guard<std::mutex> lock(pending_mutex_);
+    pending_ = std::move(store);
+    has_pending_ = true;
+    return true;
+}
+
+void SuffixDrafter::take_pending_store() {
+    {
+        std::lock_guard<std::mutex> lock(pending_mutex_);
+        if (!has_pending_) return;
+        store_ = std::move(pending_);
+        pending_.reset();
+        has_pending_ = false;
+    }
     forget_memory();
     followed_ = 0;
+    planned_size_ = 0;
     epoch_ = store_ ? store_->epoch() : 0;
-    return true;
 }
 
 void SuffixDrafter::forget_memory() {
@@ -33,6 +46,7 @@ void SuffixDrafter::forget_memory() {
 }
 
 void SuffixDrafter::begin(const std::vector<int32_t>& prompt, const SamplingParams& sampling, bool prefill) {
+    take_pending_store();
     local_->begin(prompt, sampling, prefill);
     forget_memory();
     followed_ = 0;
@@ -63,7 +77,7 @@ void SuffixDrafter::follow(const std::vector<int32_t>& history, const SuffixAuto
 }
 
 int32_t SuffixDrafter::memory_source(const std::vector<int32_t>& history, const SuffixAutomaton& sam,
-                                     int32_t* evidence, bool* reanchored) {
+                                     int32_t* evidence, bool* reanchored, bool* fresh) {
     const std::vector<int32_t>& text = sam.text();
     const int32_t n_text = static_cast<int32_t>(text.size());
     // A position proposes a token of this vocabulary (a memory shared across models may hold others).
@@ -71,6 +85,7 @@ int32_t SuffixDrafter::memory_source(const std::vector<int32_t>& history, const 
         return c >= 0 && c < n_text && text[static_cast<size_t>(c)] >= 0 && text[static_cast<size_t>(c)] < n_vocab_;
     };
     if (copy_.at >= 0 && !proposes(copy_.at)) copy_.at = -1;  // the copied document ended
+    *fresh = copy_.at < 0;  // whatever is proposed below was found this round
     if (copy_.at < 0) {
         int32_t m = 0;
         const int32_t c = copy_.find_near_anchor(text.data(), n_text, history.data(),
@@ -85,13 +100,18 @@ int32_t SuffixDrafter::memory_source(const std::vector<int32_t>& history, const 
     if (match_.len < kMinMatch) return -1;
     const SuffixAutomaton::Next next = sam.best_next(match_);
     if (!proposes(next.pos) || failed_.count(next.pos)) return -1;
-    copy_.start(next.pos, match_.len, false);  // follow it from now on
+    // The matched prefix counts up to kPrefixEvidence: a retried request matches its
+    // whole prompt, yet its new answer may leave the old one within a few tokens.
+    // Long drafts must be earned by tokens followed (auto's long copies).
+    const int32_t prefix = std::min(match_.len, kPrefixEvidence);
+    copy_.start(next.pos, prefix, false);  // follow it from now on
     *reanchored = false;
-    *evidence = match_.len + std::min(next.count - 1, match_.len);
+    *evidence = prefix + std::min(next.count - 1, prefix);
     return next.pos;
 }
 
 DraftPlan SuffixDrafter::plan(const std::vector<int32_t>& history) {
+    take_pending_store();
     DraftPlan local = local_->plan(history);
     planned_memory_ = false;
     planned_size_ = history.size();
@@ -104,16 +124,15 @@ DraftPlan SuffixDrafter::plan(const std::vector<int32_t>& history) {
     }
     const SuffixAutomaton& sam = store_->automaton();
     follow(history, sam);
-    const bool copying = copy_.at >= 0;
     int32_t evidence = 0;
-    bool reanchored = false;
-    const int32_t from = memory_source(history, sam, &evidence, &reanchored);
+    bool reanchored = false, fresh = false;
+    const int32_t from = memory_source(history, sam, &evidence, &reanchored, &fresh);
     if (from < 0 || evidence <= local.match_len) return local;
     DraftPlan p;
     p.source = DraftSource::kNgram;
     p.match_len = evidence;
     p.near_copy = reanchored;
-    p.fresh = !copying;
+    p.fresh = fresh;
     p.next_guess = sam.text()[static_cast<size_t>(from)];
     p.from_memory = true;
     planned_memory_ = true;

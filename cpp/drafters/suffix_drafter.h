@@ -8,9 +8,10 @@
 //           committed sequence that occurs there is kept up to date as tokens
 //           are committed (SuffixAutomaton::advance: O(1) amortised per token);
 //           where several tokens follow it, the most frequent wins, ties to the
-//           most recent. Its evidence is the match length, plus the number of
-//           other occurrences that agree (at most doubling it); auto maps
-//           evidence to acceptance as it does for n-gram matches.
+//           most recent. Its evidence is the match length (at most 16), plus
+//           the number of other occurrences that agree (at most doubling
+//           it); auto maps evidence to acceptance as it does for n-gram
+//           matches, and tokens followed since add to it.
 //
 // A memory draft copies from a position in a stored document and keeps a cursor
 // on it, like the n-gram drafter's: while the output follows, the cursor
@@ -22,6 +23,7 @@
 #pragma once
 
 #include <memory>
+#include <mutex>
 #include <unordered_set>
 
 #include "drafters/copy_cursor.h"
@@ -35,9 +37,13 @@ public:
     // Memory matches shorter than this propose nothing (in a large store short
     // matches are everywhere and predict little).
     static constexpr int32_t kMinMatch = 2;
+    // Evidence a matched prefix brings at most (as the n-gram drafter's n_max).
+    static constexpr int32_t kPrefixEvidence = 16;
 
     SuffixDrafter(std::unique_ptr<Drafter> local, int32_t n_vocab);
 
+    // Thread-safe: the store is taken at the next begin() or plan(), on the thread
+    // that drafts (a decoder shared by threads sets it before its engine runs).
     bool use_memory(std::shared_ptr<const SuffixStore> store) override;
     DraftPlan plan(const std::vector<int32_t>& history) override;
     DraftPlan choose(const std::vector<int32_t>& history, const LengthFor& length_for) override;
@@ -54,11 +60,17 @@ private:
     // The memory position whose continuation would be proposed, or -1; sets
     // *evidence and *reanchored.
     int32_t memory_source(const std::vector<int32_t>& history, const SuffixAutomaton& sam, int32_t* evidence,
-                          bool* reanchored);
+                          bool* reanchored, bool* fresh);
     void forget_memory();
+
+    // The store use_memory() asked for, until the drafting thread takes it.
+    void take_pending_store();
 
     std::unique_ptr<Drafter> local_;
     int32_t n_vocab_;
+    std::mutex pending_mutex_;
+    bool has_pending_ = false;
+    std::shared_ptr<const SuffixStore> pending_;
     std::shared_ptr<const SuffixStore> store_;
     uint64_t epoch_ = 0;                 // the store's epoch that positions below refer to
     SuffixAutomaton::Match match_;

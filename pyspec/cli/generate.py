@@ -88,8 +88,8 @@ def generate(prompt, model, draft, no_draft, draft_max, drafter, policy, p_min, 
         if n_samples > 1:
             batch = gen.generate(prompt, n=n_samples, max_tokens=max_tokens, temperature=temperature, top_k=top_k,
                                  top_p=top_p, min_p=min_p, seed=seed, stop=list(stop), chat=not raw, **kwargs)
+            _save_memory(memory, memory_file, target)
     if n_samples > 1:
-        _save_memory(memory, memory_file, target)
         _print_samples(batch, as_json, show_stats, target.flash_attn)
         return
     with command_errors():
