@@ -117,12 +117,6 @@ DraftPlan ConsensusDrafter::plan(const std::vector<int32_t>& history) {
     return p;
 }
 
-DraftPlan ConsensusDrafter::choose(const std::vector<int32_t>& history, const LengthFor& length_for) {
-    DraftPlan p = plan(history);
-    p.length = p.match_len > 0 ? length_for(p) : -1;
-    return p;
-}
-
 int32_t ConsensusDrafter::draft(const std::vector<int32_t>& history, int32_t max_n, Rng& rng,
                                 std::vector<int32_t>& tokens, std::vector<Distribution>& q, DraftStopRule* stop) {
     if (planned_size_ != history.size()) plan(history);

@@ -53,13 +53,12 @@ private:
     std::vector<std::unordered_map<uint64_t, std::vector<std::pair<int32_t, int32_t>>>> index_;
 };
 
-class ConsensusDrafter : public Drafter {
+class ConsensusDrafter : public LookupDrafter {
 public:
     ConsensusDrafter(std::shared_ptr<ConsensusPool> pool, int32_t seq, int32_t n_vocab, int32_t n_min = 1,
                      int32_t n_max = 16);
 
     DraftPlan plan(const std::vector<int32_t>& history) override;
-    DraftPlan choose(const std::vector<int32_t>& history, const LengthFor& length_for) override;
     void begin(const std::vector<int32_t>& prompt, const SamplingParams& sampling, bool prefill) override;
     int32_t draft(const std::vector<int32_t>& history, int32_t max_n, Rng& rng, std::vector<int32_t>& tokens,
                   std::vector<Distribution>& q, DraftStopRule* stop) override;

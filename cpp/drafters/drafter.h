@@ -117,4 +117,15 @@ public:
     virtual bool use_memory(std::shared_ptr<const SuffixStore> /*store*/) { return false; }
 };
 
+// Lookup drafters (n-gram, consensus, suffix) copy earlier text: without a
+// match there is nothing to propose, and the length policy is not asked.
+class LookupDrafter : public Drafter {
+public:
+    DraftPlan choose(const std::vector<int32_t>& history, const LengthFor& length_for) override {
+        DraftPlan p = plan(history);
+        p.length = p.match_len > 0 ? length_for(p) : -1;
+        return p;
+    }
+};
+
 }  // namespace pyspec

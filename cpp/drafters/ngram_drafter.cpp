@@ -108,12 +108,6 @@ DraftPlan NgramDrafter::plan(const std::vector<int32_t>& history) {
     return p;
 }
 
-DraftPlan NgramDrafter::choose(const std::vector<int32_t>& history, const LengthFor& length_for) {
-    DraftPlan p = plan(history);
-    p.length = p.match_len > 0 ? length_for(p) : -1;
-    return p;
-}
-
 int32_t NgramDrafter::draft(const std::vector<int32_t>& history, int32_t max_n, Rng&, std::vector<int32_t>& tokens,
                             std::vector<Distribution>& q, DraftStopRule*) {
     // No stop rule is asked: a lookup's one-hot q carries no belief (drafter.h).

@@ -25,13 +25,11 @@
 
 namespace pyspec {
 
-class NgramDrafter : public Drafter {
+class NgramDrafter : public LookupDrafter {
 public:
     NgramDrafter(int32_t n_vocab, int32_t n_min = 1, int32_t n_max = 16);
 
     DraftPlan plan(const std::vector<int32_t>& history) override;
-    // Without a source there is nothing to propose: the policy is not asked.
-    DraftPlan choose(const std::vector<int32_t>& history, const LengthFor& length_for) override;
     void begin(const std::vector<int32_t>& prompt, const SamplingParams& sampling, bool prefill) override;
     int32_t draft(const std::vector<int32_t>& history, int32_t max_n, Rng& rng, std::vector<int32_t>& tokens,
                   std::vector<Distribution>& q, DraftStopRule* stop) override;

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <stdexcept>
 
-
 namespace pyspec {
 
 namespace {
@@ -137,12 +136,6 @@ DraftPlan SuffixDrafter::plan(const std::vector<int32_t>& history) {
     p.from_memory = true;
     planned_memory_ = true;
     planned_from_ = from;
-    return p;
-}
-
-DraftPlan SuffixDrafter::choose(const std::vector<int32_t>& history, const LengthFor& length_for) {
-    DraftPlan p = plan(history);
-    p.length = p.match_len > 0 ? length_for(p) : -1;
     return p;
 }
 

@@ -32,7 +32,7 @@
 
 namespace pyspec {
 
-class SuffixDrafter : public Drafter {
+class SuffixDrafter : public LookupDrafter {
 public:
     // Memory matches shorter than this propose nothing (in a large store short
     // matches are everywhere and predict little).
@@ -46,7 +46,6 @@ public:
     // that drafts (a decoder shared by threads sets it before its engine runs).
     bool use_memory(std::shared_ptr<const SuffixStore> store) override;
     DraftPlan plan(const std::vector<int32_t>& history) override;
-    DraftPlan choose(const std::vector<int32_t>& history, const LengthFor& length_for) override;
     void begin(const std::vector<int32_t>& prompt, const SamplingParams& sampling, bool prefill) override;
     int32_t draft(const std::vector<int32_t>& history, int32_t max_n, Rng& rng, std::vector<int32_t>& tokens,
                   std::vector<Distribution>& q, DraftStopRule* stop) override;

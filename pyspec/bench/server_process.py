@@ -12,7 +12,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 
 def free_port() -> int:
@@ -117,3 +117,16 @@ def stream_completion(port: int, body: Dict[str, Any], *, headers: Optional[Dict
         conn.close()
     return {"text": "".join(pieces), "t_send": t0, "t_first": first, "t_end": time.perf_counter(),
             "timings": timings}
+
+
+def token_counter(model_path: str) -> Callable[[str], int]:
+    """Tokens of a text by the model's own tokenizer (llama-cpp-python's, the
+    vocabulary only): one rule for every server a benchmark compares."""
+    import llama_cpp
+
+    vocab = llama_cpp.Llama(model_path, vocab_only=True, verbose=False)
+
+    def count(text: str) -> int:
+        return len(vocab.tokenize(text.encode("utf-8"), add_bos=False, special=False)) if text else 0
+
+    return count

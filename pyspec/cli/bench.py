@@ -11,7 +11,7 @@ import click
 from ..bench.conversations import CONVERSATIONS
 from ..speculative import POLICIES
 from .options import (DEFAULT_DRAFT, DEFAULT_MODEL, IntList, command_errors, flash_attn_option, load_model,
-                      report_options, suite_options, write_report)
+                      labelled_progress, report_options, suite_options, write_report)
 
 
 @click.command()
@@ -316,12 +316,7 @@ def bench_parallel(model, sizes, max_tokens, temperature, reps, threads, prompt,
         llama = (LlamaCppRunner(target.path, n_ctx=2048, n_threads=n_threads, flash_attn=target.flash_attn == "on")
                  if with_llama else None)
         tokens = target.prompt_tokens(prompt or PROMPTS["qa"][0], chat=not raw)
-        with click.progressbar(length=reps * (len(sizes) + len(consensus_prompts)), label="bench-parallel",
-                               file=sys.stderr, item_show_func=lambda x: x) as bar:
-            def progress(what: str) -> None:
-                bar.label = what
-                bar.render_progress()
-
+        with labelled_progress(reps * (len(sizes) + len(consensus_prompts)), "bench-parallel") as (bar, progress):
             parallel = []
             for rep in range(reps):
                 rows = run_parallel(target, tokens, sizes, settings, 1, llama, progress)
@@ -425,9 +420,8 @@ def bench_serve(ctx, model, draft, counts, max_tokens, reps, threads, n_ctx, wit
                                      llama_specs=specs, llama_args=llama_args, memory_off=memory_off, raw=raw,
                                      json_path=json_path, plot_path=plot_path)
     n_ctx, max_tokens = n_ctx or 8192, max_tokens or 64
-    import llama_cpp
-
     from ..bench import serve as bs
+    from ..bench.server_process import token_counter
     from ..bench.suite import prompts as suite_prompts
     from ..speculative import SpeculativeDecoder
 
@@ -447,17 +441,8 @@ def bench_serve(ctx, model, draft, counts, max_tokens, reps, threads, n_ctx, wit
         def render(text: str) -> str:
             return text if raw else target.apply_chat_template([{"role": "user", "content": text}])
 
-        vocab = llama_cpp.Llama(target.path, vocab_only=True, verbose=False)
-
-        def count(text: str) -> int:
-            return len(vocab.tokenize(text.encode("utf-8"), add_bos=False, special=False)) if text else 0
-
-        with click.progressbar(length=reps * len(counts), label="bench-serve", file=sys.stderr,
-                               item_show_func=lambda x: x) as bar:
-            def progress(what: str) -> None:
-                bar.label = what
-                bar.render_progress()
-
+        count = token_counter(target.path)
+        with labelled_progress(reps * len(counts), "bench-serve") as (bar, progress):
             rows = bs.run(target.path, draft, texts, counts, max_tokens=max_tokens, reps=reps, n_ctx=n_ctx,
                           threads=n_threads, decoder=decoder, count=count, render=render,
                           progress=progress)

@@ -5,14 +5,14 @@ servers)."""
 
 from __future__ import annotations
 
-import sys
 from typing import Optional, Sequence
 
 import click
 
 from ..bench.conversations import CONVERSATIONS
 from ..memory import DEFAULT_CAP_MB
-from .options import DEFAULT_MODEL, command_errors, flash_attn_option, load_model, report_options, write_report
+from .options import (DEFAULT_MODEL, command_errors, flash_attn_option, labelled_progress, load_model,
+                      report_options, write_report)
 
 
 @click.command("bench-multiturn")
@@ -99,9 +99,8 @@ def bench_serve_multiturn(model: str, *, n_conversations: Optional[int], max_tok
     """`pyspec bench-serve --multiturn`: pyspec/bench/serve_multiturn.py states the method."""
     import shlex
 
-    import llama_cpp
-
     from ..bench import serve_multiturn as sm
+    from ..bench.server_process import token_counter
     from ..bench.conversations import conversations
     from ..errors import PyspecError
     from ..model import resolve_path
@@ -120,17 +119,8 @@ def bench_serve_multiturn(model: str, *, n_conversations: Optional[int], max_tok
         backends = sm.backends(path, parallel=len(convs), n_ctx=ctx, threads=threads, llama_server=llama_server,
                                llama_specs=llama_specs, llama_args=shlex.split(llama_args or ""),
                                memory_off=memory_off)
-        vocab = llama_cpp.Llama(path, vocab_only=True, verbose=False)
-
-        def count(text: str) -> int:  # one rule for every backend: the model's own tokenizer
-            return len(vocab.tokenize(text.encode("utf-8"), add_bos=False, special=False)) if text else 0
-
-        with click.progressbar(length=reps * len(backends), label="bench-serve --multiturn", file=sys.stderr,
-                               item_show_func=lambda x: x) as bar:
-            def progress(what: str) -> None:
-                bar.label = what
-                bar.render_progress()
-
+        count = token_counter(path)
+        with labelled_progress(reps * len(backends), "bench-serve --multiturn") as (bar, progress):
             runs = sm.run(backends, convs, max_tokens=max_tokens, reps=reps, count=count, raw=raw,
                           progress=progress, done=lambda: bar.update(1))
     summary = sm.summarize(runs, [b.name for b in backends])

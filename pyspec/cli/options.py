@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import warnings
@@ -77,6 +78,18 @@ def report_options(json_what: str, plot_what: str):
         return click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False, allow_dash=True),
                             help=f"Write {json_what} as JSON to FILE ('-' for stdout).")(f)
     return decorate
+
+
+@contextlib.contextmanager
+def labelled_progress(length: int, label: str):
+    """A progress bar on stderr whose label tells what runs now: yields the bar and
+    progress(what), which relabels it."""
+    with click.progressbar(length=length, label=label, file=sys.stderr, item_show_func=lambda x: x) as bar:
+        def progress(what: str) -> None:
+            bar.label = what
+            bar.render_progress()
+
+        yield bar, progress
 
 
 def write_report(result: dict, json_path, plot_path, draw, text: str) -> None:
