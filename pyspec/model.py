@@ -7,9 +7,10 @@ import random
 import secrets
 import warnings
 from pathlib import Path
-from typing import List, Optional, Sequence, Union
+from typing import Any, List, Mapping, Optional, Sequence, Union
 
 from . import _core
+from .chat import ChatTemplate
 from ._platform import physical_cores
 from .errors import GPUOffloadUnavailableError, ModelNotFoundError
 from .generation import SEED_BITS, Generator, Message, Prompt
@@ -67,15 +68,18 @@ class Model(Generator):
     still draws a new sample); by default every such call is freshly random.
     A Model may be shared by threads and decoders: they take turns on its context.
 
-    ``flash_attn`` is "auto" (llama.cpp enables it where the device supports it;
-    off with ``n_seq_max`` > 1, see ``cpp/model/model.cpp``),
-    "on" or "off"; :attr:`flash_attn` tells what the context runs. ``n_gpu_layers``
+    ``flash_attn`` is "auto" (llama.cpp enables it where the device supports it,
+    the CPU included; see ``cpp/model/model.cpp``), "on" or "off"; :attr:`flash_attn` tells what the context runs. ``n_gpu_layers``
     on a build without a GPU backend warns (the model runs on the CPU), or with
     ``strict=True`` raises :class:`~pyspec.GPUOffloadUnavailableError`.
 
     :attr:`memory` (a :class:`~pyspec.Memory` of ``memory_mb``; 0: none) keeps
     the prompts and answers of its generations, and of decoders over it, for
     the ``suffix`` drafter (docs/drafters.md#suffix).
+
+    Chats are rendered by the file's own Jinja chat template, as llama-server
+    and transformers render it (pyspec/chat.py); ``chat_template`` (a file path
+    or Jinja source) overrides it.
     """
 
     def __init__(
@@ -92,6 +96,7 @@ class Model(Generator):
         strict: bool = False,
         n_seq_max: int = MODEL_DEFAULTS.n_seq_max,
         memory_mb: float = DEFAULT_CAP_MB,
+        chat_template: Union[str, os.PathLike, None] = None,
     ) -> None:
         # The core validates the numbers; here only what Python adds: None and names.
         if n_threads is not None and n_threads < 1:
@@ -118,6 +123,8 @@ class Model(Generator):
         if memory_mb < 0:
             raise ValueError(f"memory_mb must be >= 0 (0: no memory), got {memory_mb}")
         self.memory: Optional[Memory] = Memory(memory_mb) if memory_mb > 0 else None
+        #: How chats become prompts: the file's Jinja template, or ``chat_template``.
+        self.chat_template = ChatTemplate.of_model(self._core, override=chat_template)
 
     @property
     def native(self) -> "_core.Model":
@@ -179,20 +186,29 @@ class Model(Generator):
         """Text of ``tokens``; control tokens are rendered only with ``special``."""
         return self._core.detokenize(list(tokens), special).decode("utf-8", errors="replace")
 
-    def apply_chat_template(self, messages: Sequence[Message], *, add_assistant: bool = True) -> str:
-        """Format ``messages`` ({"role", "content"} dicts) with the model's own chat template."""
-        pairs = [(str(m["role"]), str(m["content"])) for m in messages]
-        return self._core.apply_chat_template(pairs, add_assistant)
+    def apply_chat_template(self, messages: Sequence[Message], *, add_assistant: bool = True,
+                            tools: Optional[Sequence[Mapping[str, Any]]] = None,
+                            variables: Optional[Mapping[str, Any]] = None) -> str:
+        """Format ``messages`` ({"role", "content", ...} dicts) with the model's own
+        chat template, rendered by Jinja as llama-server and transformers do
+        (pyspec/chat.py); ``add_assistant`` opens the assistant's turn (or, after
+        a final assistant message, continues it); ``tools`` and ``variables``
+        (``chat_template_kwargs``) go to the template."""
+        return self.chat_template.render(messages, add_generation_prompt=add_assistant, tools=tools,
+                                         variables=variables)
 
-    def prompt_tokens(self, prompt: Prompt, *, chat: bool = True) -> List[int]:
+    def prompt_tokens(self, prompt: Prompt, *, chat: bool = True,
+                      tools: Optional[Sequence[Mapping[str, Any]]] = None,
+                      variables: Optional[Mapping[str, Any]] = None) -> List[int]:
         """Token ids for a prompt: a string (wrapped as one user message when
-        ``chat``), a list of chat messages (always templated), or token ids (as is)."""
+        ``chat``), a list of chat messages (always templated, with ``tools`` and
+        ``variables``), or token ids (as is)."""
         if not isinstance(prompt, str) and prompt and all(isinstance(t, int) for t in prompt):
             return list(prompt)
         if isinstance(prompt, str):
             text = self.apply_chat_template([{"role": "user", "content": prompt}]) if chat else prompt
         else:
-            text = self.apply_chat_template(prompt)
+            text = self.apply_chat_template(prompt, tools=tools, variables=variables)
         # Templates write control tokens as text; parse them back into tokens.
         tokens = self.tokenize(text, add_special=True, parse_special=True)
         if not tokens:

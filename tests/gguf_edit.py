@@ -1,7 +1,8 @@
 """Just enough GGUF to damage a model on purpose: find a tensor's bytes in a
 .gguf file (the header's key-values are skipped by their types, the tensor
-table read) and scramble the block scales of a Q8_0 tensor, so the file still
-loads but computes nonsense. Format: ggml's docs/gguf.md (little-endian, v2/v3)."""
+table read) and scramble the block scales of a Q8_0 tensor, or zero a tensor,
+so the file still loads but computes nonsense. Format: ggml's docs/gguf.md
+(little-endian, v2/v3); block sizes: ggml's type traits (ggml.c)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,10 @@ Q8_0 = 8          # ggml_type
 Q8_0_BLOCK = 34   # bytes: an f16 scale, then 32 int8 weights
 _SCALAR = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
 _STRING, _ARRAY = 8, 9
+#: ggml_type -> (weights per block, bytes per block): each block's weights scale
+#: by its f16/f32 scale(s), so all-zero bytes are all-zero weights.
+_BLOCKS = {0: (1, 4), 1: (1, 2), 30: (1, 2), 2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24), 8: (32, 34),
+           10: (256, 84), 11: (256, 110), 12: (256, 144), 13: (256, 176), 14: (256, 210)}
 
 
 def _read(f: BinaryIO, fmt: str):
@@ -71,3 +76,17 @@ def scramble_q8_0_scales(path: str, name: str, seed: int = 0) -> int:
         f.seek(offset)
         f.write(blocks.tobytes())
     return n_blocks
+
+
+def zero_tensor(path: str, name: str) -> int:
+    """Zero the bytes of tensor `name` in place (of the types in _BLOCKS: every
+    weight becomes 0, the file still loads); returns the bytes written."""
+    ggml_type, offset, shape = tensors(path)[name]
+    if ggml_type not in _BLOCKS:
+        raise ValueError(f"{name} is ggml type {ggml_type}, whose block size is not known here")
+    per_block, block_bytes = _BLOCKS[ggml_type]
+    n_bytes = int(np.prod(shape)) // per_block * block_bytes
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        f.write(bytes(n_bytes))
+    return n_bytes

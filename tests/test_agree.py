@@ -1,6 +1,7 @@
 """`pyspec agree` and `pyspec quantize`, on the small test model and copies of it
 made here: a Q8_0 requantisation (healthy), the same with the block scales of
-one weight tensor shuffled (still loads, computes nonsense: broken)."""
+one weight tensor shuffled (still loads, computes nonsense: broken), and a copy
+of the test model with one FFN tensor zeroed (its own type: broken)."""
 
 from __future__ import annotations
 
@@ -15,14 +16,15 @@ import time
 import numpy as np
 import pytest
 
+import pyspec
 from pyspec import _core
 from pyspec.agree import agree, builtin_streams
 from pyspec.agree.speculation import acceptance_by_position, expected_rounds
-from pyspec.agree.verdict import judge
+from pyspec.agree.verdict import SAME_TYPE_FLOOR, judge
 from pyspec.generation import sampling_params
 
 from cli_helpers import pyspec_cmd
-from gguf_edit import scramble_q8_0_scales
+from gguf_edit import scramble_q8_0_scales, zero_tensor
 
 BROKEN_TENSOR = "blk.0.ffn_down.weight"
 
@@ -51,7 +53,8 @@ def test_a_model_against_itself_agrees_exactly(gemma_path, load_model):
         for rows in r["rows"]:
             assert np.all(rows["alpha"] == 1.0) and np.all(rows["kl"] == 0.0) and rows["top1"].all()
             assert np.array_equal(rows["logp_ref"], rows["logp_cand"])
-        assert r["ppl_ratio"] == 1.0 and r["verdict"] == "healthy"
+        assert r["ppl_ratio"] == 1.0 and r["verdict"] == "healthy" and r["same_type"], r["reason"]
+        assert "same type" in r["reason"] and r["healthy_below"] == SAME_TYPE_FLOOR
         # Every draft accepted: k + 1 tokens per pass, but for each stream's last round.
         exact = [sum(s.n_rows for s in streams) / sum(math.ceil(s.n_rows / (k + 1)) for s in streams)
                  for k in range(1, 9)]
@@ -259,3 +262,66 @@ def test_verdicts_for_non_finite_logits_and_other_models():
     assert judge(nonfinite=0, **{**ok, "cand_params": 5 * 10**8}).verdict == "not-a-quantization"
     odd = judge(nonfinite=0, **{**ok, "cand_type": 38})  # a type without a published band
     assert odd.verdict == "healthy" and "no published band" in odd.reason
+
+
+ZEROED_TENSOR = "blk.17.ffn_down.weight"  # the last layer's FFN: its output is zero
+
+
+def test_a_same_type_copy_with_a_zeroed_ffn_tensor_is_broken(gemma_path, load_model, tmp_path):
+    """The test model (Q4_K_M) against a copy with one FFN weight tensor zeroed:
+    it loads and is judged as a same-type pair, which should agree almost
+    exactly. Its mean KL (~0.45 on these streams, 0.34-0.54 on each built-in
+    text; the Q4_K_M edge 0.25) lies inside the Q4_K_M band
+    for a quantisation against its source (what the verdict said before: the
+    control below), far above the same-type floor: broken."""
+    zeroed = tmp_path / "zeroed.gguf"
+    shutil.copy(gemma_path, zeroed)
+    assert zero_tensor(str(zeroed), ZEROED_TENSOR) > 0
+    ref = load_model(gemma_path, n_ctx=1024)
+    cand = pyspec.Model(str(zeroed), n_ctx=1024)  # not the session's: freed with the test
+    assert cand.native.file_type == ref.native.file_type == 15  # LLAMA_FTYPE_MOSTLY_Q4_K_M, declared
+    streams = builtin_streams(ref)[2::4]  # a prose and a chat text: ~190 positions
+    r = agree(ref, cand, streams, costs=False)
+    print(f"zeroed {ZEROED_TENSOR}: KL {r['kl_mean']:.4g} alpha {r['acceptance_mean']:.4f} -> {r['verdict']}: "
+          f"{r['reason']}")
+    assert r["nonfinite"] == 0 and r["same_type"]
+    assert r["verdict"] == "broken" and "same type (Q4_K_M)" in r["reason"], r["reason"]
+    assert r["kl_mean"] > 1000 * SAME_TYPE_FLOOR
+    old = judge(kl_mean=r["kl_mean"], top1=r["top1_agreement"], nonfinite=0, cand_type=15,
+                cand_params=cand.native.n_params, ref_params=ref.native.n_params)  # reference's type unknown
+    assert old.verdict == "suspicious" and not old.same_type
+
+
+def test_same_type_verdict_bands():
+    """A same-type pair: healthy up to SAME_TYPE_FLOOR, broken from the type's
+    own healthy edge; what is not a same-type pair (another or a guessed type,
+    another parameter count) keeps the bands of a quantisation."""
+    q4km, q8, guessed = 15, 7, 1024
+    n = 268_098_176
+    base = dict(top1=0.99, nonfinite=0, cand_type=q4km, ref_type=q4km, cand_params=n, ref_params=n)
+    edge = judge(kl_mean=0.0, **base)
+    assert edge.same_type and edge.healthy_below == SAME_TYPE_FLOOR
+    top = edge.broken_above
+    assert top == pytest.approx(4 * 0.0313 * 2)  # Q4_K_M's healthy edge under 2B parameters
+
+    def verdict(kl, **kw):
+        return judge(kl_mean=kl, **{**base, **kw}).verdict
+
+    assert [verdict(kl) for kl in (0.0, SAME_TYPE_FLOOR, 1.01 * SAME_TYPE_FLOOR, 0.99 * top, top, 0.4)] == \
+        ["healthy", "healthy", "suspicious", "suspicious", "broken", "broken"]
+    assert verdict(0.0, nonfinite=2) == "broken" and verdict(0.01, top1=0.4) == "broken"
+    assert "not covered" in judge(kl_mean=0.01, **base).reason
+    # Not same-type pairs: exactly the verdicts of old (judged without the reference's type).
+    for kw in (dict(ref_type=q8), dict(cand_type=q4km | guessed), dict(ref_type=q4km | guessed),
+               dict(cand_params=n + 1), dict(ref_type=None)):
+        for kl in (0.0, 0.01, 0.2, 0.26, 0.9, 1.0, 2.0):
+            args = {**base, **kw, "kl_mean": kl}
+            v = judge(**args)
+            args.pop("ref_type")
+            assert v == judge(**args) and not v.same_type, (kw, kl)
+    assert [verdict(kl, ref_type=q8) for kl in (0.0, 0.25, 0.26, 0.99, 1.0)] == \
+        ["healthy", "healthy", "suspicious", "suspicious", "broken"]
+    # A same-type pair of a precise type: the broken edge stays above the floor.
+    f16 = judge(kl_mean=0.0, **{**base, "cand_type": 1, "ref_type": 1, "cand_params": 8 * 10**9,
+                                "ref_params": 8 * 10**9})
+    assert f16.verdict == "healthy" and f16.broken_above >= 2 * SAME_TYPE_FLOOR

@@ -94,7 +94,9 @@ def test_invalid_model_settings(gemma_path):
         pyspec.Model(gemma_path, n_threads=0)
 
 
-def test_no_chat_template_is_a_clear_error(gemma):
-    # This Gemma GGUF carries no chat template.
-    with pytest.raises(InvalidModelError, match="chat template"):
-        gemma.generate("Hi", max_tokens=1)
+def test_broken_chat_template_is_a_clear_error(gemma_path):
+    # A template that does not compile fails the chat, not the model: raw prompts still run.
+    model = pyspec.Model(gemma_path, n_ctx=256, chat_template="{% for m in messages %}{{ m.content }}")
+    with pytest.raises(ValueError, match="does not compile.*--chat-template"):
+        model.generate("Hi", max_tokens=1)
+    assert model.generate("Hi", max_tokens=1, chat=False).n_generated_tokens == 1

@@ -195,6 +195,21 @@ def test_malformed_oversized_unauthorized_and_unknown(server):
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
 
 
+def _scrape(server):
+    """/metrics parsed: {family: type} and {(sample, labels without model_name): value}."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    types, values = {}, {}
+    for fam in text_string_to_metric_families(httpx.get(server.url("/metrics"), timeout=10).text):
+        types[fam.name] = fam.type
+        for s in fam.samples:
+            labels = dict(s.labels)
+            if fam.name.startswith("pyspec:"):
+                assert labels.pop("model_name") == "gemma", s
+            values[(s.name, tuple(sorted(labels.items())))] = s.value
+    return types, values
+
+
 def test_disconnects_and_a_burst_leave_the_server_healthy_and_its_cache_free(server):
     for _ in range(3):  # clients that leave mid-stream
         with httpx.stream("POST", server.url("/v1/completions"), headers=server.headers, timeout=60,
@@ -222,11 +237,87 @@ def test_disconnects_and_a_burst_leave_the_server_healthy_and_its_cache_free(ser
     h = server.wait_idle()
     assert h["status"] == "ok" and h["slots_busy"] == 0 and h["queue_depth"] == 0
     assert h["kv_cells_running"] == 0, h
-    metrics = httpx.get(server.url("/metrics")).text
-    rejected = next(float(line.split()[-1]) for line in metrics.splitlines()
-                    if line.startswith("pyspec_requests_rejected_total"))
-    assert rejected >= len(busy)
-    assert 'pyspec_requests_finished_total{status="499"}' in metrics  # the clients that left
+    _, metrics = _scrape(server)
+    assert metrics[("pyspec:requests_rejected_total", ())] >= len(busy)
+    assert metrics[("pyspec:requests_finished_total", (("status", "499"),))] >= 1  # the clients that left
+
+
+def test_metrics_have_vllm_names_and_count_what_was_served(server):
+    server.wait_idle()
+    _, before = _scrape(server)
+    repeat = "red green blue, red green blue, red green blue, red green blue, red green"
+    answers = [server.post("/v1/completions", dict(prompt=repeat, max_tokens=16, temperature=0, logprobs=0,
+                                                   draft_max=8, policy="fixed")),
+               server.post("/v1/completions", dict(prompt=PROMPTS[2], max_tokens=8, temperature=0.8, seed=5, n=2,
+                                                   logprobs=0))]
+    assert all(r.status_code == 200 for r in answers), [r.text for r in answers]
+    answers = [r.json() for r in answers]
+    tokens = [len(c["logprobs"]["tokens"]) for a in answers for c in a["choices"]]
+    timings = [a["timings"] for a in answers]
+    prompt_tokens = answers[0]["usage"]["prompt_tokens"] + 2 * answers[1]["usage"]["prompt_tokens"]
+    with httpx.stream("POST", server.url("/v1/completions"), headers=server.headers, timeout=60,
+                      json={"prompt": PROMPTS[1], "max_tokens": 10, "temperature": 0, "stream": True,
+                            "stream_options": {"include_usage": True}}) as r:
+        chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    tokens.append(chunks[-1]["usage"]["completion_tokens"])
+    timings.append(chunks[-1]["timings"])
+    prompt_tokens += chunks[-1]["usage"]["prompt_tokens"]
+    assert timings[0]["draft_n_accepted"] > 0, "no draft was accepted: the path did not fire"
+    assert sum(tokens) == sum(a["usage"]["completion_tokens"] for a in answers) + tokens[-1]
+
+    types, after = _scrape(server)
+    for name, kind in [("pyspec:spec_decode_num_drafts", "counter"), ("pyspec:spec_decode_num_draft_tokens", "counter"),
+                       ("pyspec:spec_decode_num_accepted_tokens", "counter"),
+                       ("pyspec:spec_decode_num_accepted_tokens_per_pos", "counter"),
+                       ("pyspec:spec_decode_num_draft_tokens_per_pos", "counter"),
+                       ("pyspec:prompt_tokens", "counter"), ("pyspec:generation_tokens", "counter"),
+                       ("pyspec:requests_finished", "counter"), ("pyspec:time_to_first_token_seconds", "histogram"),
+                       ("pyspec:inter_token_latency_seconds", "histogram"),
+                       ("pyspec:e2e_request_latency_seconds", "histogram"),
+                       ("pyspec:request_queue_time_seconds", "histogram"), ("pyspec:num_requests_running", "gauge"),
+                       ("pyspec:num_requests_waiting", "gauge"), ("pyspec:kv_cache_usage_perc", "gauge"),
+                       ("pyspec_batch_rows", "counter"), ("pyspec_rounds", "counter")]:  # deprecated names stay
+        assert types.get(name) == kind, (name, types.get(name))
+
+    def delta(sample, **labels):
+        key = (sample, tuple(sorted(labels.items())))
+        return after.get(key, 0) - before.get(key, 0)
+
+    def total(prefix):  # a per-position counter over all positions
+        return sum(v - before.get(k, 0) for k, v in after.items() if k[0] == prefix)
+
+    hist = {h: {f: delta(f"pyspec:{h}_seconds_{f}") for f in ("count", "sum")}
+            for h in ("time_to_first_token", "inter_token_latency", "e2e_request_latency", "request_queue_time")}
+    assert hist["time_to_first_token"]["count"] == hist["e2e_request_latency"]["count"] == 3
+    assert hist["request_queue_time"]["count"] == 3
+    # Each choice: one inter-token latency fewer than its tokens; they add up to less than its whole time.
+    assert hist["inter_token_latency"]["count"] == sum(n - 1 for n in tokens if n), tokens
+    assert 0 <= hist["request_queue_time"]["sum"] <= hist["time_to_first_token"]["sum"]
+    assert 0 < hist["time_to_first_token"]["sum"] < hist["e2e_request_latency"]["sum"]
+    assert 0 < hist["inter_token_latency"]["sum"] < hist["e2e_request_latency"]["sum"]
+    for h in hist:  # cumulative buckets, the last one every observation
+        buckets = sorted((float(dict(k[1])["le"]), v) for k, v in after.items()
+                         if k[0] == f"pyspec:{h}_seconds_bucket")
+        assert all(a[1] <= b[1] for a, b in zip(buckets, buckets[1:])) and buckets[-1][0] == math.inf
+        assert buckets[-1][1] == after[(f"pyspec:{h}_seconds_count", ())]
+
+    assert delta("pyspec:generation_tokens_total") == sum(tokens)
+    assert delta("pyspec:prompt_tokens_total") == prompt_tokens
+    drafted = delta("pyspec:spec_decode_num_draft_tokens_total")
+    accepted = delta("pyspec:spec_decode_num_accepted_tokens_total")
+    drafts = delta("pyspec:spec_decode_num_drafts_total")
+    assert drafted == sum(t["draft_n"] for t in timings) and accepted == sum(t["draft_n_accepted"] for t in timings)
+    assert 0 < accepted <= drafted and 1 <= drafts <= drafted
+    assert total("pyspec:spec_decode_num_accepted_tokens_per_pos_total") == accepted
+    assert total("pyspec:spec_decode_num_draft_tokens_per_pos_total") == drafted
+    assert delta("pyspec:spec_decode_num_draft_tokens_per_pos_total", position="0") == drafts
+    assert delta("pyspec_draft_tokens_total") == drafted  # the deprecated copy
+    assert delta("pyspec:requests_finished_total", status="200") == 3
+    assert delta("pyspec:requests_started_total", endpoint="completion") == 3
+    server.wait_idle()
+    _, idle = _scrape(server)
+    for gauge in ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc"):
+        assert idle[(f"pyspec:{gauge}", ())] == 0, gauge
 
 
 def test_rss_is_flat_over_a_few_hundred_requests(server):
@@ -294,3 +385,21 @@ def test_sigterm_finishes_cleanly_with_exit_status_0(gemma_path):
     assert data[-1]["choices"][0]["finish_reason"] is not None and "data: [DONE]" in got
     assert sum(1 for d in data if d["choices"][0]["text"]) < 2000
 
+
+def test_request_clock_counts_a_latency_per_token_after_each_choices_first(monkeypatch):
+    from pyspec.server import metrics as m
+
+    now = iter([0.0, 1.0, 1.0, 3.0, 4.0])
+    monkeypatch.setattr(m, "_now", lambda: next(now))
+    reg = m.Metrics(lambda: None, model_name="x")
+    clock = reg.clock()                     # arrives at 0
+    clock.choices(2)
+    clock.tokens(0, 3)                      # at 1: the request's first token, and two more with it
+    clock.tokens(1, 1)                      # at 1: choice 1's first
+    clock.tokens(0, 2)                      # at 3: two tokens 2 s after choice 0's last
+    clock.finished(admitted=0.5)            # at 4
+    assert (reg.ttft.count, reg.ttft.sum) == (1, 1.0)
+    assert (reg.itl.count, reg.itl.sum) == (5 - 1 + 1 - 1, 2.0)
+    assert reg.itl.cumulative()[0] == ("0.001", 2) and reg.itl.cumulative()[-1] == ("+Inf", 4)
+    assert (reg.e2e.count, reg.e2e.sum, reg.queue.count, reg.queue.sum) == (1, 4.0, 1, 0.5)
+    assert b'pyspec:inter_token_latency_seconds_count{model_name="x"} 4.0' in reg.render()[0]

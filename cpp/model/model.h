@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -65,7 +66,10 @@ public:
     std::vector<int32_t> tokenize(const std::string& text, bool add_special, bool parse_special) const;
     std::string token_to_piece(int32_t token, bool special = false) const;
     std::string detokenize(const std::vector<int32_t>& tokens, bool special = false) const;
-    // The model's own chat template (llama_chat_apply_template).
+    // The file's chat template (Jinja source; pyspec/chat.py renders it), if any.
+    std::optional<std::string> chat_template() const;
+    // llama.cpp's built-in approximation of the template's family (ChatML for a
+    // file without one): pyspec/chat.py's fallback, llama_chat_apply_template.
     std::string apply_chat_template(const std::vector<std::pair<std::string, std::string>>& messages,
                                     bool add_assistant) const;
 
@@ -75,6 +79,7 @@ public:
     int32_t eos() const;
     int32_t eot() const;
     bool add_bos() const;
+    bool add_eos() const;
     bool is_eog(int32_t token) const;
     std::string token_text(int32_t token) const;
     int32_t token_attr(int32_t token) const;

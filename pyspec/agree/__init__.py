@@ -5,7 +5,8 @@ C++ core) gives, per position, the acceptance alpha = 1 - TV(p, q) at the
 chosen sampling settings, top-1 agreement (alpha at T = 0), KL(p || q) and the
 stream's next token's probability under both (cpp/tools/agreement.h defines them).
 From those: summaries per category (measure.py), a health verdict for a
-quantised candidate (verdict.py, bands from published KL scoreboards), and the
+quantised candidate (verdict.py, bands from published KL scoreboards; a
+candidate of the reference's own type should agree almost exactly), and the
 speculation view, the speed-up drafting with the candidate would bring on this
 machine (speculation.py).
 """
@@ -32,8 +33,10 @@ def agree(reference, candidate, streams: Optional[Sequence[Stream]] = None, *, t
     prediction (False: tokens per pass only). ``progress(n)`` is called with
     rows scored. Keys: ``acceptance_mean``, ``kl_mean``, ``top1_agreement``,
     ``n_positions``, ``verdict`` and the rest of :func:`measure.summarize`, plus
-    ``reason``, ``per_category``, ``speculation``, ``models``, ``settings``
-    (and ``rows``, each stream's per-position arrays, with ``keep_rows``)."""
+    ``reason``, ``healthy_below``/``broken_above`` (the band edges applied),
+    ``same_type`` (judged as a same-type pair: verdict.py), ``per_category``,
+    ``speculation``, ``models``, ``settings`` (and ``rows``, each stream's
+    per-position arrays, with ``keep_rows``)."""
     from .. import _core
 
     _core.check_compatible(reference.native, candidate.native)
@@ -45,8 +48,9 @@ def agree(reference, candidate, streams: Optional[Sequence[Stream]] = None, *, t
     report: Dict = summarize(rows)
     v = judge(kl_mean=report["kl_mean"], top1=report["top1_agreement"], nonfinite=report["nonfinite"],
               cand_type=candidate.native.file_type, cand_params=candidate.native.n_params,
-              ref_params=reference.native.n_params)
-    report.update(verdict=v.verdict, reason=v.reason, healthy_below=v.healthy_below, broken_above=v.broken_above)
+              ref_params=reference.native.n_params, ref_type=reference.native.file_type)
+    report.update(verdict=v.verdict, reason=v.reason, healthy_below=v.healthy_below, broken_above=v.broken_above,
+                  same_type=v.same_type)
     categories: Dict[str, List] = {}
     for s, r in zip(streams, rows):
         categories.setdefault(s.category, []).append(r)

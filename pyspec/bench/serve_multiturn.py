@@ -35,34 +35,20 @@ from __future__ import annotations
 
 import math
 import statistics
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from .conversations import RAW_STOP, Conversation, transcript
+from .conversations import Conversation
 from .paired import bootstrap_interval, run_order
 from .serve import percentile
-from .server_process import ServerProcess, free_port, stream_completion
+from .server_process import (LLAMA_SERVER, PORT, Backend, ServerProcess, chat_request,  # noqa: F401 (re-exported)
+                             llama_server_backends, pyspec_serve_command)
 
-PYSPEC, PYSPEC_NO_MEMORY, LLAMA_SERVER = "pyspec serve", "pyspec serve --no-memory", "llama-server"
+PYSPEC, PYSPEC_NO_MEMORY = "pyspec serve", "pyspec serve --no-memory"
 #: Context cells per conversation when --n-ctx is not given: a conversation's
 #: last prompt and answer fit (llama-server splits -c among its slots).
 CTX_PER_CONVERSATION = 4096
-PORT = "{port}"
-
-
-@dataclass(frozen=True)
-class Backend:
-    """A server to start: ``command`` with ``{port}`` where its port goes."""
-
-    name: str
-    command: List[str]
-
-    def start(self) -> ServerProcess:
-        port = free_port()
-        return ServerProcess([a.replace(PORT, str(port)) for a in self.command], port)
 
 
 def backends(model_path: str, *, parallel: int, n_ctx: int, threads: int, llama_server: Optional[str] = None,
@@ -70,27 +56,19 @@ def backends(model_path: str, *, parallel: int, n_ctx: int, threads: int, llama_
              memory_off: bool = False) -> List[Backend]:
     """pyspec serve first (its first run writes the conversations' history), then
     the others."""
-    ours = [sys.executable, "-m", "pyspec.cli", "serve", "--model", model_path, "--port", PORT,
-            "--parallel", str(parallel), "--n-ctx", str(n_ctx), "--threads", str(threads)]
+    ours = pyspec_serve_command(model_path, parallel=parallel, n_ctx=n_ctx, threads=threads)
     out = [Backend(PYSPEC, ours)]
     if memory_off:
         out.append(Backend(PYSPEC_NO_MEMORY, ours + ["--no-memory"]))
     if llama_server:
-        base = [llama_server, "-m", model_path, "-t", str(threads), "-np", str(parallel), "-c", str(n_ctx),
-                "--no-webui", "--host", "127.0.0.1", "--port", PORT]
-        for spec in llama_specs:
-            extra = [] if spec == "none" else ["--spec-type", spec]
-            out.append(Backend(LLAMA_SERVER if spec == "none" else f"{LLAMA_SERVER} {spec}",
-                               base + extra + list(llama_args)))
+        out += llama_server_backends(llama_server, model_path, parallel=parallel, n_ctx=n_ctx, threads=threads,
+                                     specs=llama_specs, args=llama_args)
     return out
 
 
 def turn(port: int, messages: Sequence[dict], *, max_tokens: int, user: str, raw: bool) -> dict:
     """One streamed, greedy request of a conversation."""
-    body = {"max_tokens": max_tokens, "temperature": 0, "user": user}
-    if raw:
-        return stream_completion(port, {**body, "prompt": transcript(messages), "stop": list(RAW_STOP)})
-    return stream_completion(port, {**body, "messages": list(messages)}, path="/v1/chat/completions")
+    return chat_request(port, messages, max_tokens=max_tokens, user=user, raw=raw)
 
 
 def converse(port: int, conv: Conversation, *, history: Optional[List[str]], max_tokens: int, raw: bool,

@@ -11,8 +11,14 @@ import signal
 import socket
 import subprocess
 import tempfile
+import sys
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+#: Where a :class:`Backend`'s command takes its port.
+PORT = "{port}"
+LLAMA_SERVER = "llama-server"
 
 
 def free_port() -> int:
@@ -89,12 +95,15 @@ def stream_completion(port: int, body: Dict[str, Any], *, headers: Optional[Dict
                       timeout: float = 600, path: str = "/v1/completions") -> Dict[str, Any]:
     """POST ``path`` (/v1/completions, or /v1/chat/completions: text from each
     chunk's ``delta``) with ``stream: true``; returns the text, the times
-    (perf_counter) of sending, of the first text and of the end, and the
-    llama.cpp-style ``timings`` of the last chunk that carried them (or None)."""
+    (perf_counter) of sending, of the first text and of the end, the
+    llama.cpp-style ``timings`` of the last chunk that carried them (or None)
+    and the ``usage`` of the last chunk that carried one (or None: sent with
+    ``stream_options: {"include_usage": true}``)."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     t0 = time.perf_counter()
     first = None
     timings = None
+    usage = None
     pieces = []
     try:
         conn.request("POST", path, body=json.dumps({**body, "stream": True}).encode(),
@@ -108,6 +117,7 @@ def stream_completion(port: int, body: Dict[str, Any], *, headers: Optional[Dict
                 continue
             chunk = json.loads(line[6:])
             timings = chunk.get("timings") or timings
+            usage = chunk.get("usage") or usage
             for c in chunk.get("choices", []):
                 text = c.get("text") or (c.get("delta") or {}).get("content")
                 if text:
@@ -116,7 +126,55 @@ def stream_completion(port: int, body: Dict[str, Any], *, headers: Optional[Dict
     finally:
         conn.close()
     return {"text": "".join(pieces), "t_send": t0, "t_first": first, "t_end": time.perf_counter(),
-            "timings": timings}
+            "timings": timings, "usage": usage}
+
+
+def chat_request(port: int, messages: Sequence[dict], *, max_tokens: int, user: str, raw: bool,
+                 usage: bool = False) -> Dict[str, Any]:
+    """One streamed, greedy request: ``messages`` to /v1/chat/completions (the
+    server renders its chat template), or with ``raw`` their plain transcript
+    to /v1/completions (models without a template); ``usage`` asks for the
+    server's token counts (``stream_options.include_usage``)."""
+    from .conversations import RAW_STOP, transcript
+
+    body: Dict[str, Any] = {"max_tokens": max_tokens, "temperature": 0, "user": user}
+    if usage:
+        body["stream_options"] = {"include_usage": True}
+    if raw:
+        return stream_completion(port, {**body, "prompt": transcript(messages), "stop": list(RAW_STOP)})
+    return stream_completion(port, {**body, "messages": list(messages)}, path="/v1/chat/completions")
+
+
+@dataclass(frozen=True)
+class Backend:
+    """A server to start: ``command`` with ``{port}`` where its port goes."""
+
+    name: str
+    command: List[str]
+
+    def start(self) -> ServerProcess:
+        port = free_port()
+        return ServerProcess([a.replace(PORT, str(port)) for a in self.command], port)
+
+
+def pyspec_serve_command(model_path: str, *, parallel: int, n_ctx: int, threads: int) -> List[str]:
+    """``pyspec serve`` as users start it, on ``{port}`` (add --draft, --no-draft...)."""
+    return [sys.executable, "-m", "pyspec.cli", "serve", "--model", model_path, "--port", PORT,
+            "--parallel", str(parallel), "--n-ctx", str(n_ctx), "--threads", str(threads)]
+
+
+def llama_server_backends(llama_server: str, model_path: str, *, parallel: int, n_ctx: int, threads: int,
+                          specs: Sequence[str], args: Sequence[str] = ()) -> List[Backend]:
+    """llama.cpp's ``llama-server`` (given by path: not a dependency) on the same
+    model, threads (generation and batch: -t sets both), ``parallel`` slots
+    and ``-c n_ctx`` (which it splits among its slots unless ``args`` hold
+    ``--kv-unified``): one backend per ``--spec-type`` in ``specs`` ('none':
+    plain, named ``llama-server``; else ``llama-server SPEC``), ``args`` last."""
+    base = [llama_server, "-m", model_path, "-t", str(threads), "-np", str(parallel), "-c", str(n_ctx),
+            "--no-webui", "--host", "127.0.0.1", "--port", PORT]
+    return [Backend(LLAMA_SERVER if spec == "none" else f"{LLAMA_SERVER} {spec}",
+                    base + ([] if spec == "none" else ["--spec-type", spec]) + list(args))
+            for spec in specs]
 
 
 def token_counter(model_path: str) -> Callable[[str], int]:

@@ -10,7 +10,8 @@ from typing import Optional
 import click
 
 from ..speculative import DRAFTERS, POLICIES, POLICY_DEFAULTS
-from .options import DEFAULT_DRAFT, DEFAULT_MODEL, command_errors, load_pair, model_options, sampling_options
+from .options import (DEFAULT_DRAFT, DEFAULT_MODEL, chat_template_option, command_errors, load_pair, model_options,
+                      sampling_options)
 
 
 @click.command()
@@ -54,11 +55,12 @@ from .options import DEFAULT_DRAFT, DEFAULT_MODEL, command_errors, load_pair, mo
 @click.option("--memory", "memory_file", default=None, type=click.Path(dir_okay=False),
               help="A memory file: earlier prompts and answers to draft from (suffix drafter); created if "
                    "missing, and this run's prompt and answer are added to it.")
+@chat_template_option
 @sampling_options
 @model_options
 def generate(prompt, model, draft, no_draft, draft_max, drafter, policy, p_min, svip_h, svip_gamma, raw, stop,
              as_json, show_stats, show_drafts, n_samples, strict, max_tokens, temperature, top_k, top_p, min_p, seed, n_ctx,
-             threads, n_gpu_layers, flash_attn, memory_file) -> None:
+             threads, n_gpu_layers, flash_attn, memory_file, chat_template) -> None:
     """Generate a continuation of PROMPT and stream it to stdout.
 
     By default the default target/draft pair runs speculative decoding, which
@@ -77,7 +79,8 @@ def generate(prompt, model, draft, no_draft, draft_max, drafter, policy, p_min, 
     with command_errors():
         target, gen = load_pair(model, draft, no_draft=no_draft, drafter=drafter, policy=policy,
                                 draft_max=draft_max, default_draft=default_draft, n_ctx=n_ctx, n_threads=threads,
-                                n_gpu_layers=n_gpu_layers, flash_attn=flash_attn, strict=strict, n_seq_max=n_samples)
+                                n_gpu_layers=n_gpu_layers, flash_attn=flash_attn, strict=strict, n_seq_max=n_samples,
+                                chat_template=chat_template)
         kwargs = dict(p_min=p_min, svip_h=svip_h, svip_gamma=svip_gamma) if gen.speculative else {}
         memory = _open_memory(memory_file, gen)
 

@@ -148,6 +148,12 @@ flash_attn_option = click.option(
          "on/off force it. Logits differ slightly between on and off.")
 
 
+chat_template_option = click.option(
+    "--chat-template", "chat_template", default=None, type=click.Path(exists=True, dir_okay=False),
+    help="A Jinja chat template file to use instead of the model's own (as llama-server's "
+         "--chat-template-file); by default chats are rendered with the GGUF's tokenizer.chat_template.")
+
+
 def load_model(name, **kwargs):
     """pyspec.Model, with its warnings (GPU layers on a CPU-only build) as one line on stderr."""
     from ..model import Model
@@ -160,6 +166,12 @@ def load_model(name, **kwargs):
     return model
 
 
+def _path(file):
+    from pathlib import Path
+
+    return Path(file) if file is not None else None
+
+
 def needs_draft_model(drafter) -> bool:
     """Whether ``drafter`` (a name; None: the default, hybrid) drafts with a draft
     model, as the core's drafter catalog says."""
@@ -169,19 +181,20 @@ def needs_draft_model(drafter) -> bool:
 
 
 def load_pair(model, draft, *, no_draft: bool = False, drafter=None, policy: str = "auto", draft_max=None,
-              default_draft: bool = True, **load):
+              default_draft: bool = True, chat_template=None, **load):
     """The commands' one way to load what generates: ``(target, generator)``.
 
     With ``no_draft`` the target alone decodes plainly. Otherwise a
     SpeculativeDecoder with ``drafter``; its draft model (``draft``, or the
     default pair's when neither model is named and ``default_draft``) is loaded
-    only if the drafter needs one. ``load``: Model settings for both models."""
+    only if the drafter needs one. ``load``: Model settings for both models;
+    ``chat_template`` (a file) the target's chat template."""
     from ..speculative import SpeculativeDecoder
 
     wants_model = needs_draft_model(drafter)
     if draft is None and model is None and not no_draft and wants_model and default_draft:
         draft = DEFAULT_DRAFT
-    target = load_model(model or DEFAULT_MODEL, **load)
+    target = load_model(model or DEFAULT_MODEL, chat_template=_path(chat_template), **load)
     if no_draft:
         return target, target
     draft_model = load_model(draft, **load) if draft and wants_model else None

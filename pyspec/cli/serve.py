@@ -9,7 +9,7 @@ import click
 
 from ..sampling import VARIANTS
 from ..speculative import DRAFTERS, POLICIES
-from .options import DEFAULT_DRAFT, DEFAULT_MODEL, command_errors, flash_attn_option, load_pair
+from .options import DEFAULT_DRAFT, DEFAULT_MODEL, chat_template_option, command_errors, flash_attn_option, load_pair
 
 
 @click.command()
@@ -44,6 +44,7 @@ from .options import DEFAULT_DRAFT, DEFAULT_MODEL, command_errors, flash_attn_op
 @click.option("--n-gpu-layers", default=0, show_default=True, type=int,
               help="Layers to offload on Metal/CUDA builds of llama.cpp (-1 = all).")
 @flash_attn_option
+@chat_template_option
 @click.option("--memory/--no-memory", default=True, show_default=True,
               help="Keep each user's earlier prompts and answers for suffix drafting (per request field `user`; "
                    "requests without one share one memory). Off: a request drafts from its own text only.")
@@ -54,7 +55,7 @@ from .options import DEFAULT_DRAFT, DEFAULT_MODEL, command_errors, flash_attn_op
 @click.option("--test-variant", type=click.Choice(VARIANTS), default="correct", hidden=True,
               help="TEST-ONLY: a wrong acceptance rule (e.g. residual_is_p) for the lossless test's negative control.")
 def serve(model, draft, no_draft, drafter, policy, draft_max, host, port, parallel, queue_size, n_ctx, prefill_chunk,
-          api_key, model_alias, threads, n_gpu_layers, flash_attn, memory, memory_mb, memory_users,
+          api_key, model_alias, threads, n_gpu_layers, flash_attn, chat_template, memory, memory_mb, memory_users,
           test_variant) -> None:
     """Serve the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models),
     with /health and Prometheus /metrics.
@@ -77,7 +78,7 @@ def serve(model, draft, no_draft, drafter, policy, draft_max, host, port, parall
     with command_errors():
         _, decoder = load_pair(model, draft, no_draft=no_draft, drafter=drafter, policy=policy, draft_max=draft_max,
                                n_ctx=n_ctx, n_threads=threads, n_gpu_layers=n_gpu_layers, flash_attn=flash_attn,
-                               n_seq_max=parallel)
+                               n_seq_max=parallel, chat_template=chat_template)
     app = create_app(decoder, model_name=name, parallel=parallel,
                      queue_size=4 * parallel if queue_size is None else queue_size, api_key=api_key,
                      prefill_chunk=prefill_chunk, memory_mb=memory_mb if memory else 0, memory_users=memory_users,

@@ -26,7 +26,7 @@ from starlette.routing import Route
 from .. import __version__
 from . import protocol
 from .memories import UserMemories
-from .metrics import Metrics
+from .metrics import Metrics, RequestClock
 from .protocol import FINISH_REASON, APIError
 from .scheduler import (MAX_DRAFT, EngineFailed, Job, JobCancelled, JobRefused, QueueFull, Scheduler,
                         SchedulerError, ShuttingDown)
@@ -63,8 +63,8 @@ def create_app(decoder, *, model_name: str, parallel: int = 8, queue_size: int =
     from ..speculative import DRAFTERS, POLICIES
 
     state: Dict[str, Any] = {}
-    metrics = Metrics(lambda: state.get("scheduler"))
     target = decoder.target
+    metrics = Metrics(lambda: state.get("scheduler"), model_name=model_name, n_ctx=target.n_ctx)
     policies = list(POLICIES) if decoder.speculative else []
     drafters = [d for d in DRAFTERS if not DRAFTERS[d]["needs_draft_model"] or getattr(decoder, "draft", None)]
     drafters = drafters if decoder.speculative else []
@@ -104,10 +104,10 @@ def create_app(decoder, *, model_name: str, parallel: int = 8, queue_size: int =
         except (ValueError, UnicodeDecodeError) as e:
             raise APIError(400, f"the request body is not valid JSON: {e}") from None
 
-    def tokens_of(kind: str, prompt) -> List[int]:
+    def tokens_of(kind: str, prompt, parsed) -> List[int]:
         try:
             if kind == "chat":
-                ids = target.prompt_tokens(prompt)
+                ids = target.prompt_tokens(prompt, tools=parsed.tools, variables=parsed.template_vars)
             elif isinstance(prompt, str):
                 ids = target.tokenize(prompt, add_special=True, parse_special=True)
             else:
@@ -128,6 +128,7 @@ def create_app(decoder, *, model_name: str, parallel: int = 8, queue_size: int =
         return ids
 
     async def generate(request: Request, kind: str) -> Response:
+        clock = metrics.clock()  # the request's arrival
         if not authorized(request):
             return error(APIError(401, "a valid API key is required (Authorization: Bearer ...)",
                                   type="authentication_error", code="invalid_api_key"))
@@ -138,7 +139,7 @@ def create_app(decoder, *, model_name: str, parallel: int = 8, queue_size: int =
             if parsed.model not in (None, model_name):
                 raise APIError(404, f"the model '{parsed.model}' does not exist (this server has '{model_name}')",
                                param="model", code="model_not_found")
-            prompts = [tokens_of(kind, p) for p in parsed.prompts]
+            prompts = [tokens_of(kind, p, parsed) for p in parsed.prompts]
             job = Job(parsed.sampling, prompts, asyncio.get_running_loop(), memory=memories.get(parsed.user))
             state["scheduler"].submit(job)
         except SchedulerError as e:
@@ -146,7 +147,7 @@ def create_app(decoder, *, model_name: str, parallel: int = 8, queue_size: int =
         except APIError as e:
             return error(e)
         metrics.request_started(kind)
-        answer = Answer(kind, parsed, job, model_name, target, metrics)
+        answer = Answer(kind, parsed, job, model_name, target, metrics, clock)
         if parsed.stream:
             return EventSourceResponse(answer.stream(request), ping=15, sep="\n")
         return await answer.whole(request)
@@ -204,12 +205,13 @@ class Answer:
     """Turns a job's events into OpenAI's response: whole, or streamed."""
 
     def __init__(self, kind: str, parsed: protocol.ParsedRequest, job: Job, model_name: str, target,
-                 metrics: Metrics) -> None:
+                 metrics: Metrics, clock: RequestClock) -> None:
         self.kind, self.parsed, self.job, self.model, self.target = kind, parsed, job, model_name, target
-        self.metrics = metrics
+        self.metrics, self.clock = metrics, clock
         self.id = protocol.new_id(kind)
         self.created = protocol.now()
         self.n_choices = len(job.prompts) * parsed.sampling.n
+        clock.choices(self.n_choices)
         self.n_prompt = sum(len(p) for p in job.prompts)
 
     def _piece(self, token: int) -> bytes:
@@ -223,7 +225,8 @@ class Answer:
         return protocol.completion_logprobs(entries, tokens, self._piece, offset)
 
     async def _events(self, request: Request) -> AsyncIterator[tuple]:
-        """The job's events until every choice is done; cancels it if the client leaves."""
+        """The job's events until every choice is done; cancels it if the client leaves.
+        Times the tokens as they come (the latency histograms of /metrics)."""
         remaining = self.n_choices
         try:
             while remaining:
@@ -233,10 +236,14 @@ class Answer:
                     if await request.is_disconnected():
                         return
                     continue
-                if event[0] == "error":
-                    raise http_error(event[1])
-                if event[0] == "done":
+                if event[0] == "delta":
+                    self.clock.tokens(event[1], len(event[3]))
+                elif event[0] == "done":
                     remaining -= 1
+                    if not remaining:
+                        self.clock.finished(self.job.admitted)
+                elif event[0] == "error":
+                    raise http_error(event[1])
                 yield event
         finally:
             if remaining:

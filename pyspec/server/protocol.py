@@ -66,6 +66,8 @@ class ParsedRequest:
     stream: bool = False
     include_usage: bool = False
     user: str = ""                             # the end user (memory is kept per user: memories.py)
+    tools: Optional[List[Dict[str, Any]]] = None         # chat: tool definitions, for the template
+    template_vars: Dict[str, Any] = field(default_factory=dict)  # chat: chat_template_kwargs
 
 
 # ------------------------------------------------------------------ parsing
@@ -78,8 +80,7 @@ _NEUTRAL = {
     "echo": (False, None),
     "suffix": (None, ""),
     "parallel_tool_calls": (None,),
-    "tools": (None,),
-    "tool_choice": (None, "none"),
+    "tool_choice": (None, "none", "auto"),
     "functions": (None,),
     "function_call": (None, "none"),
     "store": (False, None),
@@ -97,7 +98,8 @@ _COMMON = {"user", "model", "max_tokens", "temperature", "top_p", "seed", "stop"
            "top_k", "min_p", "draft_max", "policy", "drafter"}
 _FIELDS = {
     "completion": _COMMON | {"prompt", "logprobs"},
-    "chat": _COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs", "response_format"},
+    "chat": _COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs", "response_format", "tools",
+                       "chat_template_kwargs"},
 }
 
 
@@ -163,7 +165,13 @@ def _prompts(value: Any) -> List[Union[str, List[int]]]:
     raise _type_error("prompt", "a string, a list of strings, a list of token ids or a list of such lists")
 
 
-def _messages(value: Any) -> List[Dict[str, str]]:
+# Message fields the chat template receives as sent (tool-use turns).
+_MESSAGE_EXTRAS = ("name", "tool_calls", "tool_call_id")
+# Variables that the request's chat_template_kwargs may not replace.
+_TEMPLATE_OWN = {"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"}
+
+
+def _messages(value: Any) -> List[Dict[str, Any]]:
     if not isinstance(value, list) or not value:
         raise _type_error("messages", "a non-empty list of messages")
     out = []
@@ -180,11 +188,34 @@ def _messages(value: Any) -> List[Dict[str, str]]:
             content = ""
         if not isinstance(content, str):
             raise APIError(400, f"messages[{i}].content must be a string or text parts", param="messages")
-        unknown = sorted(set(m) - {"role", "content", "name"})
+        unknown = sorted(set(m) - {"role", "content", *_MESSAGE_EXTRAS})
         if unknown:
             raise APIError(400, f"messages[{i}]: unsupported field '{unknown[0]}'", param="messages")
-        out.append({"role": m["role"], "content": content})
+        out.append({"role": m["role"], "content": content, **{k: m[k] for k in _MESSAGE_EXTRAS if k in m}})
     return out
+
+
+def _tools(body: Dict[str, Any]) -> Optional[List[Dict[str, Any]]]:
+    """Tool definitions: the template shows them to the model (the answer comes
+    back as text: pyspec serve does not parse tool calls out of it)."""
+    tools = body.get("tools")
+    if tools is None:
+        return None
+    if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+        raise _type_error("tools", "a list of tool objects")
+    return tools or None
+
+
+def _template_vars(body: Dict[str, Any]) -> Dict[str, Any]:
+    extra = body.get("chat_template_kwargs")
+    if extra is None:
+        return {}
+    if not isinstance(extra, dict):
+        raise _type_error("chat_template_kwargs", "an object")
+    taken = sorted(_TEMPLATE_OWN & set(extra))
+    if taken:
+        raise APIError(400, f"chat_template_kwargs may not set '{taken[0]}'", param="chat_template_kwargs")
+    return extra
 
 
 def parse(kind: str, body: Any, *, max_n: int, policies: Sequence[str], drafters: Sequence[str],
@@ -261,6 +292,9 @@ def parse(kind: str, body: Any, *, max_n: int, policies: Sequence[str], drafters
     user = "" if user is None else user  # some clients send null
     if not isinstance(user, str):
         raise APIError(400, "'user' must be a string", param="user")
+    if kind == "chat":
+        return ParsedRequest(kind, model, prompts, sampling, stream, include_usage, user, tools=_tools(body),
+                             template_vars=_template_vars(body))
     return ParsedRequest(kind, model, prompts, sampling, stream, include_usage, user)
 
 

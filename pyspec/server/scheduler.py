@@ -24,6 +24,7 @@ import collections
 import itertools
 import secrets
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Deque, Dict, List, Optional, Tuple
 
@@ -92,6 +93,7 @@ class Job:
     choices: List[Choice] = field(default_factory=list)
     cancelled: bool = False
     memory: Optional["Memory"] = None  # the user's: drafts copy from it, answers join it
+    admitted: float = 0.0              # time.monotonic() when it left the queue (0: not yet)
 
     @property
     def need(self) -> int:
@@ -121,6 +123,8 @@ class Scheduler:
         self.error: Optional[BaseException] = None
         # Figures for /health and /metrics (written by the scheduler thread).
         self.counters = collections.Counter()
+        self.drafted_per_pos = [0] * MAX_DRAFT   # draft tokens verified at each draft position (0: the first)
+        self.accepted_per_pos = [0] * MAX_DRAFT  # ... and accepted there
         self.kv_cells = (0, 0)
         # _test: TEST-ONLY negative controls (a wrong acceptance rule), for the server's lossless test.
         self._session = decoder.open_session(self._on_token, prefill_chunk=prefill_chunk, draft_cap=MAX_DRAFT,
@@ -220,6 +224,7 @@ class Scheduler:
             if job.need > len(self._free_slots) or job.need > self._session.free_slots:
                 return
             self._waiting.popleft()
+            job.admitted = time.monotonic()
             try:
                 self._start(job)
             except (ValueError, RuntimeError) as e:  # the engine refused it (e.g. a context overflow)
@@ -285,6 +290,8 @@ class Scheduler:
                 st = result.stats
                 self.counters["draft_tokens"] += st.drafted
                 self.counters["draft_accepted"] += st.accepted
+                if st.drafted:
+                    self._count_positions(st.drafted_at, st.accepted_at)
                 self.decoder.record(c.setup, st)
                 if job.memory is not None:
                     job.memory.add(c.prompt + list(result.tokens))
@@ -296,6 +303,19 @@ class Scheduler:
         bs = self._session.stats
         self.counters["rounds"], self.counters["batch_rows"] = bs.rounds, bs.rows
         self.kv_cells = self._session.kv_cells
+
+    def _count_positions(self, drafted_at: List[int], accepted_at: List[int]) -> None:
+        """A finished sequence's drafts, by draft position (for /metrics)."""
+        self.counters["drafts"] += drafted_at[0]  # every draft has a first token
+        drafted, accepted = self.drafted_per_pos, self.accepted_per_pos
+        for i, n in enumerate(drafted_at):
+            if not n:  # no draft reached this far (nor further)
+                break
+            if i == len(drafted):
+                drafted.append(0)
+                accepted.append(0)
+            drafted[i] += n
+            accepted[i] += accepted_at[i]
 
     def _end(self, job: Job) -> None:
         for c in job.choices:

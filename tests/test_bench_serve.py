@@ -1,0 +1,253 @@
+"""`pyspec bench-serve --llama-server`: the summaries, paired ratios and answer
+comparisons on synthetic waves (no server), the orchestration on fake servers,
+option checks, and one end-to-end run on the test model when llama.cpp's
+llama-server is at hand (PYSPEC_LLAMA_SERVER or /tmp/llama-build/bin/llama-server;
+skipped otherwise, as in CI)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from pyspec.bench import serve as bs
+from pyspec.bench.server_process import Backend
+
+PY, PLAIN, LS, NG = bs.PYSPEC, bs.PYSPEC_PLAIN, "llama-server", "llama-server ngram-mod"
+LLAMA_SERVER_BIN = os.environ.get("PYSPEC_LLAMA_SERVER", "/tmp/llama-build/bin/llama-server")
+
+
+def row(backend, rep, clients, wave, agg, ttft=(1.0,), answers=None):
+    answers = list(answers) if answers is not None else [f"answer {rep}.{clients}.{i}" for i in range(clients)]
+    return {"backend": backend, "rep": rep, "clients": clients, "wave": wave, "aggregate_tok_s": agg,
+            "ttft_s": list(ttft), "ttft_max_s": max(ttft), "answers": answers}
+
+
+def test_figures_keep_backends_clients_and_waves_apart():
+    rows = [row(PY, r, c, w, agg=(100 if w == "first" else 300) * c + r, ttft=(0.1 * c, 0.2 * c + (w == "first")))
+            for r in range(3) for c in (1, 4) for w in bs.WAVES]
+    rows += [row(LS, r, c, w, agg=10 * c + r) for r in range(3) for c in (1, 4) for w in bs.WAVES]
+    figs = {(f["backend"], f["clients"], f["wave"]): f for f in bs.comparison_figures(rows)}
+    assert len(figs) == 8
+    assert figs[(PY, 4, "first")]["aggregate_tok_s"] == 401  # the median of 400, 401, 402
+    assert figs[(PY, 4, "cached")]["aggregate_tok_s"] == 1201
+    assert figs[(PY, 4, "first")]["ttft_max_s"] == pytest.approx(1.8)
+    assert figs[(PY, 4, "cached")]["ttft_max_s"] == pytest.approx(0.8)
+    assert figs[(PY, 1, "cached")]["ttft_p50_s"] == pytest.approx(0.1)  # nearest rank over 6 pooled requests
+    assert figs[(LS, 1, "first")]["runs"] == 3
+
+
+def test_percentile_is_nearest_rank():
+    assert bs.percentile([6, 1, 5, 2, 4, 3], 50) == 3 and bs.percentile([1, 2, 3, 4, 5], 50) == 3
+    assert bs.percentile(range(1, 21), 95) == 19 and bs.percentile(range(1, 101), 95) == 95
+    assert bs.percentile([7], 95) == 7 and math.isnan(bs.percentile([], 50))
+
+
+def test_ratios_pair_by_repetition_clients_and_wave():
+    # Ours is exactly twice theirs in each repetition, though repetitions differ a lot:
+    # only the right pairing gives 2.00 with no spread.
+    ours, theirs = [10.0, 40.0, 20.0], [5.0, 20.0, 10.0]
+    rows = [row(PY, r, 8, "first", agg=ours[r]) for r in range(3)]
+    rows += [row(LS, r, 8, "first", agg=theirs[r]) for r in range(3)]
+    # Distractors: another clients count and the other wave, with other values.
+    rows += [row(PY, r, 8, "cached", agg=90.0) for r in range(3)]
+    rows += [row(LS, r, 8, "cached", agg=30.0) for r in range(3)]
+    rows += [row(PY, r, 4, "first", agg=1.0) for r in range(3)] + [row(LS, r, 4, "first", agg=4.0) for r in range(3)]
+    r = bs.paired_ratio(rows, PY, LS, 8, "first")
+    assert r["n_reps"] == 3 and r["ratio"] == pytest.approx(2.0)
+    assert r["low"] == pytest.approx(2.0) and r["high"] == pytest.approx(2.0)
+    assert r["per_rep"] == pytest.approx([2.0, 2.0, 2.0])
+    assert bs.paired_ratio(rows, PY, LS, 8, "cached")["ratio"] == pytest.approx(3.0)
+    assert bs.paired_ratio(rows, PY, LS, 4, "first")["ratio"] == pytest.approx(0.25)
+    # A repetition one side lacks is left out, not paired with another.
+    r = bs.paired_ratio([x for x in rows if not (x["backend"] == LS and x["rep"] == 1)], PY, LS, 8, "first")
+    assert r["n_reps"] == 2 and r["ratio"] == pytest.approx(2.0)
+    # Spread across repetitions gives an interval around the geometric mean.
+    noisy = [row(PY, r, 1, "first", agg=a) for r, a in enumerate([2.0, 3.0, 1.5, 2.5])]
+    noisy += [row(LS, r, 1, "first", agg=1.0) for r in range(4)]
+    r = bs.paired_ratio(noisy, PY, LS, 1, "first")
+    assert r["ratio"] == pytest.approx(math.exp(sum(map(math.log, [2.0, 3.0, 1.5, 2.5])) / 4))
+    assert 1.5 <= r["low"] < r["ratio"] < r["high"] <= 3.0
+    t = bs.paired_ratio(rows, PY, LS, 8, "first", metric="ttft_max_s")
+    assert t["ratio"] == pytest.approx(1.0) and t["metric"] == "ttft_max_s"
+
+
+def test_identical_answers_compare_the_same_request():
+    def answers(rep, clients, wave):
+        return [f"r{rep} c{clients} {wave} #{i}: the answer" for i in range(clients)]
+
+    rows = [row(b, r, c, w, agg=1.0, answers=answers(r, c, w)) for b in (LS, PY, PLAIN)
+            for r in range(2) for c in (1, 2) for w in bs.WAVES]
+    # pyspec's second client of rep 1, 2 clients, cached wave parts from llama-server's after "r1 c2 cached #1: the ".
+    for x in rows:
+        if (x["backend"], x["rep"], x["clients"], x["wave"]) == (PY, 1, 2, "cached"):
+            x["answers"][1] = "r1 c2 cached #1: the other answer"
+    d = bs.compare_answers(rows, PY, LS, count=lambda text: len(text.split()))
+    assert (d["same"], d["compared"]) == (11, 12)
+    assert d["differences"] == [{"rep": 1, "clients": 2, "wave": "cached", "client": 1,
+                                 "char": len("r1 c2 cached #1: the "), "token": 5}]
+    assert bs.compare_answers(rows, PLAIN, LS)["same"] == 12
+    # Swapping the waves of one backend must show (the cached answers are not the first wave's).
+    swapped = [dict(x, wave="cached" if x["wave"] == "first" else "first") if x["backend"] == PLAIN else x
+               for x in rows]
+    assert bs.compare_answers(swapped, PLAIN, LS)["same"] == 0
+
+    s = bs.summarize_comparison(rows + [row(NG, r, c, w, agg=1.0, answers=answers(r, c, w)) for r in range(2)
+                                        for c in (1, 2) for w in bs.WAVES])
+    assert s["backends"] == [LS, PY, PLAIN, NG]
+    pairs = [(d["backend"], d["reference"], d["same"], d["compared"]) for d in s["identical"]]
+    assert pairs == [(PY, LS, 11, 12), (PLAIN, LS, 12, 12), (NG, LS, 12, 12), (PY, PLAIN, 11, 12)]
+    # Every pyspec backend over every llama-server backend, per clients, wave and metric.
+    assert len(s["ratios"]) == 2 * 2 * 2 * len(bs.WAVES) * 2
+    assert {(r["numerator"], r["denominator"]) for r in s["ratios"]} == {(PY, LS), (PY, NG), (PLAIN, LS), (PLAIN, NG)}
+    table = bs.format_comparison(s)
+    assert "11/12 identical" in table and "12/12 identical" in table
+    assert "2 clients at once" in table and f"{PY} / {NG}" in table
+
+
+def test_waves_messages_users_context_and_commands():
+    prompts = [f"prompt {i}" for i in range(25)]
+    first = bs.wave_messages(prompts, 0, 16)
+    assert first == bs.wave_messages(prompts, 0, 16), "every backend is sent the same messages"
+    texts = [m[0]["content"] for m in first]
+    assert len({t.split(") ", 1)[1] for t in texts}) == 16, "different prompts within a wave"
+    assert texts[0].startswith("(request 1.16.1) ")
+    tags = {m[0]["content"].split(")")[0] for r in range(3) for c in (1, 4, 8, 16)
+            for m in bs.wave_messages(prompts, r, c)}
+    assert len(tags) == 3 * (1 + 4 + 8 + 16), "no two waves share a tag"
+    assert bs.wave_users(0, 2, "first", False) != bs.wave_users(0, 2, "cached", False)
+    assert bs.wave_users(0, 2, "first", True) == bs.wave_users(0, 2, "cached", True)
+    assert len(set(bs.wave_users(0, 4, "first", False))) == 4
+
+    assert bs.slot_ctx(100, 128) == 512 and bs.slot_ctx(300, 128) == 768 and bs.slot_ctx(0, 1000) == 1280
+    backs = bs.comparison_backends("m.gguf", "d.gguf", parallel=16, n_ctx=16 * 768, threads=4, llama_server="ls",
+                                   llama_specs=["none", "ngram-mod"], llama_args=["-kvu"])
+    assert [b.name for b in backs] == [PY, PLAIN, LS, NG]
+    py, plain, ls, ng = (b.command for b in backs)
+    assert py[py.index("--draft") + 1] == "d.gguf" and "--no-draft" not in py
+    assert "--no-draft" in plain and "--draft" not in plain
+    for cmd in (py, plain):
+        assert cmd[cmd.index("--parallel") + 1] == "16" and cmd[cmd.index("--n-ctx") + 1] == str(16 * 768)
+        assert cmd[cmd.index("--threads") + 1] == "4"
+    for cmd in (ls, ng):
+        assert cmd[0] == "ls" and cmd[cmd.index("-np") + 1] == "16" and cmd[cmd.index("-c") + 1] == str(16 * 768)
+        assert cmd[cmd.index("-t") + 1] == "4" and cmd[-1] == "-kvu"
+    assert "--spec-type" not in ls and ng[ng.index("--spec-type") + 1] == "ngram-mod"
+    assert "--draft" not in bs.comparison_backends("m", "", parallel=1, n_ctx=512, threads=1, llama_server="ls",
+                                                   llama_specs=["none"])[0].command
+
+    fig = bs.wave_figures([{"text": "a b c", "t_send": 0.0, "t_first": 0.5, "t_end": 2.0,
+                            "usage": {"completion_tokens": 4}},
+                           {"text": "", "t_send": 0.0, "t_first": None, "t_end": 1.5, "usage": None}],
+                          2.0, lambda t: len(t.split()))
+    assert fig["tokens"] == 3 and fig["aggregate_tok_s"] == 1.5
+    assert fig["ttft_s"] == [0.5, 1.5] and fig["ttft_max_s"] == 1.5 and fig["reported_tokens"] == [4, None]
+
+
+class FakeServer:
+    def __init__(self, log, name):
+        self.port, self.log, self.name = len(log), log, name
+        log.append(("start", name))
+
+    def stop(self):
+        self.log.append(("stop", self.name))
+
+
+def test_run_comparison_on_fake_servers(monkeypatch):
+    """A fresh server per (repetition, clients, backend), both waves on it, the
+    order changing; the cached wave sends the first wave's messages."""
+    log, sent = [], []
+
+    class FakeBackend(Backend):
+        def start(self):
+            return FakeServer(log, self.name)
+
+    def fake_request(port, messages, *, max_tokens, user, raw, usage=False):
+        sent.append((log[port][1], messages[0]["content"], user))
+        return {"text": "x " * max_tokens, "t_send": 0.0, "t_first": 0.01, "t_end": 0.02, "usage": None}
+
+    monkeypatch.setattr(bs, "chat_request", fake_request)
+    backends = [FakeBackend(n, []) for n in (PY, PLAIN, LS)]
+    rows = bs.run_comparison(backends, [f"p{i}" for i in range(25)], [1, 2], max_tokens=3, reps=2,
+                             count=lambda t: len(t.split()))
+    assert len(rows) == 2 * 2 * 3 * 2
+    assert [e[0] for e in log] == ["start", "stop"] * 12
+    orders = [tuple(r["backend"] for r in rows if r["rep"] == rep and r["clients"] == c and r["wave"] == "first")
+              for rep in range(2) for c in (1, 2)]
+    assert len(set(orders)) > 1, "the order of the backends changes"
+    for r in rows:
+        assert r["tokens"] == 3 * r["clients"] and len(r["answers"]) == r["clients"]
+    for name in (PY, LS):
+        mine = [(m, u) for b, m, u in sent if b == name and u != "warm-up"]
+        assert len(mine) == 2 * (1 + 2) * 2
+        first = [m for m, u in mine if not u.endswith("/cached")]
+        cached = [m for m, u in mine if u.endswith("/cached")]
+        assert sorted(first) == sorted(cached) and len(set(first)) == len(first)
+    assert sorted(m for b, m, _ in sent if b == PY) == sorted(m for b, m, _ in sent if b == LS)
+
+
+def test_plot_comparison(tmp_path):
+    pytest.importorskip("matplotlib")
+    rows = [row(b, 0, c, w, agg=c * 10.0) for b in (PY, LS) for c in (1, 2) for w in bs.WAVES]
+    out = tmp_path / "cmp.png"
+    bs.plot_comparison({"summary": bs.summarize_comparison(rows), "max_tokens": 8, "threads": 2}, str(out))
+    assert out.stat().st_size > 1000
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--llama-spec", "none"], "--llama-spec does not apply without --llama-server"),
+    (["--cached-same-user"], "--cached-same-user does not apply without --llama-server"),
+    (["--llama-server", "{bin}", "--no-generate"], "--generate does not apply with --llama-server"),
+    (["--llama-server", "{bin}", "--llama-spec", ","], "at least one --spec-type"),
+    (["--multiturn", "--llama-server", "{bin}", "--clients", "2"], "--clients does not apply to --multiturn"),
+    (["--conversations", "2"], "--conversations does not apply without --multiturn"),
+])
+def test_bench_serve_option_errors(tmp_path, args, message):
+    from click.testing import CliRunner
+
+    from pyspec.cli import main
+
+    fake = tmp_path / "llama-server"
+    fake.write_text("")
+    out = CliRunner().invoke(main, ["bench-serve", *[a.replace("{bin}", str(fake)) for a in args]])
+    assert out.exit_code == 2, out.output
+    assert message in out.output
+
+
+@pytest.mark.skipif(not os.path.isfile(LLAMA_SERVER_BIN), reason="no llama-server (set PYSPEC_LLAMA_SERVER)")
+def test_bench_serve_llama_server_end_to_end(gemma_path, tmp_path):
+    """The test model (no chat template: --raw), 2 clients, 6 tokens: every
+    backend's waves (4 fresh servers), figures, ratios and answer counts in the
+    JSON (more numbers of clients and repetitions only repeat this; the loops
+    are tested on fake servers above)."""
+    exe = shutil.which("pyspec")
+    cmd = [exe] if exe else [sys.executable, "-m", "pyspec.cli"]
+    out = tmp_path / "bs.json"
+    run = subprocess.run([*cmd, "bench-serve", "--llama-server", LLAMA_SERVER_BIN, "-m", gemma_path, "--draft", "",
+                          "--raw", "--clients", "2", "-n", "6", "--reps", "1", "--threads", "2", "--json", str(out)],
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads(out.read_text())
+    names = [PY, PLAIN, LS, NG]
+    assert [b["name"] for b in result["backends"]] == names
+    assert result["parallel"] == 2 and result["n_ctx"] == 2 * result["n_ctx_per_slot"]
+    waves = result["waves"]
+    assert sorted((w["backend"], w["clients"], w["wave"]) for w in waves) == sorted(
+        (n, 2, w) for n in names for w in bs.WAVES)
+    for w in waves:
+        assert len(w["answers"]) == w["clients"] and w["aggregate_tok_s"] >= 0 and w["ttft_max_s"] > 0
+        assert all(n <= 7 for n in w["answer_tokens"]), w["answer_tokens"]
+    assert sum(w["tokens"] for w in waves) > 0
+    summary = result["summary"]
+    assert len(summary["figures"]) == 4 * 2
+    assert all(math.isfinite(r["ratio"]) and r["n_reps"] == 1 for r in summary["ratios"])
+    lossless = summary["identical"][-1]
+    assert (lossless["backend"], lossless["reference"]) == (PY, PLAIN)
+    assert lossless["same"] == lossless["compared"] == 4, lossless["differences"]
+    assert all(d["compared"] == 4 for d in summary["identical"])
+    assert "identical" in result["table"] and "Traceback" not in run.stderr
