@@ -7,9 +7,14 @@ Jinja, so the same ``messages`` give the same prompt everywhere; pyspec does the
 same. The rules, as llama-server applies them (common/chat.cpp) and
 transformers defines them:
 
-* variables: ``messages`` (as given), ``add_generation_prompt``,
-  ``bos_token`` and ``eos_token`` (the tokens' text), ``tools`` when the
-  request has them, ``raise_exception(msg)`` and ``strftime_now(fmt)``;
+* variables: ``messages``, ``add_generation_prompt``, ``bos_token`` and
+  ``eos_token`` (the tokens' text), ``tools`` when the request has them,
+  ``raise_exception(msg)`` and ``strftime_now(fmt)``; as llama-server also
+  ``enable_thinking`` (true), ``datetime`` and ``date_string`` (today), which
+  the caller's variables (``chat_template_kwargs``) may replace;
+* messages as llama-server passes them: role ``developer`` read as ``system``
+  (not for GPT-OSS's template, which has both), a tool call's ``arguments``
+  given as a JSON string parsed into an object;
 * Jinja with ``trim_blocks`` and ``lstrip_blocks``, the ``loopcontrols``
   extension, ``{% generation %}`` passed through, and ``tojson`` as Python's
   ``json.dumps`` without ASCII escaping (Jinja's own escapes HTML);
@@ -71,12 +76,30 @@ def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
+def _parsed_arguments(call: Any) -> Any:
+    """A tool call whose ``function.arguments`` is a JSON string (OpenAI's form),
+    with the arguments as an object (what templates print with ``tojson``)."""
+    fn = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(fn, dict) or not isinstance(fn.get("arguments"), str):
+        return call
+    try:
+        args = json.loads(fn["arguments"])
+    except ValueError as e:
+        raise ChatTemplateError(f"a tool call's arguments are not JSON: {e}") from None
+    return {**call, "function": {**fn, "arguments": args}}
+
+
 def _environment() -> ImmutableSandboxedEnvironment:
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                         extensions=[jinja2.ext.loopcontrols, _GenerationTag])
     env.filters["tojson"] = _tojson
     env.globals.update(raise_exception=_raise_exception, strftime_now=_strftime_now)
     return env
+
+
+#: Names a caller's variables may not take: the renderer's own and Jinja's globals.
+RESERVED = frozenset({"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"}
+                     | set(_environment().globals))
 
 
 class ChatTemplate:
@@ -99,7 +122,8 @@ class ChatTemplate:
         """The template of ``core`` (a ``pyspec._core.Model``): ``override`` (a
         file path, or the template's source), else the file's own, else the built-in."""
         origin = f"the chat template of {core.path}"
-        source = core.chat_template
+        raw = core.chat_template
+        source = raw.decode("utf-8", errors="replace") if raw is not None else None
         if override is not None:
             source, origin = read_override(override)
 
@@ -127,21 +151,29 @@ class ChatTemplate:
             if len(messages) >= 2 and messages[-2].get("role") == "assistant":
                 raise ChatTemplateError("a chat cannot end with two assistant messages")
             content = messages[-1].get("content") or ""
+            if messages[-1].get("tool_calls"):
+                raise ChatTemplateError("an assistant message with tool calls cannot be continued")
             if not isinstance(content, str):
                 raise ChatTemplateError("an assistant prefill must be text")
             return self.render(messages[:-1], tools=tools, variables=variables) + content
         if self.source is None:
             return self._render_builtin(messages, add_generation_prompt)
-        context = dict(variables or {})
-        context.update(messages=[dict(m) for m in messages], add_generation_prompt=add_generation_prompt,
+        taken = sorted(set(variables or ()) & RESERVED)
+        if taken:
+            raise ChatTemplateError(f"the template variable '{taken[0]}' is the renderer's own")
+        now = datetime.now()
+        context: dict = {"enable_thinking": True, "datetime": now.strftime("%b %d %Y"),
+                         "date_string": now.strftime("%d %b %Y")}
+        context.update(variables or {})
+        context.update(messages=[self._message(m) for m in messages], add_generation_prompt=add_generation_prompt,
                        bos_token=self.bos_token, eos_token=self.eos_token)
         if tools:
             context["tools"] = [dict(t) for t in tools]
         try:
-            text = self._template().render(**context)
+            text = self._template().render(context)
         except ChatTemplateError as e:
             raise ChatTemplateError(f"{self.origin} refused the messages: {e}") from None
-        except jinja2.TemplateError as e:
+        except Exception as e:  # whatever a hostile template or odd values raise: the caller's error
             raise ChatTemplateError(f"{self.origin} failed: {type(e).__name__}: {e}") from None
         # The tokenizer adds BOS (EOS) itself where the vocabulary asks: not twice.
         if self.add_bos and self.bos_token and text.startswith(self.bos_token):
@@ -149,6 +181,20 @@ class ChatTemplate:
         if self.add_eos and self.eos_token and text.endswith(self.eos_token):
             text = text[:-len(self.eos_token)]
         return text
+
+    def _message(self, m: Message) -> dict:
+        m = dict(m)
+        if m.get("role") == "developer" and "<|channel|>" not in self.source:
+            m["role"] = "system"
+        calls = m.get("tool_calls")
+        if isinstance(calls, list):
+            m["tool_calls"] = [_parsed_arguments(c) for c in calls]
+        return m
+
+    def check(self) -> None:
+        """Raise :class:`ChatTemplateError` now if the template does not compile."""
+        if self.source is not None:
+            self._template()
 
     def _template(self) -> jinja2.Template:
         if self._compiled is None:

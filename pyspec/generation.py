@@ -201,8 +201,9 @@ class Generator:
         """The models a session drafts with, besides the target (subclasses)."""
         return []
 
-    def prompt_tokens(self, prompt: Prompt, *, chat: bool = True):
-        return self.target.prompt_tokens(prompt, chat=chat)
+    def prompt_tokens(self, prompt: Prompt, *, chat: bool = True, **template):
+        """The target's prompt tokens (``Model.prompt_tokens``: ``tools``, ``variables``)."""
+        return self.target.prompt_tokens(prompt, chat=chat, **template)
 
     def generate(
         self,

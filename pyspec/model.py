@@ -125,6 +125,8 @@ class Model(Generator):
         self.memory: Optional[Memory] = Memory(memory_mb) if memory_mb > 0 else None
         #: How chats become prompts: the file's Jinja template, or ``chat_template``.
         self.chat_template = ChatTemplate.of_model(self._core, override=chat_template)
+        if chat_template is not None:
+            self.chat_template.check()  # one given on purpose: fail now, not at the first chat
 
     @property
     def native(self) -> "_core.Model":

@@ -1,10 +1,10 @@
 """Many sequences in one batch (issue 12): one target decode per round for all
 of them, each sequence as it would be alone.
 
-Batch rounding: a batch runs without flash attention (test_model_sequences.py
-says why) and is compared with lone generations without it. Even so, several
-rows at once round otherwise than one: a greedy sequence may part from its lone
-run at a near tie only (near_ties.py), and such flips are counted.
+Batch rounding: a batch runs flash attention as a lone context does (llama.cpp's
+choice) and is compared with lone generations. Several rows at once round
+otherwise than one (test_model_sequences.py): a greedy sequence may part from
+its lone run at a near tie only (near_ties.py), and such flips are counted.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def batch_model(gemma_path, load_model):
 
 @pytest.fixture(scope="module")
 def lone_model(gemma_path, load_model):
-    return load_model(gemma_path, n_ctx=1024, seed=3, flash_attn="off")
+    return load_model(gemma_path, n_ctx=1024, seed=3)
 
 
 def test_greedy_batch_equals_each_sequence_alone(batch_model, lone_model):
@@ -95,7 +95,7 @@ def test_consensus_drafts_from_siblings(gemma_path, load_model):
     spec = pyspec.SpeculativeDecoder(target, policy="fixed", draft_max=4)
     prompt = "Count from 1 to 30, separated by commas: 1, 2, 3,"
     out = spec.generate(prompt, n=4, max_tokens=40, temperature=0, chat=False)
-    lone = load_model(gemma_path, n_ctx=1024, flash_attn="off").generate(prompt, max_tokens=40, temperature=0,
+    lone = load_model(gemma_path, n_ctx=1024).generate(prompt, max_tokens=40, temperature=0,
                                                                         chat=False)
     for c in out.choices:
         assert c.tokens == lone.tokens or c.tokens[:10] == lone.tokens[:10]

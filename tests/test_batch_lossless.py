@@ -47,7 +47,7 @@ MIN_N = 200
 def case(gemma_path, load_model):
     target = load_model(gemma_path, n_ctx=256, n_seq_max=2, seed=0)
     tokens = target.tokenize(PROMPT)
-    p0, _ = target_rows(load_model(gemma_path, n_ctx=256, flash_attn="off"), tokens)  # as the batch runs
+    p0, _ = target_rows(load_model(gemma_path, n_ctx=256), tokens)  # as the batch runs
     support = support_of(p0)
     exact = independent_pair(p0, support)
     spec = pyspec.SpeculativeDecoder(target, drafter="consensus", policy="fixed", draft_max=1)
@@ -156,7 +156,7 @@ def model_case(gemma_path, load_model):
     target = load_model(gemma_path, n_ctx=256, n_seq_max=2, seed=0)
     draft = load_model(gemma_path, "draft", n_ctx=256, n_seq_max=2)
     tokens = target.tokenize(PROMPT)
-    lone = load_model(gemma_path, n_ctx=256, flash_attn="off")
+    lone = load_model(gemma_path, n_ctx=256)
     p0, _ = target_rows(lone, tokens)
     q0 = draft_row(lone, tokens, GREEDY_DRAFT)  # the draft shares the target's weights: one-hot on its argmax
     support = support_of(p0)
@@ -196,7 +196,7 @@ SIBLING_SAMPLING = dict(temperature=5.0, top_k=3, top_p=1.0, min_p=0.0)
 def sibling_case(gemma_path, load_model):
     target = load_model(gemma_path, n_ctx=4096, n_seq_max=3)
     tokens = target.tokenize(SIBLING_PROMPT)
-    p0 = next_row(load_model(gemma_path, n_ctx=256, flash_attn="off"), tokens, **SIBLING_SAMPLING)
+    p0 = next_row(load_model(gemma_path, n_ctx=256), tokens, **SIBLING_SAMPLING)
     support = support_of(p0)
     x = target.tokenize(" ", add_special=False)[0]  # the " " between digits
     assert x in support

@@ -29,7 +29,7 @@ def multi(gemma_path, load_model):
 
 @pytest.fixture(scope="module")
 def lone(gemma_path, load_model):
-    return load_model(gemma_path, n_ctx=2048, flash_attn="off")
+    return load_model(gemma_path, n_ctx=2048)
 
 
 def test_a_long_prompt_joins_in_chunks_while_the_others_generate(multi, lone):

@@ -17,7 +17,8 @@ adds a default system message that the approximation leaves out.
 
 from __future__ import annotations
 
-import jinja2
+import json
+
 import pytest
 from llama_cpp import Llama
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
@@ -32,7 +33,7 @@ CHATML = ("{%- for message in messages -%}\n"
           "  {{- '<|im_start|>assistant\\n' -}}\n"
           "{%- endif -%}")
 
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city (°C)",
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city (°C) <b>&'",
                                            "parameters": {"type": "object",
                                                           "properties": {"city": {"type": "string"}}}}}]
 CHATS = {
@@ -135,11 +136,58 @@ def test_untrusted_templates_fail_cleanly(source):
 
 
 def test_tojson_keeps_unicode_and_html():
-    # transformers' tojson (llama-server's too): no ASCII or HTML escaping.
-    t = _template("{{ tools | tojson }}")
-    assert t.render([], add_generation_prompt=False, tools=TOOLS) == __import__("json").dumps(TOOLS,
-                                                                                             ensure_ascii=False)
-    assert isinstance(jinja2.__version__, str)
+    # transformers' tojson (llama-server's too): no ASCII or HTML escaping (Jinja's own escapes <>&').
+    text = _template("{{ tools | tojson }}").render([], add_generation_prompt=False, tools=TOOLS)
+    assert text == json.dumps(TOOLS, ensure_ascii=False) and "°C) <b>&'" in text
+
+
+@pytest.mark.parametrize("variables", [{"namespace": 1}, {"raise_exception": 0}, {"messages": []}])
+def test_variables_cannot_replace_the_renderers_own(variables):
+    t = _template("{% set ns = namespace(x=1) %}{{ ns.x }}{{ messages | length }}")
+    with pytest.raises(ChatTemplateError):
+        t.render([{"role": "user", "content": "x"}], variables=variables)
+    # Names of Python's render() machinery are plain variables (no TypeError, no 500).
+    assert t.render([{"role": "user", "content": "x"}], variables={"self": 1, "enable_thinking": False}) == "11"
+
+
+def test_odd_values_fail_as_chat_errors():
+    # tojson of an undefined value (a tool call without arguments under Qwen-like templates)
+    t = _template("{% for m in messages %}{{ m.tool_calls[0].function.arguments | tojson }}{% endfor %}")
+    with pytest.raises(ChatTemplateError, match="TypeError"):
+        t.render([{"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f"}}]}],
+                 add_generation_prompt=False)
+
+
+def test_messages_as_llama_server_passes_them():
+    t = _template("{% for m in messages %}{{ m.role }}:{{ m.tool_calls[0].function.arguments.city "
+                  "if m.tool_calls else m.content }};{% endfor %}{{ enable_thinking }}")
+    chat = [{"role": "developer", "content": "be brief"},
+            {"role": "assistant", "content": "", "tool_calls": [
+                {"type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Bern"}'}}]}]
+    assert t.render(chat, add_generation_prompt=False) == "system:be brief;assistant:Bern;True"
+    with pytest.raises(ChatTemplateError, match="not JSON"):
+        t.render([{"role": "assistant", "tool_calls": [{"function": {"arguments": "{oops"}}]}],
+                 add_generation_prompt=False)
+    with pytest.raises(ChatTemplateError, match="tool calls cannot be continued"):
+        t.render([{"role": "user", "content": "q"}, chat[1]])
+
+
+def test_server_request_fields_for_templates():
+    from pyspec.server.protocol import APIError, parse
+
+    def chat(**extra):
+        return parse("chat", {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"},
+                                                                        {"type": "text", "text": "b"}]}], **extra},
+                     max_n=4, policies=["auto"], drafters=["suffix"], max_draft=8)
+
+    req = chat(tools=TOOLS, tool_choice="auto", chat_template_kwargs={"enable_thinking": False})
+    assert req.tools == TOOLS and req.template_vars == {"enable_thinking": False}
+    assert req.prompts[0][0]["content"] == "a\nb"  # parts joined as llama-server joins them
+    for bad in (dict(chat_template_kwargs={"namespace": 1}), dict(chat_template_kwargs=[1]), dict(tools="x"),
+                dict(tool_choice="required")):
+        with pytest.raises(APIError) as e:
+            chat(**bad)
+        assert e.value.status == 400
 
 
 def test_two_final_assistant_messages_are_refused():

@@ -95,8 +95,8 @@ def test_invalid_model_settings(gemma_path):
 
 
 def test_broken_chat_template_is_a_clear_error(gemma_path):
-    # A template that does not compile fails the chat, not the model: raw prompts still run.
-    model = pyspec.Model(gemma_path, n_ctx=256, chat_template="{% for m in messages %}{{ m.content }}")
+    # A template given on purpose is compiled at once; one that does not compile is refused.
     with pytest.raises(ValueError, match="does not compile.*--chat-template"):
-        model.generate("Hi", max_tokens=1)
-    assert model.generate("Hi", max_tokens=1, chat=False).n_generated_tokens == 1
+        pyspec.Model(gemma_path, n_ctx=256, chat_template="{% for m in messages %}{{ m.content }}")
+    model = pyspec.Model(gemma_path, n_ctx=256, chat_template="{% for m in messages %}<{{ m.content }}>{% endfor %}")
+    assert model.apply_chat_template([{"role": "user", "content": "Hi"}]) == "<Hi>"

@@ -94,7 +94,7 @@ def test_logprobs_are_the_targets_also_for_accepted_drafts(client, gemma_path, l
     prompt = "red green blue, red green blue, red green blue, red green blue, red green"
     out = _greedy(client, prompt, n=12, logprobs=3, extra_body={"draft_max": 8, "policy": "fixed"})
     assert out.model_extra["timings"]["draft_n_accepted"] > 0, "no draft was accepted: the path did not fire"
-    lone = load_model(gemma_path, n_ctx=512, flash_attn="off")
+    lone = load_model(gemma_path, n_ctx=512)
     ids = lone.tokenize(prompt, add_special=True, parse_special=True)
     lp = out.choices[0].logprobs
     toks = []

@@ -40,7 +40,7 @@ MIN_N = 200
 
 @pytest.fixture(scope="module")
 def case(gemma_path, load_model):
-    lone = load_model(gemma_path, n_ctx=256, flash_attn="off")  # as the batch runs
+    lone = load_model(gemma_path, n_ctx=256)  # as the batch runs (flash attention as llama.cpp chooses)
     tokens = lone.tokenize(PROMPT)
     p0, _ = target_rows(lone, tokens)
     support = support_of(p0)

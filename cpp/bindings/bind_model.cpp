@@ -72,7 +72,13 @@ void bind_model(py::module_& m) {
         .def_property_readonly("eot", &Model::eot)
         .def_property_readonly("add_bos", &Model::add_bos)
         .def_property_readonly("add_eos", &Model::add_eos)
-        .def_property_readonly("chat_template", &Model::chat_template, "the file's Jinja chat template, or None")
+        .def_property_readonly(
+            "chat_template",
+            [](const Model& m) -> py::object {
+                const auto t = m.chat_template();
+                return t ? py::object(py::bytes(*t)) : py::object(py::none());
+            },
+            "the file's Jinja chat template (bytes, as stored), or None")
         .def("is_eog", &Model::is_eog, py::arg("token"))
         .def("token_text", &Model::token_text, py::arg("token"))
         .def("token_attr", &Model::token_attr, py::arg("token"))

@@ -14,7 +14,6 @@ from typing import Callable, Dict, List, Optional, Sequence
 import numpy as np
 
 from .. import _core
-from ..errors import InvalidModelError
 from ..generation import run_interruptible, sampling_params
 from .texts import TEXTS
 
@@ -39,10 +38,10 @@ def builtin_streams(reference) -> List[Stream]:
         for text in texts:
             if not isinstance(text, str):
                 messages = [{"role": r, "content": c} for r, c in text]
-                try:
-                    text = reference.apply_chat_template(messages, add_assistant=False)
-                except InvalidModelError:  # no template: a plain transcript
+                if reference.chat_template.is_builtin:  # no template of its own: a plain transcript
                     text = "\n".join(f"{r.capitalize()}: {c}" for r, c in text)
+                else:
+                    text = reference.apply_chat_template(messages, add_assistant=False)
             out.append(Stream(category, reference.tokenize(text, add_special=True, parse_special=True), 0))
     return out
 

@@ -79,6 +79,7 @@ def serve(model, draft, no_draft, drafter, policy, draft_max, host, port, parall
         _, decoder = load_pair(model, draft, no_draft=no_draft, drafter=drafter, policy=policy, draft_max=draft_max,
                                n_ctx=n_ctx, n_threads=threads, n_gpu_layers=n_gpu_layers, flash_attn=flash_attn,
                                n_seq_max=parallel, chat_template=chat_template)
+        decoder.target.chat_template.check()  # a template that does not compile: say so now, not per request
     app = create_app(decoder, model_name=name, parallel=parallel,
                      queue_size=4 * parallel if queue_size is None else queue_size, api_key=api_key,
                      prefill_chunk=prefill_chunk, memory_mb=memory_mb if memory else 0, memory_users=memory_users,

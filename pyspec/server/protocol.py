@@ -18,6 +18,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
+from ..chat import RESERVED
+
 #: OpenAI's limit on top_logprobs (and on the legacy completions' logprobs).
 MAX_TOP_LOGPROBS = 20
 
@@ -166,9 +168,7 @@ def _prompts(value: Any) -> List[Union[str, List[int]]]:
 
 
 # Message fields the chat template receives as sent (tool-use turns).
-_MESSAGE_EXTRAS = ("name", "tool_calls", "tool_call_id")
-# Variables that the request's chat_template_kwargs may not replace.
-_TEMPLATE_OWN = {"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"}
+_MESSAGE_EXTRAS = ("name", "tool_calls", "tool_call_id", "reasoning_content")
 
 
 def _messages(value: Any) -> List[Dict[str, Any]]:
@@ -183,7 +183,7 @@ def _messages(value: Any) -> List[Dict[str, Any]]:
             if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
                        for p in content):
                 raise APIError(400, f"messages[{i}].content: only text parts are supported", param="messages")
-            content = "".join(p["text"] for p in content)
+            content = _joined(p["text"] for p in content)
         if content is None:
             content = ""
         if not isinstance(content, str):
@@ -193,6 +193,14 @@ def _messages(value: Any) -> List[Dict[str, Any]]:
             raise APIError(400, f"messages[{i}]: unsupported field '{unknown[0]}'", param="messages")
         out.append({"role": m["role"], "content": content, **{k: m[k] for k in _MESSAGE_EXTRAS if k in m}})
     return out
+
+
+def _joined(parts) -> str:
+    """Text parts joined as llama-server joins them: a newline between, none after empty text."""
+    text = ""
+    for part in parts:
+        text += ("\n" if text else "") + part
+    return text
 
 
 def _tools(body: Dict[str, Any]) -> Optional[List[Dict[str, Any]]]:
@@ -212,7 +220,7 @@ def _template_vars(body: Dict[str, Any]) -> Dict[str, Any]:
         return {}
     if not isinstance(extra, dict):
         raise _type_error("chat_template_kwargs", "an object")
-    taken = sorted(_TEMPLATE_OWN & set(extra))
+    taken = sorted(RESERVED & set(extra))
     if taken:
         raise APIError(400, f"chat_template_kwargs may not set '{taken[0]}'", param="chat_template_kwargs")
     return extra
