@@ -1,10 +1,11 @@
 """Many sequences in one batch (issue 12): one target decode per round for all
 of them, each sequence as it would be alone.
 
-Batch rounding: a batch runs flash attention as a lone context does (llama.cpp's
-choice) and is compared with lone generations. Several rows at once round
-otherwise than one (test_model_sequences.py): a greedy sequence may part from
-its lone run at a near tie only (near_ties.py), and such flips are counted.
+Batch rounding: these tests are about streams and seeds, so both sides run
+without flash attention, where this small model's rows round alike alone and
+in a batch (with it, the default, rows of several sequences move by up to
+0.025 in probability: test_model_sequences.py). Even so a greedy sequence may
+part from its lone run at a near tie (near_ties.py), and such flips are counted.
 """
 
 from __future__ import annotations
@@ -21,12 +22,12 @@ PROMPTS = ["The capital of France is", "def add(a, b):", "Once upon a time", "1,
 
 @pytest.fixture(scope="module")
 def batch_model(gemma_path, load_model):
-    return load_model(gemma_path, n_ctx=1024, n_seq_max=4, seed=3)
+    return load_model(gemma_path, n_ctx=1024, n_seq_max=4, seed=3, flash_attn="off")
 
 
 @pytest.fixture(scope="module")
 def lone_model(gemma_path, load_model):
-    return load_model(gemma_path, n_ctx=1024, seed=3)
+    return load_model(gemma_path, n_ctx=1024, seed=3, flash_attn="off")
 
 
 def test_greedy_batch_equals_each_sequence_alone(batch_model, lone_model):

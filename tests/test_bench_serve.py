@@ -90,7 +90,7 @@ def test_identical_answers_compare_the_same_request():
     d = bs.compare_answers(rows, PY, LS, count=lambda text: len(text.split()))
     assert (d["same"], d["compared"]) == (11, 12)
     assert d["differences"] == [{"rep": 1, "clients": 2, "wave": "cached", "client": 1,
-                                 "char": len("r1 c2 cached #1: the "), "token": 5}]
+                                 "char": len("r1 c2 cached #1: the "), "token": 5, "tie": None}]
     assert bs.compare_answers(rows, PLAIN, LS)["same"] == 12
     # Swapping the waves of one backend must show (the cached answers are not the first wave's).
     swapped = [dict(x, wave="cached" if x["wave"] == "first" else "first") if x["backend"] == PLAIN else x
@@ -108,6 +108,29 @@ def test_identical_answers_compare_the_same_request():
     table = bs.format_comparison(s)
     assert "11/12 identical" in table and "12/12 identical" in table
     assert "2 clients at once" in table and f"{PY} / {NG}" in table
+
+
+def test_where_answers_part_is_explained_by_the_targets_probabilities(gemma_path):
+    """tie_explainer on the test model: an answer that parts from the model's own
+    greedy continuation onto an unlikely token is NOT a near tie; one answer
+    that is the other's start is a stop, not a choice; the table says which."""
+    import pyspec
+
+    messages = [{"role": "user", "content": "Count: one, two, three,"}]
+    model = pyspec.Model(gemma_path, n_ctx=512, memory_mb=0)
+    greedy = model.generate(messages, max_tokens=6, temperature=0).text
+    explain = bs.tie_explainer(gemma_path, n_ctx=512)
+    odd = " zebra" if not greedy.startswith(" zebra") else " apple"
+    t = explain(messages, greedy, odd)
+    assert t["token"] == 0 and t["near_tie"] is False and t["p_a"] > t["p_b"] + bs.NEAR_TIE
+    assert explain(messages, greedy, greedy + " and more")["near_tie"] is None
+
+    rows = [row(LS, 0, 1, "first", 1.0, answers=[greedy]), row(PY, 0, 1, "first", 1.0, answers=[odd]),
+            row(LS, 0, 1, "cached", 1.0, answers=[greedy]), row(PY, 0, 1, "cached", 1.0, answers=[greedy + "!"])]
+    for r in rows:
+        r["messages"] = [messages]
+    table = bs.format_comparison(bs.summarize_comparison(rows, explain=explain))
+    assert "0/2 identical" in table and "1 NOT ties" in table and "1 a prefix of the other" in table
 
 
 def test_waves_messages_users_context_and_commands():
@@ -251,3 +274,13 @@ def test_bench_serve_llama_server_end_to_end(gemma_path, tmp_path):
     assert lossless["same"] == lossless["compared"] == 4, lossless["differences"]
     assert all(d["compared"] == 4 for d in summary["identical"])
     assert "identical" in result["table"] and "Traceback" not in run.stderr
+
+
+def test_llama_server_draft_variant_gets_the_draft_model():
+    from pyspec.bench.server_process import llama_server_backends
+
+    plain, draft = llama_server_backends("llama-server", "t.gguf", parallel=2, n_ctx=1024, threads=2,
+                                         specs=["none", "draft-simple"], draft="d.gguf")
+    assert "-md" not in plain.command and draft.command[-4:] == ["--spec-type", "draft-simple", "-md", "d.gguf"]
+    with pytest.raises(ValueError, match="needs a draft model"):
+        llama_server_backends("llama-server", "t.gguf", parallel=2, n_ctx=1024, threads=2, specs=["draft-simple"])

@@ -18,6 +18,8 @@ adds a default system message that the approximation leaves out.
 from __future__ import annotations
 
 import json
+import os
+import warnings
 
 import pytest
 from llama_cpp import Llama
@@ -206,3 +208,34 @@ def test_chat_template_override_from_the_cli(tmp_path, gemma_path):
                                     "--n-ctx", "256"])
     assert out.exit_code != 0 and "custom template was used" in out.output
     assert "Traceback" not in out.output
+
+
+LLAMA_SERVER = os.environ.get("PYSPEC_LLAMA_SERVER", "/tmp/llama-build/bin/llama-server")
+
+
+@pytest.mark.skipif(not os.path.exists(LLAMA_SERVER), reason="llama.cpp's llama-server is not built "
+                    "(docs/server.md#building-llama-server; PYSPEC_LLAMA_SERVER names it)")
+@pytest.mark.parametrize("which", ["draft", "test"])
+def test_same_text_as_llama_servers_apply_template(which, draft_path, gemma_path, load_model):
+    """llama-server's own rendering (POST /apply-template) of every chat above,
+    tools and prefill included, against pyspec's: the same text."""
+    import http.client
+
+    from pyspec.bench.server_process import ServerProcess, free_port
+
+    path = draft_path if which == "draft" else gemma_path
+    model = load_model(path, n_ctx=1024, seed=1)
+    port = free_port()
+    server = ServerProcess([LLAMA_SERVER, "-m", path, "--port", str(port), "-np", "1", "-c", "1024", "-t", "1",
+                            "--no-webui"], port)
+    try:
+        for name, (messages, tools) in CHATS.items():
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+            conn.request("POST", "/apply-template", body=json.dumps({"messages": messages, "tools": tools or []}),
+                         headers={"Content-Type": "application/json"})
+            theirs = json.loads(conn.getresponse().read())["prompt"]
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # the test model has no template: ChatML, with a warning
+                assert model.apply_chat_template(messages, tools=tools) == theirs, name
+    finally:
+        server.stop()

@@ -282,7 +282,7 @@ def comparison_backends(model_path: str, draft: str, *, parallel: int, n_ctx: in
     ours = pyspec_serve_command(model_path, parallel=parallel, n_ctx=n_ctx, threads=threads)
     return [Backend(PYSPEC, ours + (["--draft", draft] if draft else [])), Backend(PYSPEC_PLAIN, ours + ["--no-draft"]),
             *llama_server_backends(llama_server, model_path, parallel=parallel, n_ctx=n_ctx, threads=threads,
-                                   specs=llama_specs, args=llama_args)]
+                                   specs=llama_specs, args=llama_args, draft=draft)]
 
 
 def wave_messages(prompts: Sequence[str], rep: int, clients: int) -> List[List[dict]]:
@@ -341,7 +341,7 @@ def run_comparison(backends_: Sequence[Backend], prompts: Sequence[str], clients
                         figures = chat_wave(server.port, messages, wave_users(rep, c, wave, same_user),
                                             max_tokens=max_tokens, raw=raw, count=count)
                         rows.append({"rep": rep, "clients": c, "backend": b.name, "wave": wave, "position": pos,
-                                     **figures})
+                                     "messages": messages, **figures})
                 finally:
                     server.stop()
                 done()
@@ -386,11 +386,13 @@ def paired_ratio(rows: Sequence[dict], numerator: str, denominator: str, clients
 
 
 def compare_answers(rows: Sequence[dict], name: str, reference: str,
-                    count: Optional[Callable[[str], int]] = None) -> dict:
+                    count: Optional[Callable[[str], int]] = None,
+                    explain: Optional[Callable[[Sequence[dict], str, str], dict]] = None) -> dict:
     """How many of ``name``'s answers equal ``reference``'s for the same
     (repetition, clients, wave, client); where they differ, where the texts
     part (``char``) and the tokens of their common prefix (``token``, with
-    ``count``)."""
+    ``count``), and with ``explain`` (:func:`tie_explainer`) the target's own
+    probabilities of the two tokens where they part (``tie``)."""
     refs = {(r["rep"], r["clients"], r["wave"]): r["answers"] for r in rows if r["backend"] == reference}
     same = compared = 0
     differences = []
@@ -403,7 +405,8 @@ def compare_answers(rows: Sequence[dict], name: str, reference: str,
                 continue
             k = len(os.path.commonprefix([a, b]))
             differences.append({"rep": r["rep"], "clients": r["clients"], "wave": r["wave"], "client": i, "char": k,
-                                "token": count(a[:k]) if count else None})
+                                "token": count(a[:k]) if count else None,
+                                "tie": explain(r["messages"][i], a, b) if explain and "messages" in r else None})
     return {"backend": name, "reference": reference, "same": same, "compared": compared, "differences": differences}
 
 
@@ -411,8 +414,45 @@ def is_llama(name: str) -> bool:
     return name == LLAMA_SERVER or name.startswith(LLAMA_SERVER + " ")
 
 
+#: Two tokens whose probabilities (a lone pass of the target) lie this close are
+#: a near tie: batching moves this CPU's probabilities by up to ~0.05 (tests/
+#: test_model_sequences.py), so a batch may pick either.
+NEAR_TIE = 0.1
+
+
+def tie_explainer(model_path: str, *, n_ctx: int = 4096) -> Callable[[Sequence[dict], str, str], dict]:
+    """``explain(messages, a, b)``: where answers ``a`` and ``b`` to ``messages``
+    part (first differing token of their tokenization), the target's
+    probabilities of either token after the common prefix, in a pass of its
+    own; ``near_tie`` when they lie within :data:`NEAR_TIE`."""
+    import numpy as np
+
+    from ..model import Model
+
+    model = Model(model_path, n_ctx=n_ctx, memory_mb=0)
+
+    def explain(messages: Sequence[dict], a: str, b: str) -> dict:
+        ta, tb = (model.tokenize(x, add_special=False) for x in (a, b))
+        i = len(os.path.commonprefix([ta, tb]))
+        if i >= min(len(ta), len(tb)):
+            return {"token": i, "near_tie": None}  # one answer is the other's start: a stop, not a choice
+        context = model.prompt_tokens(list(messages)) + ta[:i]
+        if len(context) >= model.n_ctx:
+            return {"token": i, "near_tie": None}
+        native = model.native
+        native.truncate(0)
+        native.decode(context, 0, 1)
+        z = native.logits(0).astype(np.float64)
+        p = np.exp(z - z.max())
+        p /= p.sum()
+        pa, pb = float(p[ta[i]]), float(p[tb[i]])
+        return {"token": i, "p_a": pa, "p_b": pb, "near_tie": abs(pa - pb) < NEAR_TIE}
+
+    return explain
+
+
 def summarize_comparison(rows: Sequence[dict], *, count: Optional[Callable[[str], int]] = None,
-                         seed: int = 0) -> dict:
+                         seed: int = 0, explain: Optional[Callable[[Sequence[dict], str, str], dict]] = None) -> dict:
     """Figures, ratios (every pyspec backend over every llama-server backend,
     per clients and wave, of aggregate tok/s and of the slowest TTFT) and
     identical answers (every backend against llama-server plain, and pyspec
@@ -423,9 +463,9 @@ def summarize_comparison(rows: Sequence[dict], *, count: Optional[Callable[[str]
               for c in sorted({r["clients"] for r in rows}) for a in ours for b in theirs
               for wave in WAVES for metric in ("aggregate_tok_s", "ttft_max_s")]
     reference = LLAMA_SERVER if LLAMA_SERVER in names else (theirs[0] if theirs else None)
-    identical = [compare_answers(rows, n, reference, count) for n in names if reference and n != reference]
+    identical = [compare_answers(rows, n, reference, count, explain) for n in names if reference and n != reference]
     if PYSPEC in names and PYSPEC_PLAIN in names:
-        identical.append(compare_answers(rows, PYSPEC, PYSPEC_PLAIN, count))
+        identical.append(compare_answers(rows, PYSPEC, PYSPEC_PLAIN, count, explain))
     return {"backends": names, "figures": comparison_figures(rows), "ratios": ratios, "identical": identical}
 
 
@@ -480,6 +520,16 @@ def format_comparison(summary: dict) -> str:
             if tokens:
                 more = ", ..." if len(tokens) > 5 else ""
                 line += f" (first differing token ≈ {', '.join(map(str, tokens[:5]))}{more})"
+            ties = [x["tie"] for x in d["differences"] if x.get("tie")]
+            if ties:
+                near = sum(t["near_tie"] is True for t in ties)
+                stops = sum(t["near_tie"] is None for t in ties)
+                line += f"; where they part: {near} near ties (within {NEAR_TIE})"
+                if stops:
+                    line += f", {stops} a prefix of the other"
+                rest = len(ties) - near - stops
+                if rest:
+                    line += f", {rest} NOT ties"
             lines.append(line)
     return "\n".join(lines)
 

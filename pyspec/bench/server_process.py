@@ -164,17 +164,24 @@ def pyspec_serve_command(model_path: str, *, parallel: int, n_ctx: int, threads:
 
 
 def llama_server_backends(llama_server: str, model_path: str, *, parallel: int, n_ctx: int, threads: int,
-                          specs: Sequence[str], args: Sequence[str] = ()) -> List[Backend]:
+                          specs: Sequence[str], args: Sequence[str] = (), draft: str = "") -> List[Backend]:
     """llama.cpp's ``llama-server`` (given by path: not a dependency) on the same
     model, threads (generation and batch: -t sets both), ``parallel`` slots
     and ``-c n_ctx`` (which it splits among its slots unless ``args`` hold
     ``--kv-unified``): one backend per ``--spec-type`` in ``specs`` ('none':
-    plain, named ``llama-server``; else ``llama-server SPEC``), ``args`` last."""
+    plain, named ``llama-server``; else ``llama-server SPEC``; the ``draft-*``
+    types draft with ``-md draft``), ``args`` last."""
     base = [llama_server, "-m", model_path, "-t", str(threads), "-np", str(parallel), "-c", str(n_ctx),
             "--no-webui", "--host", "127.0.0.1", "--port", PORT]
-    return [Backend(LLAMA_SERVER if spec == "none" else f"{LLAMA_SERVER} {spec}",
-                    base + ([] if spec == "none" else ["--spec-type", spec]) + list(args))
-            for spec in specs]
+    out = []
+    for spec in specs:
+        extra = [] if spec == "none" else ["--spec-type", spec]
+        if spec.startswith("draft"):
+            if not draft:
+                raise ValueError(f"llama-server --spec-type {spec} needs a draft model (--draft)")
+            extra += ["-md", draft]
+        out.append(Backend(LLAMA_SERVER if spec == "none" else f"{LLAMA_SERVER} {spec}", base + extra + list(args)))
+    return out
 
 
 def token_counter(model_path: str) -> Callable[[str], int]:

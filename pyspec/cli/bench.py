@@ -375,7 +375,8 @@ def bench_parallel(model, sizes, max_tokens, temperature, reps, threads, prompt,
               help="Compare with llama.cpp's llama-server binary (instead of llama-cpp-python's server), run on "
                    "the same model, threads, slots and cells (docs/server.md says how to build it).")
 @click.option("--llama-spec", "llama_specs", default=None,
-              help="With --llama-server: its variants, comma-separated --spec-type values ('none': plain) "
+              help="With --llama-server: its variants, comma-separated --spec-type values ('none': plain; "
+                   "'draft-simple': llama-server with -md and pyspec's --draft model) "
                    "[default: none,ngram-mod; --multiturn: none,ngram-mod,ngram-simple].")
 @click.option("--llama-args", default="", help="With --llama-server: extra llama-server arguments, e.g. '-kvu'.")
 @click.option("--cached-same-user", is_flag=True,
@@ -537,7 +538,9 @@ def _bench_serve_llama(model, draft, counts, *, max_tokens, reps, threads, n_ctx
         with labelled_progress(reps * len(counts) * len(backends), "bench-serve --llama-server") as (bar, progress):
             waves = bs.run_comparison(backends, texts, counts, max_tokens=max_tokens, reps=reps, count=count, raw=raw,
                                       same_user=same_user, progress=progress, done=lambda: bar.update(1))
-    summary = bs.summarize_comparison(waves, count=count)
+        # Where answers part, the target's own probabilities of the two tokens (a lone pass).
+        explain = bs.tie_explainer(path) if not raw else None
+        summary = bs.summarize_comparison(waves, count=count, explain=explain)
     result = {"mode": "llama-server", "model": path, "draft": draft_path or None, "threads": threads,
               "parallel": parallel, "n_ctx": ctx, "n_ctx_per_slot": ctx // parallel, "clients": list(counts),
               "max_tokens": max_tokens, "reps": reps, "raw": raw, "cached_same_user": same_user,
