@@ -424,7 +424,8 @@ def tie_explainer(model_path: str, *, n_ctx: int = 4096) -> Callable[[Sequence[d
     """``explain(messages, a, b)``: where answers ``a`` and ``b`` to ``messages``
     part (first differing token of their tokenization), the target's
     probabilities of either token after the common prefix, in a pass of its
-    own; ``near_tie`` when they lie within :data:`NEAR_TIE`."""
+    own; ``near_tie`` when they lie within :data:`NEAR_TIE`, ``top_two``
+    when the two are the target's two most likely tokens."""
     import numpy as np
 
     from ..model import Model
@@ -446,7 +447,8 @@ def tie_explainer(model_path: str, *, n_ctx: int = 4096) -> Callable[[Sequence[d
         p = np.exp(z - z.max())
         p /= p.sum()
         pa, pb = float(p[ta[i]]), float(p[tb[i]])
-        return {"token": i, "p_a": pa, "p_b": pb, "near_tie": abs(pa - pb) < NEAR_TIE}
+        top_two = {int(t) for t in np.argsort(p)[-2:]} == {ta[i], tb[i]}
+        return {"token": i, "p_a": pa, "p_b": pb, "near_tie": abs(pa - pb) < NEAR_TIE, "top_two": top_two}
 
     return explain
 
@@ -527,9 +529,10 @@ def format_comparison(summary: dict) -> str:
                 line += f"; where they part: {near} near ties (within {NEAR_TIE})"
                 if stops:
                     line += f", {stops} a prefix of the other"
-                rest = len(ties) - near - stops
+                rest = [t for t in ties if t["near_tie"] is False]
                 if rest:
-                    line += f", {rest} NOT ties"
+                    top = sum(bool(t.get("top_two")) for t in rest)
+                    line += f", {len(rest)} NOT ties ({top} between the two most likely tokens)"
             lines.append(line)
     return "\n".join(lines)
 
