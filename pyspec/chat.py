@@ -147,6 +147,8 @@ class ChatTemplate:
         reads it: the model continues that message (the chat before it, the
         assistant's opening, then its text). ``variables`` go to the template
         too (``chat_template_kwargs``, e.g. ``enable_thinking``)."""
+        if not all(isinstance(m, Mapping) and isinstance(m.get("role"), str) for m in messages):
+            raise ChatTemplateError("every message must be a mapping with a 'role' string")
         if add_generation_prompt and messages and messages[-1].get("role") == "assistant":
             if len(messages) >= 2 and messages[-2].get("role") == "assistant":
                 raise ChatTemplateError("a chat cannot end with two assistant messages")
@@ -217,7 +219,7 @@ class ChatTemplate:
             content = m.get("content")
             if not isinstance(content, str):
                 raise ChatTemplateError("the built-in template takes text content only")
-            pairs.append((str(m["role"]), content))
+            pairs.append((m["role"], content))
         return self._builtin(pairs, add_generation_prompt)
 
 

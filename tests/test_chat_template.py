@@ -192,6 +192,13 @@ def test_server_request_fields_for_templates():
         assert e.value.status == 400
 
 
+@pytest.mark.parametrize("messages", [["hi"], [{"content": "no role"}], [{"role": 1, "content": "x"}]])
+def test_malformed_messages_are_chat_errors(messages):
+    for template in (_template("{{ messages | length }}"), _template(None, builtin=lambda pairs, add: "")):
+        with pytest.raises(ChatTemplateError, match="'role'"):
+            template.render(messages)
+
+
 def test_two_final_assistant_messages_are_refused():
     with pytest.raises(ChatTemplateError, match="two assistant"):
         _template("x").render([{"role": "assistant", "content": "a"}, {"role": "assistant", "content": "b"}])
