@@ -16,18 +16,30 @@ record before a generation, :func:`keep` records new ones after it.
 The file is ``$PYSPEC_CACHE/calibration.json`` (default ``~/.cache/pyspec``).
 An entry is keyed by everything the timings depend on: the model file (path,
 size, mtime), threads, GPU layers, flash attention (as run) and llama.cpp's
-build features. A missing, unreadable or foreign file only means calibrating
-again.
+build features. A missing or unreadable file only means calibrating again.
+
+Crash safety (docs/promises.md, "Caches and crashes"): the file is only ever
+replaced whole (written to ``.calibration-*.json``, fsynced, renamed, the
+folder fsynced), under ``calibration.json.lock`` so that concurrent processes
+neither lose each other's entries nor see a half-written file. A file that is
+not valid JSON of the expected shape is discarded with a warning (its timings
+are measured again), and a temporary file that a killed writer left behind is
+removed with a warning the first time a process reads the cache.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import math
 import os
 import tempfile
 import time
+import warnings
 from pathlib import Path
-from typing import Dict, Sequence
+from typing import Dict, Optional, Sequence, Set, Tuple
+
+from filelock import FileLock, Timeout
 
 from . import _core
 
@@ -101,12 +113,95 @@ def keep(policy: "_core.LengthPolicy", core_model, stats, draft_model=None) -> N
             _update(draft_model, {DRAFT_TOKEN: cost})
 
 
-def _read() -> Dict[str, Dict[str, float]]:
+_TEMP_GLOB = ".calibration-*.json"  # a writer's file before its rename (tempfile.mkstemp below)
+_LOCK_WAIT_S = 5.0  # a writer holds the lock for milliseconds; past this, skip the write (best effort)
+_swept: Set[str] = set()  # cache folders this process has looked at for leftovers
+_said: Set[Tuple[str, str]] = set()  # (file, why) of bad files this process could not remove, said once
+
+
+def _warn(path: Path, why: str, then: str) -> None:
+    warnings.warn(f"pyspec: discarded {path} ({why}); {then}", RuntimeWarning, stacklevel=5)
+
+
+def _lock(locked: bool = False, timeout: float = _LOCK_WAIT_S):
+    """The cache's lock (a no-op context when the caller already holds it)."""
+    return contextlib.nullcontext() if locked else FileLock(str(cache_file()) + ".lock", timeout=timeout)
+
+
+def _positive(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
+
+
+def _problem(data: object) -> Optional[str]:
+    """Why ``data`` (parsed JSON) is not a calibration cache, or None. Fields
+    this version does not know are allowed (a newer pyspec may add some)."""
+    if not isinstance(data, dict):
+        return f"a JSON {type(data).__name__}, not an object"
+    for key, entry in data.items():
+        if not isinstance(entry, dict):
+            return f"entry {key[:60]!r} is a JSON {type(entry).__name__}, not an object"
+        for field, value in entry.items():
+            if field.isdigit() or field == DRAFT_TOKEN:
+                if not _positive(value):
+                    return f"{field!r} is {value!r}, not a positive number of seconds"
+            elif field == MEMORY and not (isinstance(value, list) and all(
+                    isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in value)):
+                return f"{field!r} is not a list of numbers"
+    return None
+
+
+def _parse(raw: bytes) -> Tuple[Dict[str, Dict[str, object]], Optional[str]]:
+    """The cache's data and, for a file that is not one, why (data then {})."""
     try:
-        data = json.loads(cache_file().read_text(encoding="utf-8"))
-        return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
-        return {}
+        data = json.loads(raw.decode("utf-8"))
+    except ValueError as e:  # a truncated file, or not UTF-8 text
+        return {}, f"not valid JSON: {e}"
+    why = _problem(data)
+    return ({}, why) if why else (data, None)
+
+
+def _sweep(locked: bool) -> None:
+    """Remove the temporary files of writers that were killed before their
+    rename (once per process and folder; only under the lock, so that every
+    temporary file found is a dead writer's)."""
+    folder = cache_file().parent
+    if str(folder) in _swept:
+        return
+    try:
+        if any(folder.glob(_TEMP_GLOB)):
+            with _lock(locked, timeout=0):
+                for tmp in folder.glob(_TEMP_GLOB):
+                    tmp.unlink(missing_ok=True)
+                    _warn(tmp, "a partial write left by a process that stopped while saving timings",
+                          "calibration.json itself is untouched")
+        _swept.add(str(folder))
+    except (OSError, Timeout):
+        pass  # a writer is busy (or the folder unreadable): the next read sweeps
+
+
+def _read(locked: bool = False) -> Dict[str, Dict[str, object]]:
+    """The cache's data ({} if none). A file that is not a calibration cache
+    is discarded with a warning, so that its timings are measured again.
+    ``locked``: the caller holds the cache's lock."""
+    _sweep(locked)
+    path = cache_file()
+    try:
+        data, why = _parse(path.read_bytes())
+    except OSError:
+        return {}  # missing, or e.g. no permission: not ours to remove
+    if why is None:
+        return data
+    try:
+        with _lock(locked):
+            # Re-checked under the lock: a writer may have replaced the file meanwhile.
+            if _parse(path.read_bytes())[1] is not None:
+                path.unlink()
+                _warn(path, why, "its timings will be measured again")
+    except (OSError, Timeout):
+        if (str(path), why) not in _said:  # it stays: say so once per process
+            _said.add((str(path), why))
+            _warn(path, why, "it is ignored and its timings measured again")
+    return {}
 
 
 def _entry(core_model) -> Dict[str, object]:
@@ -137,20 +232,44 @@ def save(core_model, timings: Dict[int, float]) -> None:
 
 
 def _update(core_model, fields: Dict[str, object]) -> None:
-    data = _read()
-    key = machine_key(core_model)
-    entry = data.get(key) if isinstance(data.get(key), dict) else {}
-    entry.update(fields)
-    data[key] = entry
+    """Merge ``fields`` into the model's entry: read, change and replace the
+    file under the lock, so that no other process's entry is lost."""
     target = cache_file()
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".calibration-", suffix=".json")
-    except OSError:
-        return
+        with _lock():
+            data = _read(locked=True)
+            key = machine_key(core_model)
+            entry = data.get(key) if isinstance(data.get(key), dict) else {}
+            entry.update(fields)
+            data[key] = entry
+            if _problem(data) is None:  # never write what a reader would discard
+                _write(target, json.dumps(data, indent=1))
+    except (OSError, Timeout):
+        pass  # best effort: a read-only or busy cache only costs a recalibration
+
+
+def _write(target: Path, text: str) -> None:
+    """Replace ``target`` with ``text`` whole: a crash at any moment leaves the
+    old file or the new one (the rename is atomic, and both the data and the
+    rename reach the disk before the lock is released)."""
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".calibration-", suffix=".json")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=1)
-        os.replace(tmp, target)  # atomic: concurrent writers never leave half a file
-    except OSError:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
         Path(tmp).unlink(missing_ok=True)
+        raise
+    try:
+        dir_fd = os.open(target.parent, os.O_RDONLY)
+    except OSError:
+        return  # e.g. a platform without directory handles: the rename is still atomic
+    try:
+        os.fsync(dir_fd)
+    except OSError:
+        pass
+    finally:
+        os.close(dir_fd)

@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import tempfile
-import zipfile
+import time
+import warnings
 from pathlib import Path
 from typing import List, Optional, Sequence, Union
 
@@ -78,14 +80,18 @@ class Memory:
 
     # ------------------------------------------------------------ files
     def save(self, path: Union[str, os.PathLike], vocab: str) -> None:
-        """Write the documents to ``path`` (atomically: a crash leaves the old
-        file), tagged with ``vocab`` (:func:`vocab_fingerprint`)."""
+        """Write the documents to ``path``, tagged with ``vocab``
+        (:func:`vocab_fingerprint`). Atomically: a crash at any moment leaves
+        the old file or the new one under ``path``, never part of one (the new
+        one is written beside it as ``<name>.<pid>.<random>.tmp``, fsynced and
+        renamed; the next save or load discards such a leftover, with a warning)."""
         docs = self.documents()
         lengths = np.array([len(d) for d in docs], dtype=np.int64)
         tokens = np.array([t for d in docs for t in d], dtype=np.int32)
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+        discard_leftovers(path)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f"{path.name}.{os.getpid()}.", suffix=".tmp")
         try:
             with os.fdopen(fd, "wb") as f:
                 np.savez(f, vocab=np.array(vocab), lengths=lengths, tokens=tokens)
@@ -93,20 +99,25 @@ class Memory:
                 os.fsync(f.fileno())  # on disk before it replaces the old file
             os.replace(tmp, path)
         except BaseException:
-            os.unlink(tmp)
+            Path(tmp).unlink(missing_ok=True)
             raise
+        _fsync_dir(path.parent)  # the rename itself on disk too
 
     def load(self, path: Union[str, os.PathLike], vocab: str) -> int:
         """Add the documents saved in ``path``; returns how many. A file of
-        another vocabulary, or not a memory file, raises ValueError."""
+        another vocabulary, or one that is not a whole memory file (truncated,
+        damaged: each array's CRC-32 is checked), raises ValueError naming it
+        and adds nothing; the file is left as it is."""
+        discard_leftovers(Path(path))
         try:
             f = np.load(path, allow_pickle=False)
             if not isinstance(f, np.lib.npyio.NpzFile):
                 raise ValueError("not an .npz archive")
             with f:
                 saved, lengths, tokens = str(f["vocab"]), f["lengths"], f["tokens"]
-        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:
-            raise ValueError(f"{path} is not a pyspec memory file ({e})") from None
+        except Exception as e:  # noqa: BLE001 - a damaged archive fails in many ways inside zipfile and numpy
+            raise ValueError(f"{path} is not a whole pyspec memory file ({type(e).__name__}: {e}); "
+                             "it was left as it is") from None
         if saved != vocab:
             raise ValueError(f"{path} was saved with another model's vocabulary: its token ids mean other text here")
         ints = lengths.dtype.kind in "iu" and tokens.dtype.kind in "iu"
@@ -118,6 +129,61 @@ class Memory:
             self.add(tokens[at:at + n].tolist())
             at += n
         return len(lengths)
+
+
+#: A leftover of a live process's save is kept this long (its save may be under way).
+STALE_TEMP_S = 600.0
+
+
+def discard_leftovers(path: Path) -> List[Path]:
+    """Remove the temporary files that saves of ``path`` left when their
+    process was killed (a live process's recent one is kept: its save may be
+    under way), warning about each; returns them. Only names that
+    :meth:`Memory.save` makes are touched."""
+    mine = re.compile(re.escape(path.name) + r"\.(?:(\d+)\.)?[a-z0-9_]{8}\.tmp")
+    gone = []
+    try:
+        candidates = [p for p in path.parent.iterdir() if mine.fullmatch(p.name)]
+    except OSError:
+        return gone
+    for tmp in candidates:
+        pid = mine.fullmatch(tmp.name).group(1)
+        try:
+            if _alive(pid) and time.time() - tmp.stat().st_mtime < STALE_TEMP_S:
+                continue
+            tmp.unlink()
+        except OSError:
+            continue
+        gone.append(tmp)
+        warnings.warn(f"pyspec: discarded {tmp} (part of a save of {path.name} that did not finish: its process "
+                      f"stopped); {path.name} itself is untouched", RuntimeWarning, stacklevel=3)
+    return gone
+
+
+def _alive(pid: Optional[str]) -> bool:
+    """Whether process ``pid`` (from a temporary file's name) may still be writing it."""
+    if pid is None:
+        return True  # named by an older version, without its pid: judged by its age alone
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        pass
+    return True
+
+
+def _fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return  # no directory handles here: the rename is atomic all the same
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def vocab_fingerprint(model) -> str:

@@ -464,3 +464,35 @@ def test_offline_is_reported_as_such(models_dir, with_spec, monkeypatch, tmp_pat
 def test_unknown_name_in_pull(models_dir):
     with pytest.raises(C.UnknownModelError, match="known models"):
         M.pull(["test", "nope"], progress=False)
+
+
+# ---------------------------------------------------------------------------
+# (6) leftovers of a killed pull (no network; tests/test_crash_safety.py kills real pulls)
+
+
+def test_leftovers_are_discarded_by_list_and_ensure_only_when_no_pull_runs(models_dir, with_spec, capfd):
+    from filelock import FileLock
+
+    spec = with_spec(SLICE)
+    models_dir.mkdir(parents=True)
+    partial = models_dir / (spec.filename + ".partial")
+    work = models_dir / f".{spec.filename}.pull-abc123"
+    other = models_dir / "unrelated.gguf.partial"  # another model's: kept
+    for p in (partial, other):
+        p.write_bytes(b"x" * 100)
+    (work / "wheel1").mkdir(parents=True)
+    with FileLock(str(models_dir / (spec.filename + ".lock"))):  # a pull under way: its files are its own
+        M.list_models()
+        assert partial.exists() and work.exists()
+        assert capfd.readouterr().err == ""
+    M.list_models()
+    assert not partial.exists() and not work.exists() and other.exists()
+    err = capfd.readouterr().err
+    assert f"discarded {partial} (left by a pull of {spec.name} that did not finish" in err
+    assert f"discarded {work} " in err
+    # ensure() of a valid file sweeps too (the file is trusted by its size).
+    with open(models_dir / spec.filename, "wb") as f:
+        f.truncate(spec.size)
+    partial.write_bytes(b"x")
+    assert M.ensure(spec.name) == models_dir / spec.filename
+    assert not partial.exists() and f"discarded {partial}" in capfd.readouterr().err

@@ -11,3 +11,6 @@ void bind_policies(pybind11::module_& m);  // policies/
 void bind_engine(pybind11::module_& m);    // engine/: parameters, results, Engine, BatchSession
 void bind_info(pybind11::module_& m);      // llama.cpp's build facts
 void bind_tools(pybind11::module_& m);     // tools/: agreement, quantize
+#ifdef PYSPEC_SANITIZER_PROBE
+void bind_sanitizer_probe(pybind11::module_& m);  // deliberate bugs: .ci/sanitize's negative control
+#endif

@@ -70,4 +70,7 @@ PYBIND11_MODULE(_core, m) {
     bind_engine(m);
     bind_info(m);
     bind_tools(m);
+#ifdef PYSPEC_SANITIZER_PROBE
+    bind_sanitizer_probe(m);
+#endif
 }

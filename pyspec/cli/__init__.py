@@ -2,12 +2,27 @@
 
 from __future__ import annotations
 
+import warnings
+
 import click
 
 from .. import __version__
 from .options import DEFAULT_DRAFT, DEFAULT_MODEL
 
 __all__ = ["DEFAULT_DRAFT", "DEFAULT_MODEL", "main"]
+
+_formatwarning = warnings.formatwarning
+
+
+def _say_plainly(message, category, filename, lineno, line=None) -> str:
+    """pyspec's own warnings ("pyspec: discarded ...") are messages to the user:
+    printed as the message alone, not as a source location and line."""
+    if str(message).startswith("pyspec: "):
+        return f"{message}\n"
+    return _formatwarning(message, category, filename, lineno, line)
+
+
+warnings.formatwarning = _say_plainly
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -20,7 +35,7 @@ def main() -> None:
     """
 
 
-from . import agree, bench, bench_multiturn, generate, serve, tools  # noqa: E402  (each registers its commands on main)
+from . import agree, bench, bench_multiturn, bench_soak, generate, serve, tools  # noqa: E402  (each registers its commands on main)
 
 generate.register(main)
 serve.register(main)
@@ -28,3 +43,4 @@ tools.register(main)
 agree.register(main)
 bench.register(main)
 bench_multiturn.register(main)
+bench_soak.register(main)

