@@ -73,9 +73,10 @@ def quantize(source: Union[str, os.PathLike], output: Union[str, os.PathLike], t
         rc = child.wait()
         drain.join()
         if failure is not None:
-            raise _error(failure, allow_requantize)
+            raise _error(failure, allow_requantize, source)
         if rc != 0:
-            raise errors.QuantizeError(f"the quantisation process failed (exit {rc}): {''.join(stderr).strip()}")
+            raise errors.QuantizeError(f"cannot quantize {source}: the quantisation process failed (exit {rc}): "
+                                       f"{''.join(stderr).strip()}")
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp made it private; the output is an ordinary file
@@ -89,14 +90,16 @@ def quantize(source: Union[str, os.PathLike], output: Union[str, os.PathLike], t
     return out
 
 
-def _error(failure: dict, allow_requantize: bool) -> Exception:
+def _error(failure: dict, allow_requantize: bool, source: str) -> Exception:
+    """The exception for the child's report ``failure`` ({"error": class name,
+    "message"}), its message naming ``source`` (llama.cpp's reasons do not)."""
     cls = getattr(errors, failure["error"], None) or {"ValueError": ValueError}.get(failure["error"],
                                                                                    errors.QuantizeError)
     message = failure["message"]
     if cls is errors.QuantizeError and "requantiz" in message and not allow_requantize:
         message += (" (the source is already quantised: pass --allow-requantize, accepting a second rounding "
                     "on top of the first)")
-    return cls(message)
+    return cls(message if source in message else f"cannot quantize {source}: {message}")
 
 
 def _child(source: str, output: str, qtype: str, n_threads: str, allow: str) -> int:

@@ -136,7 +136,10 @@ POLICY_CASES = {
 }
 
 
-@pytest.mark.parametrize("policy", list(POLICY_CASES))
+# The default policy in the default tier; the others (each ~50 s) in the slow tier,
+# which a change to the policies runs before its issue is resolved (docs/testing.md).
+@pytest.mark.parametrize("policy", [p if p == "auto" else pytest.param(p, marks=pytest.mark.slow)
+                                    for p in POLICY_CASES])
 def test_model_drafter_policy_is_lossless(gemma_models, model_case, policy):
     target, draft = gemma_models
     tokens, exact, wrong, n = model_case
@@ -184,8 +187,9 @@ def pin_for_ngram(spec) -> None:
     pin_costs(spec, [100.0, 100.0, 100.0])
 
 
-@pytest.mark.parametrize("drafter, policy", [("ngram", "fixed"), ("ngram", "auto"), ("hybrid", "auto"),
-                                             ("hybrid", "confidence")])
+@pytest.mark.parametrize("drafter, policy", [pytest.param("ngram", "fixed", marks=pytest.mark.slow),
+                                             ("ngram", "auto"), ("hybrid", "auto"),
+                                             pytest.param("hybrid", "confidence", marks=pytest.mark.slow)])
 def test_ngram_and_hybrid_are_lossless(gemma_models, ngram_case, drafter, policy):
     target, draft = gemma_models
     tokens, exact, wrong, n = ngram_case

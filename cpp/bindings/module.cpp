@@ -7,6 +7,7 @@
 
 #include <llama.h>
 
+#include <cstring>
 #include <exception>
 #include <string>
 
@@ -25,7 +26,9 @@ namespace {
 // Raise the pyspec.errors class of the same name (it owns the Python hierarchy).
 [[noreturn]] void raise_pyspec(const char* name, const char* what) {
     py::object cls = py::module_::import("pyspec.errors").attr(name);
-    PyErr_SetString(cls.ptr(), what);
+    // llama.cpp's messages may quote a damaged file's bytes: never a UnicodeDecodeError.
+    py::object msg = py::reinterpret_steal<py::object>(PyUnicode_DecodeUTF8(what, std::strlen(what), "replace"));
+    PyErr_SetObject(cls.ptr(), msg.ptr());
     throw py::error_already_set();
 }
 

@@ -1,5 +1,7 @@
 #include "model/model.h"
 
+#include <ggml.h>
+#include <gguf.h>
 #include <llama.h>
 
 #include <algorithm>
@@ -7,8 +9,10 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <memory>
 #include <mutex>
 #include <thread>
+#include <unordered_set>
 
 #include "core/errors.h"
 #include "core/tokens.h"
@@ -61,12 +65,56 @@ void install_log_filter() { llama_log_set(log_callback, nullptr); }
 
 void set_log_observer(void (*observer)(const char* text)) { g_observer.store(observer); }
 
+namespace {
+
+// The length of the valid UTF-8 sequence at s[i] (0: none there).
+size_t utf8_length(const std::string& s, size_t i) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    const size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+    if (n == 0 || i + n > s.size()) return 0;
+    for (size_t k = 1; k < n; ++k) {
+        if ((static_cast<unsigned char>(s[i + k]) & 0xC0) != 0x80) return 0;
+    }
+    return n;
+}
+
+bool is_utf8(const char* text) {
+    const std::string s(text);
+    for (size_t i = 0; i < s.size();) {
+        const size_t n = utf8_length(s, i);
+        if (n == 0) return false;
+        i += n;
+    }
+    return true;
+}
+
+// ``text`` with each byte that starts no valid UTF-8 sequence replaced by '?'.
+std::string valid_utf8(const std::string& text) {
+    std::string out;
+    out.reserve(text.size());
+    for (size_t i = 0; i < text.size();) {
+        const size_t n = utf8_length(text, i);
+        if (n == 0) {
+            out += '?';
+            ++i;
+        } else {
+            out.append(text, i, n);
+            i += n;
+        }
+    }
+    return out;
+}
+
+}  // namespace
+
 std::string take_last_llama_error() {
     std::lock_guard<std::mutex> lock(g_log_mutex);
     std::string out;
     out.swap(g_last_error);
     while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
-    return out;
+    // Its text quotes the file (key and tensor names): bytes that are not UTF-8
+    // would make the Python exception fail to build (UnicodeDecodeError).
+    return valid_utf8(out);
 }
 
 // ---------------------------------------------------------------- loading
@@ -104,6 +152,131 @@ void check_gguf_file(const std::string& path) {
     }
 }
 
+// ggml's CPU backend aborts the process (GGML_ASSERT "buffer pointer must be
+// aligned") on a mapped file whose tensor data does not start at a multiple of
+// this many bytes (TENSOR_ALIGNMENT): a GGUF file with general.alignment under
+// 32 can be laid out so.
+constexpr size_t kTensorAlignment = 32;
+// llama.cpp's limits, checked by GGML_ASSERT (an abort) in its loader (llama-hparams.h).
+constexpr int64_t kMaxLayers = 512;
+constexpr int64_t kMaxExperts = 1024;
+
+using GgufPtr = std::unique_ptr<gguf_context, decltype(&gguf_free)>;
+
+// The integer value of `key` (any integer type; the largest element of an
+// integer array), or `absent` where the key is missing or not an integer: a
+// wrong type is the loader's to report, with its own reason.
+int64_t gguf_int(const gguf_context* g, const std::string& key, int64_t absent) {
+    const int64_t id = gguf_find_key(g, key.c_str());
+    if (id < 0) return absent;
+    gguf_type type = gguf_get_kv_type(g, id);
+    const bool array = type == GGUF_TYPE_ARRAY;
+    if (array) type = gguf_get_arr_type(g, id);
+    const bool integer = (type >= GGUF_TYPE_UINT8 && type <= GGUF_TYPE_INT32) || type == GGUF_TYPE_UINT64 ||
+                         type == GGUF_TYPE_INT64;
+    if (!integer) return absent;  // gguf_get_val_data asserts (aborts) on a string: integers only
+    const size_t n = array ? gguf_get_arr_n(g, id) : 1;
+    if (array && n == 0) return absent;
+    int64_t best = INT64_MIN;
+    for (size_t i = 0; i < n; ++i) {
+        const void* at = array ? static_cast<const char*>(gguf_get_arr_data(g, id)) : gguf_get_val_data(g, id);
+        int64_t v;
+        switch (type) {
+            case GGUF_TYPE_UINT8: v = static_cast<const uint8_t*>(at)[i]; break;
+            case GGUF_TYPE_INT8: v = static_cast<const int8_t*>(at)[i]; break;
+            case GGUF_TYPE_UINT16: v = static_cast<const uint16_t*>(at)[i]; break;
+            case GGUF_TYPE_INT16: v = static_cast<const int16_t*>(at)[i]; break;
+            case GGUF_TYPE_UINT32: v = static_cast<const uint32_t*>(at)[i]; break;
+            case GGUF_TYPE_INT32: v = static_cast<const int32_t*>(at)[i]; break;
+            case GGUF_TYPE_UINT64: v = static_cast<int64_t>(std::min<uint64_t>(static_cast<const uint64_t*>(at)[i], INT64_MAX)); break;
+            case GGUF_TYPE_INT64: v = static_cast<const int64_t*>(at)[i]; break;
+            default: return absent;
+        }
+        best = std::max(best, v);
+    }
+    return best;
+}
+
+[[noreturn]] void refuse(const std::string& path, const std::string& problem) {
+    throw InvalidModelError("unsupported or corrupt GGUF file " + path + ": " + problem +
+                            " (llama.cpp would abort the process on it)");
+}
+
+}  // namespace
+
+void check_gguf_metadata(const std::string& path, bool for_quantize) {
+    // The header only (no_alloc); the context holds the tensors' shapes.
+    ggml_context* shapes = nullptr;
+    gguf_init_params params = {/*no_alloc=*/true, /*ctx=*/&shapes};
+    GgufPtr owned(gguf_init_from_file(path.c_str(), params), gguf_free);
+    std::unique_ptr<ggml_context, decltype(&ggml_free)> owned_shapes(shapes, ggml_free);
+    const gguf_context* g = owned.get();
+    if (!g) return;  // not readable as GGUF: the loader says why
+    const size_t data = gguf_get_data_offset(g);
+    for (int64_t i = 0; i < gguf_get_n_tensors(g); ++i) {
+        const std::string name = valid_utf8(gguf_get_tensor_name(g, i));
+        const size_t at = data + gguf_get_tensor_offset(g, i);
+        if (at % kTensorAlignment != 0) {
+            refuse(path, "the data of tensor '" + name + "' starts at byte " + std::to_string(at) +
+                             ", not a multiple of " + std::to_string(kTensorAlignment) +
+                             " (general.alignment = " + std::to_string(gguf_get_alignment(g)) + ")");
+        }
+        // Types of activations and indices, not of weights: the CPU backend has no
+        // kernels to multiply by them (a crash in the first decode).
+        const ggml_type type = gguf_get_tensor_type(g, i);
+        if (type == GGML_TYPE_Q8_1 || type == GGML_TYPE_Q8_K || (type >= GGML_TYPE_I8 && type <= GGML_TYPE_F64)) {
+            refuse(path, "tensor '" + name + "' has type " + ggml_type_name(type) + ", which is not a weight type");
+        }
+        // llama_model_quantize sizes a tensor by its first three dimensions only.
+        const ggml_tensor* t = shapes ? ggml_get_tensor(shapes, gguf_get_tensor_name(g, i)) : nullptr;
+        if (for_quantize && t != nullptr && t->ne[3] > 1) {
+            refuse(path, "tensor '" + name + "' has 4 dimensions, which llama_model_quantize cannot quantize");
+        }
+    }
+    const int64_t arch_id = gguf_find_key(g, "general.architecture");
+    if (arch_id >= 0 && gguf_get_kv_type(g, arch_id) == GGUF_TYPE_STRING) {
+        const std::string arch = gguf_get_val_str(g, arch_id);
+        auto count = [&](const char* name, int64_t absent) { return gguf_int(g, arch + "." + name, absent); };
+        auto need = [&](bool ok, const std::string& what) {
+            if (!ok) refuse(path, valid_utf8(arch) + "." + what);
+        };
+        const int64_t layers = count("block_count", 1);
+        need(layers >= 1 && layers <= kMaxLayers,
+             "block_count = " + std::to_string(layers) + " is outside [1, " + std::to_string(kMaxLayers) + "]");
+        need(count("nextn_predict_layers", 0) <= layers, "nextn_predict_layers exceeds block_count");
+        const int64_t experts = count("expert_count", 0), used = count("expert_used_count", 0);
+        const int64_t groups = count("expert_group_count", 0), groups_used = count("expert_group_used_count", 0);
+        need(experts >= 0 && experts <= kMaxExperts,
+             "expert_count = " + std::to_string(experts) + " is outside [0, " + std::to_string(kMaxExperts) + "]");
+        need(used >= 0 && used <= experts, "expert_used_count = " + std::to_string(used) + " exceeds expert_count");
+        if (experts > 0) {
+            need(used > 0, "expert_used_count is 0 with experts");
+            need(groups >= 0 && groups < experts, "expert_group_count is not below expert_count");
+            if (groups > 1) {
+                need(experts % groups == 0, "expert_count is not a multiple of expert_group_count");
+                need(groups_used > 0 && groups_used < groups, "expert_group_used_count is outside [1, groups)");
+            }
+        } else {
+            need(used == 0 && groups == 0, "expert_used_count or expert_group_count set without experts");
+        }
+    }
+    const int64_t tokens = gguf_find_key(g, "tokenizer.ggml.tokens");
+    if (tokens >= 0 && gguf_get_kv_type(g, tokens) == GGUF_TYPE_ARRAY &&
+        gguf_get_arr_type(g, tokens) == GGUF_TYPE_STRING) {
+        std::unordered_set<std::string> seen;
+        const size_t n = gguf_get_arr_n(g, tokens);
+        seen.reserve(n);
+        for (size_t i = 0; i < n; ++i) {
+            if (!seen.insert(gguf_get_arr_str(g, tokens, i)).second) {
+                refuse(path, "token " + std::to_string(i) + " of tokenizer.ggml.tokens repeats an earlier one ('" +
+                                 valid_utf8(gguf_get_arr_str(g, tokens, i)) + "')");
+            }
+        }
+    }
+}
+
+namespace {
+
 std::string with_llama_reason(std::string message) {
     const std::string reason = take_last_llama_error();
     if (!reason.empty()) message += " (llama.cpp: " + reason + ")";
@@ -130,7 +303,8 @@ Model::Model(const ModelParams& params) : params_(params), verbose_(params.verbo
     params.validate();
     check_gguf_file(params.path);
     install_log_filter();
-    take_last_llama_error();
+    check_gguf_metadata(params.path, false);
+    take_last_llama_error();  // a stale message (or the check's own) must not become this load's reason
 
     llama_model_params mp = llama_model_default_params();
     mp.n_gpu_layers = params.n_gpu_layers;
@@ -180,6 +354,16 @@ Model::Model(const ModelParams& params) : params_(params), verbose_(params.verbo
     }
     vocab_ = llama_model_get_vocab(model_.get());
     n_vocab_ = llama_vocab_n_tokens(vocab_);
+    // GGUF strings are UTF-8 (any converter writes them so); llama.cpp does not
+    // check. A token that is not would fail later, far from its cause (a Python
+    // str of its text, an error message quoting it): refuse the file now.
+    for (int32_t id = 0; id < n_vocab_; ++id) {
+        const char* text = llama_vocab_get_text(vocab_, id);
+        if (text != nullptr && !is_utf8(text)) {
+            throw InvalidModelError("the vocabulary of " + params.path + " is corrupt: the text of token " +
+                                    std::to_string(id) + " is not UTF-8");
+        }
+    }
     n_ctx_ = static_cast<int32_t>(llama_n_ctx(ctx_.get()));
     n_batch_ = static_cast<int32_t>(llama_n_batch(ctx_.get()));
     n_seq_ = static_cast<int32_t>(llama_n_seq_max(ctx_.get()));  // what the context really holds
@@ -221,43 +405,66 @@ int32_t Model::file_type() const { return static_cast<int32_t>(llama_model_ftype
 
 // ---------------------------------------------------------------- tokenizer
 
-std::vector<int32_t> Model::tokenize(const std::string& text, bool add_special, bool parse_special) const {
-    std::vector<int32_t> out(text.size() + 8);
-    int32_t n = llama_tokenize(vocab_, text.data(), static_cast<int32_t>(text.size()), out.data(),
-                               static_cast<int32_t>(out.size()), add_special, parse_special);
-    if (n < 0) {
-        if (n == INT32_MIN) throw std::length_error("text is too long to tokenize");
-        out.resize(static_cast<size_t>(-n));
-        n = llama_tokenize(vocab_, text.data(), static_cast<int32_t>(text.size()), out.data(),
-                           static_cast<int32_t>(out.size()), add_special, parse_special);
+namespace {
+
+// llama.cpp's tokenizer throws std::out_of_range ("unordered_map::at") where a
+// file's vocabulary lacks a token it needs (a byte token of SentencePiece's
+// byte fallback, say): the file is at fault, so name it.
+template <typename F>
+auto vocab_call(const std::string& path, F&& f) -> decltype(f()) {
+    try {
+        return f();
+    } catch (const std::out_of_range& e) {
+        throw InvalidModelError("the vocabulary of " + path + " lacks a token its tokenizer needs (llama.cpp: " +
+                                e.what() + ")");
     }
-    out.resize(static_cast<size_t>(std::max(n, 0)));
-    return out;
+}
+
+}  // namespace
+
+std::vector<int32_t> Model::tokenize(const std::string& text, bool add_special, bool parse_special) const {
+    return vocab_call(params_.path, [&] {
+        std::vector<int32_t> out(text.size() + 8);
+        int32_t n = llama_tokenize(vocab_, text.data(), static_cast<int32_t>(text.size()), out.data(),
+                                   static_cast<int32_t>(out.size()), add_special, parse_special);
+        if (n < 0) {
+            if (n == INT32_MIN) throw std::length_error("text is too long to tokenize");
+            out.resize(static_cast<size_t>(-n));
+            n = llama_tokenize(vocab_, text.data(), static_cast<int32_t>(text.size()), out.data(),
+                               static_cast<int32_t>(out.size()), add_special, parse_special);
+        }
+        out.resize(static_cast<size_t>(std::max(n, 0)));
+        return out;
+    });
 }
 
 std::string Model::token_to_piece(int32_t token, bool special) const {
     check_token(token);
-    char buf[256];
-    int32_t n = llama_token_to_piece(vocab_, token, buf, sizeof(buf), 0, special);
-    if (n >= 0) return std::string(buf, static_cast<size_t>(n));
-    std::string big(static_cast<size_t>(-n), '\0');
-    n = llama_token_to_piece(vocab_, token, big.data(), static_cast<int32_t>(big.size()), 0, special);
-    big.resize(static_cast<size_t>(std::max(n, 0)));
-    return big;
+    return vocab_call(params_.path, [&] {
+        char buf[256];
+        int32_t n = llama_token_to_piece(vocab_, token, buf, sizeof(buf), 0, special);
+        if (n >= 0) return std::string(buf, static_cast<size_t>(n));
+        std::string big(static_cast<size_t>(-n), '\0');
+        n = llama_token_to_piece(vocab_, token, big.data(), static_cast<int32_t>(big.size()), 0, special);
+        big.resize(static_cast<size_t>(std::max(n, 0)));
+        return big;
+    });
 }
 
 std::string Model::detokenize(const std::vector<int32_t>& tokens, bool special) const {
     for (int32_t t : tokens) check_token(t);
-    std::string out(tokens.size() * 8 + 16, '\0');
-    int32_t n = llama_detokenize(vocab_, tokens.data(), static_cast<int32_t>(tokens.size()), out.data(),
+    return vocab_call(params_.path, [&] {
+        std::string out(tokens.size() * 8 + 16, '\0');
+        int32_t n = llama_detokenize(vocab_, tokens.data(), static_cast<int32_t>(tokens.size()), out.data(),
+                                     static_cast<int32_t>(out.size()), false, special);
+        if (n < 0) {
+            out.resize(static_cast<size_t>(-n));
+            n = llama_detokenize(vocab_, tokens.data(), static_cast<int32_t>(tokens.size()), out.data(),
                                  static_cast<int32_t>(out.size()), false, special);
-    if (n < 0) {
-        out.resize(static_cast<size_t>(-n));
-        n = llama_detokenize(vocab_, tokens.data(), static_cast<int32_t>(tokens.size()), out.data(),
-                             static_cast<int32_t>(out.size()), false, special);
-    }
-    out.resize(static_cast<size_t>(std::max(n, 0)));
-    return out;
+        }
+        out.resize(static_cast<size_t>(std::max(n, 0)));
+        return out;
+    });
 }
 
 std::string Model::apply_chat_template(const std::vector<std::pair<std::string, std::string>>& messages,

@@ -56,6 +56,7 @@ void quantize(const QuantizeParams& params) {
     }
     if (ftype < 0) throw std::invalid_argument("unknown quantisation type '" + params.type + "' (one of " + names + ")");
     if (!std::ifstream(params.input, std::ios::binary)) throw ModelNotFoundError("no such model file: " + params.input);
+    check_gguf_metadata(params.input, true);
 
     llama_model_quantize_params qp = llama_model_quantize_default_params();
     qp.ftype = static_cast<llama_ftype>(ftype);
@@ -71,7 +72,9 @@ void quantize(const QuantizeParams& params) {
         // llama.cpp prefixes its own function name: keep what the user can act on.
         const std::string tag = "failed to quantize: ";
         if (const auto at = reason.find(tag); at != std::string::npos) reason = reason.substr(at + tag.size());
-        throw QuantizeError(reason.empty() ? "llama_model_quantize failed" : reason);
+        // Its reasons do not say which file: name it, as the model loader's errors do.
+        throw QuantizeError("cannot quantize " + params.input + ": " +
+                            (reason.empty() ? std::string("llama_model_quantize failed") : reason));
     }
 }
 

@@ -38,8 +38,13 @@ def agree(reference, candidate, streams: Optional[Sequence[Stream]] = None, *, t
     ``speculation``, ``models``, ``settings`` (and ``rows``, each stream's
     per-position arrays, with ``keep_rows``)."""
     from .. import _core
+    from ..errors import IncompatibleModelsError
 
-    _core.check_compatible(reference.native, candidate.native)
+    try:
+        _core.check_compatible(reference.native, candidate.native)
+    except IncompatibleModelsError as e:  # its words are a draft's and a target's: name the files
+        raise IncompatibleModelsError(f"the candidate {candidate.path} cannot be compared with the reference "
+                                      f"{reference.path}: {e}") from None
     streams = list(streams) if streams is not None else builtin_streams(reference)
     if not streams:
         raise ValueError("no token stream to score")

@@ -19,7 +19,7 @@ from typing import Any, AsyncIterator, Dict, List, Optional
 
 from sse_starlette.sse import EventSourceResponse
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
@@ -95,14 +95,20 @@ def create_app(decoder, *, model_name: str, parallel: int = 8, queue_size: int =
         if size is not None and size.isdigit() and int(size) > MAX_BODY_BYTES:
             raise APIError(413, f"the request body is larger than {MAX_BODY_BYTES} bytes")
         raw = b""
-        async for chunk in request.stream():
-            raw += chunk
-            if len(raw) > MAX_BODY_BYTES:
-                raise APIError(413, f"the request body is larger than {MAX_BODY_BYTES} bytes")
         try:
-            return json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as e:
+            async for chunk in request.stream():
+                raw += chunk
+                if len(raw) > MAX_BODY_BYTES:
+                    raise APIError(413, f"the request body is larger than {MAX_BODY_BYTES} bytes")
+        except ClientDisconnect:  # gone before its body arrived: counted as a client that left
+            raise APIError(499, "the client left before its request body arrived") from None
+        try:
+            body = json.loads(raw)
+        except ValueError as e:  # UnicodeDecodeError (not UTF-8) is one
             raise APIError(400, f"the request body is not valid JSON: {e}") from None
+        except RecursionError:
+            raise APIError(400, "the request body is nested too deeply") from None
+        return protocol.unicode_checked(body)
 
     def tokens_of(kind: str, prompt, parsed) -> List[int]:
         try:
@@ -119,6 +125,9 @@ def create_app(decoder, *, model_name: str, parallel: int = 8, queue_size: int =
         except (ValueError, RuntimeError) as e:
             raise APIError(400, f"cannot build the prompt: {e}",
                            param="messages" if kind == "chat" else "prompt") from None
+        except TypeError:  # the template wrote text that is not Unicode (a surrogate from a tool call's JSON)
+            raise APIError(400, "cannot build the prompt: the chat template's text is not Unicode text (a lone "
+                                "surrogate?)", param="messages" if kind == "chat" else "prompt") from None
         if not ids:
             raise APIError(400, "the prompt is empty", param="prompt")
         if len(ids) >= target.n_ctx:
@@ -224,17 +233,26 @@ class Answer:
             return protocol.chat_logprobs(entries, tokens, self._piece)
         return protocol.completion_logprobs(entries, tokens, self._piece, offset)
 
-    async def _events(self, request: Request) -> AsyncIterator[tuple]:
+    async def _events(self, request: Request, watch: bool) -> AsyncIterator[tuple]:
         """The job's events until every choice is done; cancels it if the client leaves.
-        Times the tokens as they come (the latency histograms of /metrics)."""
+        Times the tokens as they come (the latency histograms of /metrics).
+        ``watch``: look for a departed client also while tokens flow (a whole
+        answer's client sees nothing until the end, and may leave); a stream's
+        departure ends its response, which cancels the job, and polling a stream
+        would also end it early while the server shuts down gracefully."""
         remaining = self.n_choices
+        next_check = time.monotonic() + 0.5
         try:
             while remaining:
                 try:
                     event = await asyncio.wait_for(self.job.events.get(), timeout=0.5)
                 except asyncio.TimeoutError:
+                    event = None
+                if event is None or (watch and time.monotonic() >= next_check):
+                    next_check = time.monotonic() + 0.5
                     if await request.is_disconnected():
                         return
+                if event is None:
                     continue
                 if event[0] == "delta":
                     self.clock.tokens(event[1], len(event[3]))
@@ -256,7 +274,7 @@ class Answer:
         lps: List[list] = [[] for _ in range(self.n_choices)]
         results: List[Any] = [None] * self.n_choices
         try:
-            async for event in self._events(request):
+            async for event in self._events(request, watch=True):
                 if event[0] == "delta":
                     _, i, text, toks, lp = event
                     texts[i] += text
@@ -309,7 +327,7 @@ class Answer:
             if self.kind == "chat":  # OpenAI's first chunk of each choice names the role
                 yield self._chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                                     "finish_reason": None} for i in range(self.n_choices)])
-            async for event in self._events(request):
+            async for event in self._events(request, watch=False):
                 if event[0] == "delta":
                     _, i, text, toks, lp = event
                     n_out += len(toks)

@@ -73,6 +73,30 @@ class ParsedRequest:
 
 
 # ------------------------------------------------------------------ parsing
+def unicode_checked(body: Any) -> Any:
+    """``body`` (decoded JSON) if every string in it is Unicode text, else a 400.
+
+    JSON may escape a lone surrogate (``"\\ud800"``), which Python decodes into a
+    ``str`` that has no UTF-8 form: the tokenizer, the engine's stop strings and
+    the JSON of an error that quotes it could not take it. Walked without
+    recursion (the decoder admits nesting up to Python's recursion limit)."""
+    todo = [body]
+    while todo:
+        v = todo.pop()
+        if isinstance(v, dict):
+            todo.extend(v)
+            todo.extend(v.values())
+        elif isinstance(v, list):
+            todo.extend(v)
+        elif isinstance(v, str):
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise APIError(400, f"the request body holds a lone surrogate (\\u{ord(v[e.start]):04x}), "
+                                    f"which is not Unicode text") from None
+    return body
+
+
 # Fields accepted when they hold the API's default value (they change nothing).
 _NEUTRAL = {
     "frequency_penalty": (0, 0.0, None),

@@ -227,7 +227,9 @@ class Scheduler:
             job.admitted = time.monotonic()
             try:
                 self._start(job)
-            except (ValueError, RuntimeError) as e:  # the engine refused it (e.g. a context overflow)
+            # The engine refused it (e.g. a context overflow) or the core took none of a
+            # setting (a TypeError): this job's error, never the engine's failure.
+            except Exception as e:
                 self._send(job, ("error", JobRefused(str(e))))
                 job.cancel()  # choices already added end at the next round and free their slots
                 if not job.choices:
@@ -248,9 +250,13 @@ class Scheduler:
                 c = Choice(index=index, prompt=prompt, seed=_core.sequence_seed(base, index),
                            slot=self._free_slots.pop(0))
                 try:
+                    # No answer outgrows the context, and a top_k past the vocabulary keeps it
+                    # all: clamped, since the core's ints are 32-bit (protocol.py bounds neither).
+                    n_ctx = self.target.n_ctx
                     c.setup = self.decoder.setup(
-                        max_tokens=s.max_tokens if s.max_tokens is not None else self.target.n_ctx,
-                        temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, min_p=s.min_p, seed=base,
+                        max_tokens=n_ctx if s.max_tokens is None else min(s.max_tokens, n_ctx),
+                        temperature=s.temperature, top_k=min(s.top_k, self.target.n_vocab), top_p=s.top_p,
+                        min_p=s.min_p, seed=base,
                         stop=s.stop, logprobs=s.logprobs, slots=[c.slot], drafters="slots", **drafting)[0]
                     c.handle = self._session.add(prompt, c.setup.params, drafter=c.setup.drafter,
                                                  policy=c.setup.policy, stream=index)

@@ -1,0 +1,676 @@
+"""Fuzzed requests against one live `pyspec serve` (issue 26; docs/promises.md).
+
+Hypothesis generates request bodies for every route: valid shapes with extreme
+values, wrong types, out-of-range and huge numbers, NaN and infinities (Python's
+json writes them), control characters, special-token text, lone surrogates
+(escaped, or as raw bytes that are not UTF-8), deep nesting and bodies that are
+not JSON at all. Half the bodies are strict (every field valid, at its limits),
+half loose (any field may be wrong). The properties, per example:
+
+- never a 5xx (a full queue's 503 with Retry-After only where requests overlap);
+- the process lives and /health answers "ok" after every example;
+- every 4xx is OpenAI's error object; a strict body gets 200, and every 200 is
+  the documented answer (whole or streamed), with no more tokens than asked for;
+
+and after the run: no slot busy, nothing queued, no cache cell held by a running
+sequence, no 5xx counted by /metrics, no traceback and no prompt in the log.
+Chats go to two servers: the small model's own (no template: llama.cpp's
+built-in ChatML) and one with a Jinja template that prints every field.
+
+Valid requests stay short (the run fits its budget): mostly up to 4 new tokens,
+16 where `max_tokens` is left to the completions' default; a larger or (chat)
+missing `max_tokens` comes with a prompt that nearly fills the context, so the
+server must end the answer at the room left (huge values included).
+Examples per test: MAX_EXAMPLES below (derandomized: CI runs the same ones).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import socket
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Dict, List, Optional, Tuple
+
+import httpx
+import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from pyspec.chat import RESERVED
+from server_helpers import ServerProcess
+
+N_CTX = 256  # llama.cpp rounds a context up to a multiple of 256: the smallest there is
+PARALLEL = 4
+#: Tokens a "short" valid request asks for at most; a longer one gets a prompt that leaves ROOM.
+SHORT = 16
+#: Room a long prompt leaves in the context (its answers end there, whatever max_tokens says).
+ROOM = 3
+MAX_EXAMPLES = {"completions": 120, "chat": 50, "jinja": 50, "raw": 40, "routes": 30, "concurrent": 4}
+DRAFTERS = ["ngram", "consensus", "suffix"]  # those that need no draft model (--model alone)
+POLICIES = ["fixed", "heuristic", "confidence", "svip", "auto"]
+
+
+def fuzz_settings(name: str):
+    # The server's answer time varies with the machine's load: no deadline.
+    return settings(max_examples=MAX_EXAMPLES[name], deadline=None, derandomize=True, database=None)
+
+
+# ------------------------------------------------------------------ the server
+class Live:
+    """The server under test, a keep-alive client, and what the fuzz needs to
+    know of the model: its vocabulary size and prompts that nearly fill the context."""
+
+    def __init__(self, server: ServerProcess) -> None:
+        self.server = server
+        self.http = httpx.Client(base_url=server.url(), timeout=60)
+        meta = self.http.get("/v1/models").json()["data"][0]["meta"]
+        assert meta["n_ctx"] == N_CTX, meta
+        self.n_vocab = meta["n_vocab"]
+        # Token ids of plain text (ids near 0 are control tokens that some vocabularies refuse to print).
+        self.long_ids = [1000 + i % 500 for i in range(N_CTX - ROOM)]
+        self.long_text = self._chat_text_of_length(N_CTX - ROOM)
+
+    def _chat_text_of_length(self, n: int) -> str:
+        """A user message whose chat prompt (under the server's template) is ``n`` tokens."""
+        words = n // 2  # a word a token, near enough: corrected from the server's count
+        for _ in range(4):
+            text = "hello " * words
+            r = self.http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": text}],
+                                                             "max_tokens": 0})
+            got = r.json()["usage"]["prompt_tokens"]
+            if got == n:
+                return text
+            words += n - got
+        raise AssertionError(f"no chat text of {n} tokens (last: {got})")
+
+    def alive(self) -> None:
+        assert self.server.proc.poll() is None, f"the server died:\n{self.server.output()[-4000:]}"
+        h = self.http.get("/health")
+        assert h.status_code == 200 and h.json()["status"] == "ok", h.text
+
+
+def serve(gemma_path: str, *args: str):
+    # One thread: on a busy 2-core machine, two threads that wait for each other
+    # at every barrier make the small model's steps up to 10x slower.
+    s = ServerProcess("--model", gemma_path, "--parallel", str(PARALLEL), "--n-ctx", str(N_CTX),
+                      "--queue-size", "4", "--model-alias", "gemma", "--threads", "1", *args)
+    lv = Live(s)
+    yield lv
+    lv.http.close()
+    assert s.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def live(gemma_path):
+    """The small model, whose file has no chat template: chats get llama.cpp's built-in ChatML."""
+    yield from serve(gemma_path)
+
+
+#: A template that prints every field a chat may give it, as tool-use templates do
+#: (tools and tool calls through tojson), so that the fuzz reaches the Jinja renderer.
+TEMPLATE = """{% if tools %}<start_of_turn>system
+{{ tools | tojson }}<end_of_turn>
+{% endif %}{% for m in messages %}<start_of_turn>{{ m.role }}
+{% if m.reasoning_content %}<think>{{ m.reasoning_content }}</think>{% endif %}{{ m.content }}
+{%- if m.name %} ({{ m.name }}){% endif %}{% if m.tool_calls %}{{ m.tool_calls | tojson }}{% endif %}
+{%- if m.tool_call_id %} [{{ m.tool_call_id }}]{% endif %}<end_of_turn>
+{% endfor %}{% if add_generation_prompt %}<start_of_turn>model
+{% endif %}"""
+
+
+@pytest.fixture(scope="module")
+def live_jinja(gemma_path, tmp_path_factory):
+    """The small model with TEMPLATE as its chat template (--chat-template)."""
+    path = tmp_path_factory.mktemp("template") / "tools.jinja"
+    path.write_text(TEMPLATE)
+    yield from serve(gemma_path, "--chat-template", str(path))
+
+
+# ------------------------------------------------------------------ strategies
+SPECIAL = ["<bos>", "<eos>", "<start_of_turn>", "<end_of_turn>", "<|im_start|>", "<|im_end|>", "<pad>", "\x00",
+           "\ufeff", "\u202e", "\r\n", "\t", "{{ x }}", "{% for %}", "\\u0000", "😀", "語"]
+clean_text = st.one_of(
+    st.text(max_size=10),
+    st.sampled_from(SPECIAL),
+    st.lists(st.sampled_from(SPECIAL) | st.text(max_size=3), max_size=4).map("".join),
+)
+#: Any text at all: lone surrogates included (not Unicode text: the server must refuse them).
+any_text = st.one_of(clean_text, st.text(st.characters(exclude_categories=()), max_size=6),
+                     st.tuples(clean_text, st.characters(categories=["Cs"])).map("".join))
+EXTREME_INTS = [0, -1, 1, 2**31 - 1, 2**31, 2**32, 2**63 - 1, 2**63, 2**64, -2**63, 10**30]
+any_int = st.sampled_from(EXTREME_INTS) | st.integers()
+EXTREME_FLOATS = [0.0, -0.0, 5e-324, 1e-300, 1e300, math.nan, math.inf, -math.inf, 2.0000001, -1e-9, 1.0]
+any_float = st.sampled_from(EXTREME_FLOATS) | st.floats()
+
+
+def json_values(text):
+    """Any JSON value (nested a little) whose strings are drawn from ``text``."""
+    scalars = st.none() | st.booleans() | any_int | any_float | text
+    return st.recursive(scalars, lambda c: st.lists(c, max_size=3) | st.dictionaries(text, c, max_size=3),
+                        max_leaves=6)
+
+
+junk = json_values(any_text)
+#: Values a valid request may hold where the API takes anything (tools, template variables).
+clean_junk = json_values(clean_text)
+
+
+def maybe(valid, wrong=None):
+    """A field's value: valid, or (on a fuzzed body) also out of range or of another type."""
+    return valid if wrong is None else st.one_of(valid, wrong, junk)
+
+
+@st.composite
+def sampling_fields(draw, loose: bool, kind: str, n_vocab: int) -> Dict[str, Any]:
+    """The fields both endpoints share; ``loose``: any of them may be wrong."""
+    w = (lambda valid, wrong: maybe(valid, wrong)) if loose else (lambda valid, wrong: valid)
+    fields = {
+        "model": w(st.sampled_from([None, "gemma"]), any_text),
+        "temperature": w(st.sampled_from([0, 0.0, 2, 1e-300, 5e-324]) | st.floats(0, 2), any_float),
+        "top_p": w(st.sampled_from([1, 1e-300]) | st.floats(0, 1, exclude_min=True), any_float),
+        "top_k": w(st.sampled_from([0, 1, n_vocab, n_vocab + 1, 2**31, 2**63, 10**30]) | st.integers(0, 50),
+                   any_int),
+        "min_p": w(st.floats(0, 1), any_float),
+        "seed": w(st.sampled_from([0, 2**63 - 1]) | st.integers(0, 2**63 - 1), any_int),
+        "stop": w(st.none() | clean_text.filter(bool) | st.lists(clean_text.filter(bool), max_size=4)
+                  | st.sampled_from([["x" * 500] * 100, [chr(c) for c in range(32, 800)]]),
+                  st.lists(any_text, max_size=3)),
+        "n": w(st.integers(1, PARALLEL), any_int),
+        "user": w(st.none() | clean_text, any_text),
+        "draft_max": w(st.integers(0, 63), any_int),
+        "policy": w(st.sampled_from(POLICIES), any_text),
+        "drafter": w(st.sampled_from(DRAFTERS), any_text | st.just("model")),
+        # Neutral values of fields pyspec does not implement; on a fuzzed body, any value.
+        "frequency_penalty": w(st.sampled_from([0, 0.0, None]), any_float),
+        "logit_bias": w(st.sampled_from([None, {}]), st.dictionaries(clean_text, any_int, max_size=2)),
+        "best_of" if kind == "completion" else "tool_choice":
+            w(st.sampled_from([1, None] if kind == "completion" else ["none", "auto", None]), junk),
+    }
+    body = {}
+    for name, strategy in fields.items():
+        if draw(st.booleans()):
+            body[name] = draw(strategy)
+    if draw(st.booleans()):
+        body["stream"] = draw(w(st.booleans(), junk))
+    if draw(st.booleans()) and (loose or body.get("stream") is True):
+        body["stream_options"] = draw(w(st.fixed_dictionaries({}, optional={"include_usage": st.booleans()}), junk))
+    if loose and draw(st.integers(0, 9)) == 0:
+        body[draw(any_text)] = draw(junk)  # a field nobody implements
+    return body
+
+
+def token_ids(n_vocab: int, loose: bool):
+    valid = st.lists(st.integers(0, n_vocab - 1), min_size=1, max_size=8)
+    if not loose:
+        return valid
+    out_of_range = st.lists(st.sampled_from([-1, n_vocab, n_vocab + 1, 2**31, 2**63, 2**64, -2**63, 10**30])
+                            | st.integers(), min_size=1, max_size=4)
+    return valid | out_of_range | st.lists(st.booleans() | any_float, min_size=1, max_size=3)
+
+
+def completion_prompt(n_vocab: int, loose: bool):
+    ids = token_ids(n_vocab, loose)
+    valid = st.one_of(clean_text, ids, st.lists(clean_text, min_size=1, max_size=3),
+                      st.lists(ids, min_size=1, max_size=3))
+    return maybe(valid, st.one_of(any_text, st.just([]), st.just([[]]), st.lists(st.lists(junk), max_size=2))) \
+        if loose else valid
+
+
+ROLES = ["system", "user", "assistant", "tool", "developer", "", "\x00", "function", "x" * 300]
+
+
+def message(loose: bool):
+    part = st.fixed_dictionaries({"type": st.just("text"), "text": clean_text})
+    content = st.none() | clean_text | st.lists(part, max_size=3)
+    anything = junk if loose else clean_junk
+    # OpenAI's tool calls: arguments as a JSON string (on a fuzzed body, any string)
+    arguments = any_text if loose else clean_junk.map(json.dumps)
+    calls = st.lists(st.fixed_dictionaries({"function": st.fixed_dictionaries(
+        {"name": clean_text, "arguments": arguments})}), max_size=2)
+    extras = {"name": clean_text | anything, "tool_calls": (junk | calls) if loose else st.none() | calls,
+              "tool_call_id": anything, "reasoning_content": anything}
+    if loose:
+        content = maybe(content, st.lists(st.fixed_dictionaries({"type": any_text, "text": junk}), max_size=2))
+        extras["image"] = junk
+    return st.fixed_dictionaries({"role": maybe(st.sampled_from(ROLES) | clean_text, any_text) if loose
+                                  else st.sampled_from(ROLES), "content": content}, optional=extras)
+
+
+@st.composite
+def bodies(draw, kind: str, live: "Live", loose: Optional[bool] = None) -> Tuple[Dict[str, Any], bool]:
+    """(body, loose): one request body for ``kind`` ("completion" or "chat"): a
+    strict one (every field valid, values at their limits: the server must answer
+    it) or, as often, a loose one (any field may be wrong)."""
+    loose = draw(st.booleans()) if loose is None else loose
+    n_vocab = live.n_vocab
+    body = draw(sampling_fields(loose, kind, n_vocab))
+    # Mostly a few; one in eight absent (chat: until the context is full) and one in
+    # eight past SHORT: those get the long prompt (below), whose prefill costs.
+    past_short = st.sampled_from([SHORT + 1, N_CTX, 2**31, 2**63, 10**30])
+    tokens = st.integers(0, 7).flatmap(lambda i: past_short if i == 0 else st.integers(0, 4))
+    if kind == "completion":
+        body["prompt"] = draw(completion_prompt(n_vocab, loose))
+        if not loose and "n" in body:  # within the slots: n per prompt
+            body["n"] = min(body["n"], PARALLEL // _n_choices({"prompt": body["prompt"]}, kind))
+        if draw(st.booleans()):
+            body["logprobs"] = draw(maybe(st.integers(0, 20), any_int) if loose else st.integers(0, 20))
+        budget = ["max_tokens"]
+    else:
+        chats = st.lists(message(loose), min_size=1, max_size=4)
+        body["messages"] = draw(maybe(chats, junk) if loose else chats.filter(_continuable))
+        if draw(st.booleans()):
+            body["logprobs"] = draw(maybe(st.booleans(), junk) if loose else st.booleans())
+            if draw(st.booleans()) and (loose or body["logprobs"]):
+                body["top_logprobs"] = draw(maybe(st.integers(0, 20), any_int) if loose else st.integers(0, 20))
+        extras = {"tools": st.lists(st.dictionaries(clean_text, clean_junk, max_size=3), max_size=2),
+                  "chat_template_kwargs": st.dictionaries(clean_text.filter(lambda k: k not in RESERVED),
+                                                          clean_junk, max_size=2),
+                  "response_format": st.just({"type": "text"})}
+        for name, valid in extras.items():
+            if draw(st.booleans()):
+                body[name] = draw(maybe(valid, st.just({"type": "json_object"})) if loose else valid)
+        budget = ["max_tokens", "max_completion_tokens"]
+    for name in budget:
+        if draw(st.integers(0, 7)):
+            body[name] = draw(maybe(tokens, any_int) if loose else tokens)
+    if _may_run_long(body, kind):
+        # The server must end this answer at the context: give it little room.
+        if kind == "completion":
+            body["prompt"] = list(live.long_ids)
+        else:
+            body["messages"] = [{"role": "user", "content": live.long_text}]
+            body.pop("tools", None)
+            body.pop("chat_template_kwargs", None)
+    return body, loose
+
+
+def _continuable(messages: List[Dict[str, Any]]) -> bool:
+    """Not a chat the renderer refuses: one that ends with two assistant
+    messages, or continues an assistant message that made tool calls."""
+    if messages[-1]["role"] != "assistant":
+        return True
+    return not messages[-1].get("tool_calls") and (len(messages) < 2 or messages[-2]["role"] != "assistant")
+
+
+def _may_run_long(body: Dict[str, Any], kind: str) -> bool:
+    """Could this request, if valid, ask for more than SHORT tokens?"""
+    name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    v = body.get(name, 16 if kind == "completion" else None)
+    return v is None or (isinstance(v, (int, float)) and not isinstance(v, bool) and not v <= SHORT)
+
+
+def encoded(body: Any, how: str) -> bytes:
+    """``body`` as JSON: escaped ASCII (NaN, Infinity, lone surrogates as \\ud800),
+    raw UTF-8 (lone surrogates as bytes that are not UTF-8), or cut short."""
+    text = json.dumps(body)
+    if how == "utf8":
+        return json.dumps(body, ensure_ascii=False).encode("utf-8", "surrogatepass")
+    if how == "cut":
+        return text.encode()[: len(text) // 2]
+    return text.encode()
+
+
+# ------------------------------------------------------------------ checks
+def check_error(status: int, obj: Any, where: str) -> None:
+    """OpenAI's error object: {"error": {"message", "type", "param", "code"}}."""
+    assert isinstance(obj, dict) and isinstance(obj.get("error"), dict), f"{where}: {status} {obj!r}"
+    err = obj["error"]
+    assert isinstance(err.get("message"), str) and err["message"], (where, err)
+    assert isinstance(err.get("type"), str) and err["type"], (where, err)
+    assert "param" in err and (err["param"] is None or isinstance(err["param"], str)), (where, err)
+    assert "code" in err and (err["code"] is None or isinstance(err["code"], str)), (where, err)
+
+
+def _limit(body: Dict[str, Any], kind: str) -> int:
+    """Most tokens one choice may get: max_tokens, clamped to the context."""
+    v = body.get("max_completion_tokens") if kind == "chat" else None
+    v = body.get("max_tokens") if v is None else v
+    if v is None:
+        v = 16 if kind == "completion" else N_CTX
+    return min(v, N_CTX)
+
+
+def _n_choices(body: Dict[str, Any], kind: str) -> int:
+    n = body.get("n") or 1
+    p = body.get("prompt")
+    prompts = len(p) if kind == "completion" and isinstance(p, list) and isinstance(p[0], (str, list)) else 1
+    return n * prompts
+
+
+def _check_logprobs(lp: Any, kind: str, k: int, where: str) -> None:
+    """A choice's logprobs object: finite log-probabilities, k alternatives per token."""
+    assert isinstance(lp, dict), (where, lp)
+    if kind == "chat":
+        for e in lp["content"]:
+            assert isinstance(e["token"], str) and isinstance(e["bytes"], list), (where, e)
+            assert math.isfinite(e["logprob"]) and e["logprob"] <= 1e-6, (where, e)
+            assert len(e["top_logprobs"]) == k, (where, e)
+            assert all(math.isfinite(t["logprob"]) and t["logprob"] <= 1e-6 for t in e["top_logprobs"]), where
+    else:
+        toks = lp["tokens"]
+        assert len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == len(lp["text_offset"]) == len(toks), where
+        assert all(math.isfinite(v) and v <= 1e-6 for v in lp["token_logprobs"]), where
+        assert all(len(top) <= k for top in lp["top_logprobs"]), where  # pieces of equal text share a key
+        assert lp["text_offset"] == sorted(lp["text_offset"]), where
+
+
+def _logprobs_k(body: Dict[str, Any], kind: str) -> Optional[int]:
+    if kind == "chat":
+        return (body.get("top_logprobs") or 0) if body.get("logprobs") else None
+    return body.get("logprobs")
+
+
+def check_whole(body: Dict[str, Any], kind: str, answer: Dict[str, Any], where: str) -> None:
+    """A 200 answer's documented shape: one choice per prompt and n, each with its
+    text and finish reason, usage adding up, no choice past max_tokens."""
+    assert answer["object"] == ("chat.completion" if kind == "chat" else "text_completion"), where
+    assert answer["id"].startswith("chatcmpl-" if kind == "chat" else "cmpl-") and answer["model"] == "gemma", where
+    assert isinstance(answer["created"], int), where
+    choices = answer["choices"]
+    assert [c["index"] for c in choices] == list(range(_n_choices(body, kind))), where
+    k = _logprobs_k(body, kind)
+    for c in choices:
+        if kind == "chat":
+            assert c["message"]["role"] == "assistant" and isinstance(c["message"]["content"], str), where
+        else:
+            assert isinstance(c["text"], str), where
+        assert c["finish_reason"] in ("stop", "length"), where
+        if k is None:
+            assert c["logprobs"] is None, where
+        else:
+            _check_logprobs(c["logprobs"], kind, k, where)
+            n_tok = len(c["logprobs"]["content" if kind == "chat" else "tokens"])
+            assert n_tok <= _limit(body, kind), (where, n_tok)
+    u = answer["usage"]
+    assert u["total_tokens"] == u["prompt_tokens"] + u["completion_tokens"] and u["prompt_tokens"] > 0, where
+    assert 0 <= u["completion_tokens"] <= len(choices) * _limit(body, kind), (where, u)
+    if _limit(body, kind) == 0:
+        assert u["completion_tokens"] == 0 and all(c["finish_reason"] == "length" for c in choices), where
+    assert isinstance(answer["timings"], dict), where
+
+
+def check_stream(body: Dict[str, Any], kind: str, lines: List[str], where: str, valid: bool = False) -> None:
+    """A 200 stream: `data: {chunk}` lines, each choice finishing once, then [DONE];
+    or (not ``valid``) an error object in OpenAI's shape, which ends it."""
+    data = [line[6:] for line in lines if line.startswith("data: ")]
+    assert data, (where, lines[:5])
+    chunks = [json.loads(d) for d in data if d != "[DONE]"]
+    if chunks and "error" in chunks[-1]:  # refused after the answer began: the error ends the stream
+        assert not valid, (where, chunks[-1])
+        check_error(200, chunks[-1], where)
+        return
+    assert data[-1] == "[DONE]" and data.count("[DONE]") == 1, (where, data[-3:])
+    n_choices = _n_choices(body, kind)
+    finished = [0] * n_choices
+    k = _logprobs_k(body, kind)
+    tokens = [0] * n_choices
+    usage = None
+    for ch in chunks:
+        assert ch["object"] == ("chat.completion.chunk" if kind == "chat" else "text_completion"), where
+        usage = ch.get("usage") or usage
+        for c in ch["choices"]:
+            i = c["index"]
+            assert finished[i] == 0, (where, "a chunk after the choice's finish", ch)
+            if c["finish_reason"] is not None:
+                assert c["finish_reason"] in ("stop", "length"), where
+                finished[i] += 1
+            elif c["logprobs"] is not None:
+                assert k is not None, where
+                _check_logprobs(c["logprobs"], kind, k, where)
+                tokens[i] += len(c["logprobs"]["content" if kind == "chat" else "tokens"])
+    assert finished == [1] * n_choices, (where, finished)
+    assert all(t <= _limit(body, kind) for t in tokens), (where, tokens)
+    assert usage is not None and usage["completion_tokens"] <= n_choices * _limit(body, kind), (where, usage)
+    if (body.get("stream_options") or {}).get("include_usage"):
+        assert chunks[-1]["choices"] == [] and chunks[-1]["usage"], where
+
+
+def exchange(live: Live, method: str, path: str, raw: bytes, *, headers=None, leave_early=False):
+    """Send one request; (status, headers, JSON body or None, SSE lines)."""
+    with live.http.stream(method, path, content=raw, headers=headers) as r:
+        if r.headers.get("content-type", "").startswith("text/event-stream"):
+            lines = []
+            for line in r.iter_lines():
+                lines.append(line)
+                if leave_early and len(lines) >= 2:
+                    return r.status_code, r.headers, None, None  # the client left mid-answer
+            return r.status_code, r.headers, None, lines
+        data = r.read()
+    try:
+        return r.status_code, r.headers, json.loads(data) if data else None, None
+    except ValueError:
+        return r.status_code, r.headers, data, None
+
+
+def check_answer(live: Live, kind: str, body: Any, raw: bytes, *, leave_early: bool = False,
+                 busy_ok: bool = False, valid: bool = False) -> int:
+    """POST ``raw`` (``body`` encoded, or not) and check what comes back; the
+    status. ``valid``: a request the server must answer (200, no error chunk)."""
+    path = "/v1/chat/completions" if kind == "chat" else "/v1/completions"
+    status, headers, obj, lines = exchange(live, "POST", path, raw, leave_early=leave_early)
+    where = f"{path} {raw[:600]!r}"
+    if busy_ok and status == 503:
+        assert headers.get("retry-after"), where
+    else:
+        assert status < 500, f"{where}: {status} {obj!r}\n{live.server.output()[-3000:]}"
+    if valid and not (busy_ok and status == 503):
+        assert status == 200, f"{where}: a valid request got {status} {obj!r}"
+    if status >= 400:
+        check_error(status, obj, where)
+    elif lines is not None:
+        check_stream(body, kind, lines, where, valid=valid)
+    elif body is not None and not (leave_early and obj is None):
+        assert status == 200, where
+        check_whole(body, kind, obj, where)
+    return status
+
+
+# ------------------------------------------------------------------ the tests
+@st.composite
+def requests(draw, kind: str, live: Live):
+    """(body, its bytes, whether the client leaves mid-stream, whether the server must answer 200)."""
+    body, loose = draw(bodies(kind, live))
+    how = draw(st.sampled_from(["ascii"] * 6 + ["utf8", "cut"]))
+    leave = bool(body.get("stream") is True and draw(st.integers(0, 4)) == 0)
+    return body, encoded(body, how), leave, not loose and how != "cut"
+
+
+@pytest.fixture(scope="module")
+def statuses():
+    """Every status the fuzz met, by test (printed at the end: how much was valid)."""
+    seen: Dict[str, Dict[int, int]] = {}
+    yield seen
+    for name, counts in seen.items():
+        print(f"{name}: {sorted(counts.items())}")
+
+
+def regressions(kind: str, live: Live) -> List[tuple]:
+    """The bodies that found the bugs fixed with this file (docs/promises.md),
+    run first on every run, as ``requests`` draws them."""
+    def req(body, valid):
+        return body, encoded(body, "ascii"), False, valid
+
+    if kind == "jinja":  # JSON that decodes to what the tokenizer cannot take, or past the parser's depth
+        call = [{"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f", "arguments": a}}]}
+                for a in ('{"a": "\\ud800"}', "[" * 100000 + "]" * 100000)]
+        return [req({"messages": [{"role": "user", "content": "hi"}, c, {"role": "tool", "content": "x"}],
+                     "max_tokens": 1}, False) for c in call]
+    if kind == "chat":
+        return [req({"messages": [{"role": "\ud800", "content": "hi"}], "max_tokens": 1}, False),
+                req({"messages": [{"role": "user", "content": live.long_text}]}, True),
+                req({"messages": [{"role": "user", "content": live.long_text}], "max_completion_tokens": 2**31,
+                     "stream": True}, True)]
+    return [req({"prompt": "x", "model": "\ud800"}, False),
+            req({"prompt": "x", "\ud800": 1}, False),
+            req({"prompt": "\ud800", "max_tokens": 1}, False),
+            req({"prompt": "x", "max_tokens": 1, "stop": ["\ud800"]}, False),
+            req({"prompt": live.long_ids, "max_tokens": 2**31}, True),
+            req({"prompt": live.long_ids, "max_tokens": 2**63 - 1, "n": 2, "stream": True}, True),
+            req({"prompt": "x", "max_tokens": 1, "top_k": 2**40}, True)]
+
+
+def fuzz(name: str, kind: str, live: Live, seen: Dict[int, int]):
+    """The property test of one endpoint: its regressions (those of ``name``
+    too), then MAX_EXAMPLES[name] drawn requests."""
+    def run(req):
+        body, raw, leave, valid = req
+        status = check_answer(live, kind, body, raw, leave_early=leave, valid=valid)
+        seen[status] = seen.get(status, 0) + 1
+        live.alive()
+
+    test = fuzz_settings(name)(given(requests(kind, live))(run))
+    for req in regressions(kind, live) + (regressions(name, live) if name != kind else []):
+        test = example(req)(test)
+    return test
+
+
+def test_fuzzed_completions(live, statuses):
+    seen = statuses.setdefault("completions", {})
+    fuzz("completions", "completion", live, seen)()
+    assert seen.get(200, 0) >= MAX_EXAMPLES["completions"] // 5, seen  # the fuzz reached the engine
+
+
+def test_fuzzed_chats(live, statuses):
+    seen = statuses.setdefault("chat", {})
+    fuzz("chat", "chat", live, seen)()
+    assert seen.get(200, 0) >= MAX_EXAMPLES["chat"] // 5, seen
+
+
+def test_fuzzed_chats_through_a_jinja_template(live_jinja, statuses):
+    seen = statuses.setdefault("jinja", {})
+    fuzz("jinja", "chat", live_jinja, seen)()
+    assert seen.get(200, 0) >= MAX_EXAMPLES["jinja"] // 5, seen
+
+
+def _nested(depth: int, brackets: bytes) -> bytes:
+    opener, closer = (b"[", b"]") if brackets == b"[]" else (b'{"a":', b"}")
+    return b'{"prompt": ' + opener * depth + b"1" + closer * depth + b"}"
+
+
+raw_bodies = st.one_of(
+    st.binary(max_size=64),
+    st.sampled_from([b"", b"null", b"[]", b'"x"', b"1e999", b"NaN", b"\xef\xbb\xbf{}", b'{"prompt": "\xff"}',
+                     b'{"prompt": "x", "prompt": [1], "max_tokens": 1}', b'{"prompt": "\xed\xa0\x80"}',
+                     b'{"prompt": "x", "max_tokens": 1' + b"9" * 5000 + b"}"]),
+    st.builds(_nested, st.sampled_from([10, 900, 5000, 200000]), st.sampled_from([b"[]", b"{}"])),
+)
+
+
+def test_fuzzed_raw_bodies(live, statuses):
+    """Bodies that are not JSON, not UTF-8, nested past any parser's depth."""
+    seen = statuses.setdefault("raw", {})
+
+    @fuzz_settings("raw")
+    @given(st.sampled_from(["completion", "chat"]), raw_bodies)
+    def run(kind, raw):
+        status = check_answer(live, kind, None, raw)  # None: no answer's shape to check
+        assert status != 200 or raw.startswith(b'{"prompt": "x", "prompt"'), (raw[:100], status)
+        seen[status] = seen.get(status, 0) + 1
+        live.alive()
+
+    run()
+
+
+ROUTES = ["/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics", "/v1", "/",
+          "/v1/tokenize", "/v1/embeddings", "/v1/models/gemma", "/../etc/passwd", "/v1/completions/"]
+
+
+def test_fuzzed_routes_methods_and_headers(live, statuses):
+    """Every route with every method, odd paths, query strings and headers."""
+    seen = statuses.setdefault("routes", {})
+
+    @fuzz_settings("routes")
+    @given(st.sampled_from(["GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"]),
+           st.sampled_from(ROUTES) | st.text("/abc%?=&.", min_size=1, max_size=12).map(lambda p: "/" + p),
+           st.dictionaries(st.sampled_from(["content-type", "authorization", "content-encoding", "accept"]),
+                           st.text(st.characters(min_codepoint=32, max_codepoint=126), max_size=20), max_size=2),
+           st.binary(max_size=16))
+    def run(method, path, headers, raw):
+        status, _, obj, lines = exchange(live, method, path, raw, headers=headers)
+        where = f"{method} {path} {headers}"
+        assert status < 500, (where, status, obj)
+        if status >= 400:
+            check_error(status, obj, where)
+        elif path == "/health":
+            assert obj["status"] == "ok" and obj["slots_total"] == PARALLEL, where
+        elif path == "/v1/models" and method == "GET":
+            assert [m["id"] for m in obj["data"]] == ["gemma"], where
+        elif path == "/metrics":
+            assert isinstance(obj, bytes) and b"pyspec:kv_cache_usage_perc" in obj, where
+        seen[status] = seen.get(status, 0) + 1
+        live.alive()
+
+    run()
+
+
+def test_garbage_http_leaves_the_server_up(live):
+    """What is not HTTP at all is the HTTP layer's to refuse; the server lives on,
+    and a client that stops mid-body holds up its own connection only."""
+    with socket.create_connection(("127.0.0.1", live.server.port), timeout=5) as stalled:
+        stalled.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{\"prompt")
+        r = live.http.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 1})
+        assert r.status_code == 200, r.text
+    for junk_request in (b"\x00\xff" * 64 + b"\r\n\r\n", b"GET /health HTTP/9.9\r\n\r\n",
+                         b"POST /v1/completions HTTP/1.1\r\nContent-Length: -5\r\n\r\n",
+                         b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"pro"):
+        with socket.create_connection(("127.0.0.1", live.server.port), timeout=5) as sock:
+            sock.sendall(junk_request)
+            sock.shutdown(socket.SHUT_WR)
+            try:
+                answer = sock.recv(4096)
+            except socket.timeout:
+                answer = b""
+        assert not answer.startswith(b"HTTP/1.1 5"), (junk_request[:60], answer[:200])
+        live.alive()
+
+
+def test_concurrent_fuzzed_requests(live, statuses):
+    """Several fuzzed requests at once (slots and queue shared): never a 5xx
+    but a full queue's 503 with Retry-After."""
+    seen = statuses.setdefault("concurrent", {})
+
+    @fuzz_settings("concurrent")
+    @given(st.lists(st.tuples(st.sampled_from(["completion", "chat"]), st.data()), min_size=5, max_size=5))
+    def run(draws):
+        reqs = []
+        for kind, data in draws:
+            body, _ = data.draw(bodies(kind, live, loose=False))
+            leave = body.get("stream") is True and data.draw(st.booleans())
+            reqs.append((kind, body, encoded(body, "ascii"), leave))
+        with ThreadPoolExecutor(len(reqs)) as pool:
+            for status in pool.map(lambda r: check_answer(live, r[0], r[1], r[2], leave_early=r[3], busy_ok=True,
+                                                          valid=True), reqs):
+                seen[status] = seen.get(status, 0) + 1
+        live.alive()
+
+    run()
+
+
+@pytest.mark.parametrize("which", ["live", "live_jinja"])
+def test_after_the_fuzz_the_server_is_idle_and_its_cache_free(which, request):
+    """Runs last (file order): every slot free, nothing queued, no cell held by a
+    running sequence, /metrics counted no 5xx but full-queue 503s, and the log
+    holds no traceback (an unexpected exception) and no prompt."""
+    live = request.getfixturevalue(which)
+    marker = "a prompt that must not reach the log"
+    assert live.http.post("/v1/completions", json={"prompt": marker, "max_tokens": 1}).status_code == 200
+    h = live.server.wait_idle()
+    assert h["status"] == "ok" and h["slots_busy"] == 0 and h["queue_depth"] == 0, h
+    assert h["kv_cells_running"] == 0, h
+    from prometheus_client.parser import text_string_to_metric_families
+
+    values = {}
+    for fam in text_string_to_metric_families(live.http.get("/metrics").text):
+        for s in fam.samples:
+            values[(s.name, s.labels.get("status"))] = s.value
+    assert values[("pyspec:kv_cache_usage_perc", None)] == 0
+    assert values[("pyspec:num_requests_running", None)] == 0
+    assert values[("pyspec:num_requests_waiting", None)] == 0
+    fives = {k[1]: v for k, v in values.items() if k[0] == "pyspec:requests_finished_total" and k[1] >= "500"}
+    rejected = values[("pyspec:requests_rejected_total", None)]
+    assert set(fives) <= {"503"} and fives.get("503", 0) <= rejected, (fives, rejected)
+    assert values[("pyspec:requests_finished_total", "200")] > 0
+    log = live.server.output()
+    assert "Traceback" not in log, log[max(0, log.find("Traceback") - 300):][:5000]
+    assert marker not in log
