@@ -42,6 +42,7 @@ from typing import Dict, Optional, Sequence, Set, Tuple
 from filelock import FileLock, Timeout
 
 from . import _core
+from ._durable import fsync_dir
 
 
 def cache_file() -> Path:
@@ -62,8 +63,9 @@ def machine_key(core_model) -> str:
 
 DRAFT_TOKEN = "draft_token_s"  # a draft model's entry: seconds per drafted token (beside its batch sizes)
 MEMORY = "auto_memory"  # a target's entry: AutoPolicy.memory
-MEMORY_EVERY_S = 60.0   # a process writes its memory at most this often (a server answers many calls)
-_memory_written: Dict[str, float] = {}
+MEMORY_EVERY_S = 60.0   # a process writes its memory, or a draft cost, at most this often per model file
+_memory_written: Dict[str, float] = {}  # (a server answers many calls, each on its engine thread:
+_draft_written: Dict[str, float] = {}   # a locked, fsynced write per request would cost it)
 
 
 def prepare(policies: Sequence["_core.LengthPolicy"], core_model, draft_model=None) -> None:
@@ -95,22 +97,31 @@ def prepare(policies: Sequence["_core.LengthPolicy"], core_model, draft_model=No
 def keep(policy: "_core.LengthPolicy", core_model, stats, draft_model=None) -> None:
     """Record the timings a generation just measured: new batch timings
     (``stats.calibrate_s > 0``), the draft model's cost when it moved by more
-    than a tenth from the one on record, and the policy's memory at most once a
-    minute (not a file write per generation)."""
+    than a tenth from the one on record, and the policy's memory; the last two
+    at most once a minute per model file (not a file read and write per
+    generation)."""
     if not isinstance(policy, _core.AutoPolicy):
         return
     if stats.calibrate_s > 0:
         save(core_model, policy.calibration)
     # Throttled per model file in this process (machine_key would stat the file every call).
-    last = _memory_written.get(core_model.path, -MEMORY_EVERY_S)
-    if time.monotonic() - last >= MEMORY_EVERY_S and policy.rounds_seen > 0:
-        _memory_written[core_model.path] = time.monotonic()
+    if policy.rounds_seen > 0 and _due(_memory_written, core_model.path):
         _update(core_model, {MEMORY: [float(x) for x in policy.memory]})
     cost = policy.draft_cost("model")
-    if draft_model is not None and cost > 0:
+    if draft_model is not None and cost > 0 and _due(_draft_written, draft_model.path):
         recorded = _entry(draft_model).get(DRAFT_TOKEN)
         if not isinstance(recorded, (int, float)) or abs(cost - recorded) > 0.1 * recorded:
             _update(draft_model, {DRAFT_TOKEN: cost})
+
+
+def _due(last_written: Dict[str, float], path: str) -> bool:
+    """True (and stamped) when ``path``'s entry of this cache file was not
+    written for MEMORY_EVERY_S in this process."""
+    key, now = f"{cache_file()}|{path}", time.monotonic()
+    if now - last_written.get(key, -MEMORY_EVERY_S) < MEMORY_EVERY_S:
+        return False
+    last_written[key] = now
+    return True
 
 
 _TEMP_GLOB = ".calibration-*.json"  # a writer's file before its rename (tempfile.mkstemp below)
@@ -263,13 +274,4 @@ def _write(target: Path, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    try:
-        dir_fd = os.open(target.parent, os.O_RDONLY)
-    except OSError:
-        return  # e.g. a platform without directory handles: the rename is still atomic
-    try:
-        os.fsync(dir_fd)
-    except OSError:
-        pass
-    finally:
-        os.close(dir_fd)
+    fsync_dir(target.parent)

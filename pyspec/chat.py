@@ -181,6 +181,10 @@ class ChatTemplate:
             raise ChatTemplateError(f"{self.origin} refused the messages: {e}") from None
         except Exception as e:  # whatever a hostile template or odd values raise: the caller's error
             raise ChatTemplateError(f"{self.origin} failed: {type(e).__name__}: {e}") from None
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:  # e.g. tojson of a tool call's "\ud800": no tokenizer takes it
+            raise ChatTemplateError(f"{self.origin} wrote text that is not Unicode (a lone surrogate)") from None
         # The tokenizer adds BOS (EOS) itself where the vocabulary asks: not twice.
         if self.add_bos and self.bos_token and text.startswith(self.bos_token):
             text = text[len(self.bos_token):]

@@ -18,7 +18,9 @@ llama-server. :func:`render` stops a render with :class:`ChatTemplateError`
   multiply sizes (``*``, ``**``, padding widths, ``replace``, ``join``,
   ``indent``, ``expandtabs``, ``format``, ``tojson(indent)``) before they
   run, and no number above ``MAX_SIZE`` may be passed to a call or filter;
-  every ``{{ value }}`` is sized before it becomes text, and the rendered
+  every ``{{ value }}`` is sized before it becomes text; integer arithmetic
+  (any operator) on or into more than ``MAX_INT_BITS`` bits is refused before
+  it runs (its time grows faster than its size); and the rendered
   text, and every block's or macro's output as it is written, is capped at
   ``MAX_SIZE``.
 
@@ -66,6 +68,7 @@ class OverLimit(ChatTemplateError):
 #: (nested items counted), its output included.
 RENDER_SECONDS = 2.0
 MAX_SIZE = 1 << 22
+MAX_INT_BITS = 1 << 16  # about 20,000 digits: arithmetic past it is refused (_check_int_bits)
 
 
 class _Budget:
@@ -161,6 +164,25 @@ def _values(args: Any) -> List[Any]:
     if isinstance(args, dict):
         return list(args.values())
     return list(args) if isinstance(args, (tuple, list)) else [args]
+
+
+def _int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _check_int_bits(budget: _Budget, op: str, a: Any, b: Any) -> None:
+    """Integer arithmetic costs more than linear time in the digits (a 3 ** 4000000
+    divided by 7 ** 1000000 took 29 s, inside one operator, where no deadline is
+    checked): operands and products past MAX_INT_BITS are refused before they run."""
+    if not (_int(a) or _int(b)):
+        return
+    bits = max(a.bit_length() if _int(a) else 0, b.bit_length() if _int(b) else 0)
+    if op == "*" and _int(a) and _int(b):
+        bits = a.bit_length() + b.bit_length()
+    elif op == "**" and _int(a) and _int(b):
+        bits = a.bit_length() * max(b, 0) if b > 1 else a.bit_length()
+    if bits > MAX_INT_BITS:
+        budget.fail(f"builds an integer of more than {MAX_INT_BITS} bits with '{op}'")
 
 
 def _binop_bound(budget: _Budget, op: str, a: Any, b: Any) -> Optional[int]:
@@ -332,12 +354,14 @@ class _BoundedEnvironment(ImmutableSandboxedEnvironment):
     can build a large value sized first (see the module's docstring)."""
 
     code_generator_class = _BoundedCodeGenerator
-    intercepted_binops = frozenset({"+", "*", "**", "%"})
+    intercepted_binops = frozenset({"+", "-", "*", "/", "//", "%", "**"})
 
     def call_binop(self, context, operator: str, left: Any, right: Any) -> Any:
         if operator == "+" and type(left) is str and type(right) is str and len(left) + len(right) <= MAX_SIZE:
             return left + right  # what templates add most: text, as fast as the sandbox's own
         budget = _current()
+        budget.check_time()
+        _check_int_bits(budget, operator, left, right)
         bound = _binop_bound(budget, operator, left, right)
         if bound is not None:
             budget.need(bound, f"'{operator}'")
@@ -425,6 +449,5 @@ def render(template: jinja2.Template, context: dict, origin: str) -> str:
         text = template.render(context)
     finally:
         _budget.reset(token)
-    if budget.expired:  # the time ran out, and something caught the error: still an error
-        budget.check_time()
+    budget.check_time()  # also after the last check: past the deadline is an error, however it ended
     return text

@@ -27,6 +27,7 @@ from typing import List, Optional, Sequence, Union
 import numpy as np
 
 from . import _core
+from ._durable import fsync_dir
 
 #: Default byte cap of one memory.
 DEFAULT_CAP_MB = 64.0
@@ -101,7 +102,7 @@ class Memory:
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
-        _fsync_dir(path.parent)  # the rename itself on disk too
+        fsync_dir(path.parent)  # the rename itself on disk too
 
     def load(self, path: Union[str, os.PathLike], vocab: str) -> int:
         """Add the documents saved in ``path``; returns how many. A file of
@@ -171,19 +172,6 @@ def _alive(pid: Optional[str]) -> bool:
     except (PermissionError, OverflowError):
         pass
     return True
-
-
-def _fsync_dir(folder: Path) -> None:
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return  # no directory handles here: the rename is atomic all the same
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def vocab_fingerprint(model) -> str:

@@ -267,9 +267,13 @@ void check_gguf_metadata(const std::string& path, bool for_quantize) {
         const size_t n = gguf_get_arr_n(g, tokens);
         seen.reserve(n);
         for (size_t i = 0; i < n; ++i) {
-            if (!seen.insert(gguf_get_arr_str(g, tokens, i)).second) {
+            // As llama.cpp's vocabulary names them before it asserts uniqueness: an
+            // empty text becomes "[EMPTY_<id>]" (several empty tokens load fine).
+            std::string text = gguf_get_arr_str(g, tokens, i);
+            if (text.empty()) text = "[EMPTY_" + std::to_string(i) + "]";
+            if (!seen.insert(text).second) {
                 refuse(path, "token " + std::to_string(i) + " of tokenizer.ggml.tokens repeats an earlier one ('" +
-                                 valid_utf8(gguf_get_arr_str(g, tokens, i)) + "')");
+                                 valid_utf8(text) + "')");
             }
         }
     }

@@ -48,6 +48,7 @@ from typing import Dict, Iterable, List, Optional, Tuple, Union
 import click
 from filelock import FileLock, Timeout
 
+from .._durable import fsync_dir
 from .catalog import ModelSpec, UnknownModelError, describe_known, lookup, lookup_many
 
 _CHUNK = 1 << 20
@@ -394,7 +395,7 @@ def _assemble(spec: ModelSpec, root: Path, final: Path, enabled: bool) -> None:
             raise _error(ModelIntegrityError, spec, None, "checksum mismatch: assembled file has "
                          f"sha256 {total_hash.hexdigest()}, expected {spec.sha256}")
         os.replace(partial, final)
-        _fsync_dir(root)  # the rename on disk too, before anyone is told the model is there
+        fsync_dir(root)  # the rename on disk too, before anyone is told the model is there
     except OSError as e:
         full = e.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", -1))
         raise ModelFetchError(
@@ -443,20 +444,6 @@ def _sweep(spec: ModelSpec, root: Path) -> None:
             _discard(spec, _leftovers(spec, root))
     except (Timeout, OSError):
         pass
-
-
-def _fsync_dir(folder: Path) -> None:
-    """Put a rename in ``folder`` on disk (where directories can be opened)."""
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 # ---------------------------------------------------------------------------

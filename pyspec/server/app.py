@@ -125,9 +125,6 @@ def create_app(decoder, *, model_name: str, parallel: int = 8, queue_size: int =
         except (ValueError, RuntimeError) as e:
             raise APIError(400, f"cannot build the prompt: {e}",
                            param="messages" if kind == "chat" else "prompt") from None
-        except TypeError:  # the template wrote text that is not Unicode (a surrogate from a tool call's JSON)
-            raise APIError(400, "cannot build the prompt: the chat template's text is not Unicode text (a lone "
-                                "surrogate?)", param="messages" if kind == "chat" else "prompt") from None
         if not ids:
             raise APIError(400, "the prompt is empty", param="prompt")
         if len(ids) >= target.n_ctx:

@@ -228,8 +228,9 @@ class Scheduler:
             try:
                 self._start(job)
             # The engine refused it (e.g. a context overflow) or the core took none of a
-            # setting (a TypeError): this job's error, never the engine's failure.
-            except Exception as e:
+            # setting (a TypeError, an OverflowError): this job's error, not the engine's
+            # failure. Anything else is a bug: it stops the engine, logged (docs/promises.md).
+            except (ValueError, RuntimeError, TypeError, OverflowError) as e:
                 self._send(job, ("error", JobRefused(str(e))))
                 job.cancel()  # choices already added end at the next round and free their slots
                 if not job.choices:
