@@ -395,6 +395,9 @@ def test_findings_stay_fixed(tmp_path):
         "block_count 2**28": (_with(base, llama__block_count=(ge.UINT32, 2**28)), "model", "InvalidModelError",
                               r"llama\.block_count = 268435456 is outside \[1, 512\]"),
         "a token twice": (_token(base, 200, "<0x10>"), "quantize_cli", "InvalidModelError", "token 200 .* repeats"),
+        # the CPU backend aborted (GGML_ASSERT eps >= 0) in the first decode's RMS norm
+        "negative norm epsilon": (_with(base, llama__attention__layer_norm_rms_epsilon=(ge.FLOAT32, -2.0e15)),
+                                  "model", "InvalidModelError", r"layer_norm_rms_epsilon = .* is not a finite number"),
         # the CPU backend crashed (SIGSEGV) multiplying by a tensor of an activation type
         "a Q8_1 weight": (_retyped(base, "blk.0.ffn_down.weight", 9), "model", "InvalidModelError",
                           "type q8_1, which is not a weight type"),

@@ -5,6 +5,7 @@
 #include <llama.h>
 
 #include <algorithm>
+#include <cmath>
 #include <atomic>
 #include <cstdio>
 #include <cstring>
@@ -231,6 +232,18 @@ void check_gguf_metadata(const std::string& path, bool for_quantize) {
         const ggml_tensor* t = shapes ? ggml_get_tensor(shapes, gguf_get_tensor_name(g, i)) : nullptr;
         if (for_quantize && t != nullptr && t->ne[3] > 1) {
             refuse(path, "tensor '" + name + "' has 4 dimensions, which llama_model_quantize cannot quantize");
+        }
+    }
+    // Norm epsilons (layer_norm_epsilon, layer_norm_rms_epsilon, ...): ggml's CPU
+    // norms assert eps >= 0 at the first decode, so a negative or NaN one aborts.
+    for (int64_t k = 0; k < gguf_get_n_kv(g); ++k) {
+        const std::string key = gguf_get_key(g, k);
+        if (key.size() < 7 || key.compare(key.size() - 7, 7, "epsilon") != 0) continue;
+        double eps = 0.0;
+        if (gguf_get_kv_type(g, k) == GGUF_TYPE_FLOAT32) eps = gguf_get_val_f32(g, k);
+        else if (gguf_get_kv_type(g, k) == GGUF_TYPE_FLOAT64) eps = gguf_get_val_f64(g, k);
+        if (!(eps >= 0.0) || !std::isfinite(eps)) {
+            refuse(path, valid_utf8(key) + " = " + std::to_string(eps) + " is not a finite number >= 0");
         }
     }
     const int64_t arch_id = gguf_find_key(g, "general.architecture");
