@@ -14,4 +14,5 @@ def pyspec_cmd(*args: str, **kw) -> subprocess.CompletedProcess:
     exe = shutil.which("pyspec")
     cmd = [exe] if exe else [sys.executable, "-m", "pyspec.cli"]
     kw.setdefault("cwd", tempfile.gettempdir())
-    return subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=600, **kw)
+    kw.setdefault("timeout", 600)
+    return subprocess.run([*cmd, *args], capture_output=True, text=True, **kw)

@@ -6,12 +6,10 @@ from __future__ import annotations
 
 import json
 import random
-import shutil
-import subprocess
-import sys
 
 import pytest
 
+from cli_helpers import pyspec_cmd
 from pyspec.bench.soak import MIB, USERS, Bounds, Mix, draw_request, parse_metrics, rss_growth, verdict
 
 BASE = {"rss_kib": 500 * MIB, "fds": 9, "threads": 5, "kv_running": 0, "kv_cached": 100, "slots_busy": 0,
@@ -136,13 +134,10 @@ def test_bench_soak_runs_on_the_test_model(gemma_path, tmp_path):
     """12 s of 4 clients against a real server (one thread: the machine may be
     shared), after the fill and 3 s of warm-up: exit 0, the JSON's shape, and
     the mix really cancelled requests and asked for n > 1."""
-    exe = shutil.which("pyspec")
-    cmd = [exe] if exe else [sys.executable, "-m", "pyspec.cli"]
     out, png = tmp_path / "soak.json", tmp_path / "soak.png"
-    run = subprocess.run([*cmd, "bench-soak", "--model", gemma_path, "--minutes", "0.2", "--warmup", "3",
-                          "--clients", "4", "--interval", "2", "--threads", "1", "--parallel", "4", "--n-ctx", "1024",
-                          "--max-tokens", "32", "--json", str(out), "--plot", str(png)],
-                         capture_output=True, text=True, timeout=120)
+    run = pyspec_cmd("bench-soak", "--model", gemma_path, "--minutes", "0.2", "--warmup", "3",
+                     "--clients", "4", "--interval", "2", "--threads", "1", "--parallel", "4", "--n-ctx", "1024",
+                     "--max-tokens", "32", "--json", str(out), "--plot", str(png), timeout=120)
     assert run.returncode == 0, run.stdout + run.stderr
     assert "soak: PASS" in run.stdout and "max(64 MiB, 10 %)" in run.stdout
     assert run.stderr.count("\n") >= len(json.loads(out.read_text())["samples"]) + 4, "a line per sample"
