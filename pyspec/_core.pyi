@@ -259,6 +259,7 @@ class AutoPolicy(LengthPolicy):
     plain_round_cost: float
     def suspended(self, k: int, source: str = "model", match_len: int = 0, near_copy: bool = False) -> bool: ...
     clock: bool  # read-write: whether the clock judges choices by their wall time
+    learn_costs: bool  # read-write: whether round timings refine its costs (False: frozen as calibrated)
     clock_suspensions: int
     clock_vetoes: int
     memory: List[float]  # long-run acceptance of the 7 lookup buckets, then h_1, h_row

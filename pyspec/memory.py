@@ -28,6 +28,7 @@ import numpy as np
 
 from . import _core
 from ._durable import fsync_dir
+from ._native import native_property
 
 #: Default byte cap of one memory.
 DEFAULT_CAP_MB = 64.0
@@ -58,22 +59,10 @@ class Memory:
         """The documents, least recently used first."""
         return self.native.documents()
 
-    @property
-    def cap_bytes(self) -> int:
-        return self.native.cap_bytes
-
-    @property
-    def bytes(self) -> int:
-        """Bytes held now (at most ``cap_bytes`` after every add)."""
-        return self.native.bytes
-
-    @property
-    def n_tokens(self) -> int:
-        return self.native.n_tokens
-
-    @property
-    def n_documents(self) -> int:
-        return self.native.n_documents
+    cap_bytes = native_property[int]("cap_bytes", "The byte cap: ``cap_mb`` in bytes (at least 64 KiB).")
+    bytes = native_property[int]("bytes", "Bytes held now (at most ``cap_bytes`` after every add).")
+    n_tokens = native_property[int]("n_tokens", "Tokens held, over all documents.")
+    n_documents = native_property[int]("n_documents", "Documents held.")
 
     def __repr__(self) -> str:
         return (f"Memory({self.n_documents} documents, {self.n_tokens} tokens, "

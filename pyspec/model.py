@@ -11,6 +11,7 @@ from typing import Any, List, Mapping, Optional, Sequence, Union
 
 from . import _core
 from .chat import ChatTemplate
+from ._native import native_property
 from ._platform import physical_cores
 from .errors import GPUOffloadUnavailableError, ModelNotFoundError
 from .generation import SEED_BITS, Generator, Message, Prompt
@@ -149,22 +150,11 @@ class Model(Generator):
             self._core.truncate(0, seq)
 
     # ------------------------------------------------------------ facts
-    @property
-    def path(self) -> str:
-        return self._core.path
-
-    @property
-    def n_vocab(self) -> int:
-        return self._core.n_vocab
-
-    @property
-    def n_ctx(self) -> int:
-        return self._core.n_ctx
-
-    @property
-    def n_seq_max(self) -> int:
-        """Sequences one batch may hold (``generate(n=...)``); they share the n_ctx cells."""
-        return self._core.n_seq
+    path = native_property[str]("path", "The GGUF file the model was loaded from.")
+    n_vocab = native_property[int]("n_vocab", "Tokens in the vocabulary.")
+    n_ctx = native_property[int]("n_ctx", "Cells of the context, shared by all its sequences.")
+    n_seq_max = native_property[int]("n_seq",
+                                     "Sequences one batch may hold (``generate(n=...)``); they share the n_ctx cells.")
 
     @property
     def flash_attn(self) -> str:
@@ -172,9 +162,7 @@ class Model(Generator):
         only if llama.cpp did not report what its auto setting chose)."""
         return {1: "on", 0: "off"}.get(self._core.flash_attn, "auto")
 
-    @property
-    def description(self) -> str:
-        return self._core.description
+    description = native_property[str]("description", "llama.cpp's description: architecture, size, quantization.")
 
     def __repr__(self) -> str:
         return f"Model({self.path!r}, n_ctx={self.n_ctx})"

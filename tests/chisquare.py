@@ -164,3 +164,17 @@ def assert_power(exact: dict, wrong: dict, n: int, what: str) -> float:
     print(f"{what}: N={n} power={pw:.5f} (simulated {sim:.4f}) required N(power>0.99)={need}")
     assert pw > 0.99 and sim > 0.99, f"{what}: N={n} is too small (power {pw:.4f}, simulated {sim:.4f}; need {need})"
     return pw
+
+
+def assert_law(counts, exact: dict, n: int, label: str, *, control: bool = False, note: str = "") -> float:
+    """The verdict of an end-to-end test: ``counts`` of n samples against the exact
+    law at ALPHA. A proof must not be rejected; a negative control (``control``:
+    a deliberately wrong sampler) must be. Prints the statistic with ``note``
+    (what fired) and returns the p-value."""
+    stat, df, pv = pooled_chisquare(counts, exact, n)
+    print(f"{'NEGATIVE CONTROL ' if control else ''}{label}: N={n} chi2={stat:.2f} df={df} p={pv:.3g} {note}")
+    if control:
+        assert pv < ALPHA, f"{label}: the wrong sampler was not detected (p={pv:.3g})"
+    else:
+        assert pv > ALPHA, f"{label}: samples differ from the target distribution (p={pv:.3g})"
+    return pv

@@ -206,6 +206,13 @@ def learnt_lookup_policy(steps, accept=0.95, seed=5):
     return p
 
 
+def lookup_length_beside(p, others):
+    """The draft length `p` chooses for the 5-token lookup with `others` sequences
+    beside it in the decode (each of them one row)."""
+    p.set_batch(others, others)
+    return p.next_length(16, "ngram", 5, 1)
+
+
 def test_in_a_batch_drafts_fill_the_decode_up_to_the_next_cheap_size():
     """Batch-aware auto: with 7 other sequences in the decode (8 rows), 8 more
     rows cost 1.3 steps for the whole batch, so a lookup accepted ~95 % of the
@@ -214,10 +221,8 @@ def test_in_a_batch_drafts_fill_the_decode_up_to_the_next_cheap_size():
     p = learnt_lookup_policy(BATCH_STEPS)
     alpha = p.acceptance("ngram", 5)
     assert 0.85 < alpha < 0.995
-    p.set_batch(0, 0)
-    alone = p.next_length(16, "ngram", 5, 1)
-    p.set_batch(7, 7)
-    in_batch = p.next_length(16, "ngram", 5, 1)
+    alone = lookup_length_beside(p, 0)
+    in_batch = lookup_length_beside(p, 7)
     print(f"alpha {alpha:.2f}; alone: k={alone}; beside 7 sequences: k={in_batch}")
     assert alone == 3
     assert in_batch == 8
@@ -229,10 +234,8 @@ def test_negative_control_in_a_batch_without_a_cheap_size_nothing_is_filled():
     more expected tokens, so the batch stays plain, while alone it still drafts."""
     linear = {n: (1.0 if n == 1 else 0.8 * n) for n in BATCH_STEPS}
     p = learnt_lookup_policy(linear)
-    p.set_batch(7, 7)
-    in_batch = p.next_length(16, "ngram", 5, 1)
-    p.set_batch(0, 0)
-    alone = p.next_length(16, "ngram", 5, 1)
+    in_batch = lookup_length_beside(p, 7)
+    alone = lookup_length_beside(p, 0)
     print(f"linear curve: alone k={alone}; beside 7 sequences k={in_batch}")
     assert in_batch == 0
     assert alone > 0

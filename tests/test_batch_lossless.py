@@ -34,7 +34,7 @@ import pytest
 import pyspec
 from pyspec import _core
 
-from chisquare import ALPHA, pooled_chisquare, power, required_n
+from chisquare import assert_law, power, required_n
 from laws import (TARGET, draft_row, independent_pair, lookup_proposal, next_row, one_hot, residual_is_p_row,
                   support_of, target_rows)
 
@@ -82,18 +82,14 @@ def test_two_batched_samples_are_independent_draws_of_the_target(case):
     spec, tokens, exact, wrong, _, n = case
     assert power(exact, wrong, n, len(exact) - 1) > 0.99
     counts, drafted = joint(spec, tokens, n)
-    stat, df, pv = pooled_chisquare(counts, exact, n)
-    print(f"batch n=2 consensus: N={n} chi2={stat:.2f} df={df} p={pv:.3g} drafted={drafted}/{2 * n}")
     assert drafted > n, "the batched verification path did not run"
-    assert pv > ALPHA
+    assert_law(counts, exact, n, "batch n=2 consensus", note=f"drafted={drafted}/{2 * n}")
 
 
 def test_negative_control_broken_residual_in_the_batched_path(case):
     spec, tokens, exact, _, _, n = case
     counts, _ = joint(spec, tokens, n, _test=dict(variant="residual_is_p"))
-    stat, df, pv = pooled_chisquare(counts, exact, n)
-    print(f"NEGATIVE CONTROL batch residual=p: N={n} chi2={stat:.2f} p={pv:.3g}")
-    assert pv < ALPHA
+    assert_law(counts, exact, n, "batch residual=p", control=True)
 
 
 def pin_joint_costs(spec) -> None:
@@ -127,18 +123,13 @@ def test_jointly_planned_drafts_keep_two_samples_independent_draws(case):
     (plans_jointly); the joint law must not move."""
     spec, tokens, exact, wrong, _, n = case
     counts, drafted, joint_rounds = joint_plan_run(spec, tokens, n)
-    stat, df, pv = pooled_chisquare(counts, exact, n)
-    print(f"batch n=2 joint plan: N={n} chi2={stat:.2f} df={df} p={pv:.3g} drafted={drafted}/{2 * n} "
-          f"joint rounds={joint_rounds}")
-    assert pv > ALPHA
+    assert_law(counts, exact, n, "batch n=2 joint plan", note=f"drafted={drafted}/{2 * n} joint rounds={joint_rounds}")
 
 
 def test_negative_control_broken_residual_under_the_joint_plan(case):
     spec, tokens, exact, _, _, n = case
     counts, _, _ = joint_plan_run(spec, tokens, n, _test=dict(variant="residual_is_p"))
-    stat, df, pv = pooled_chisquare(counts, exact, n)
-    print(f"NEGATIVE CONTROL joint plan, residual=p: N={n} chi2={stat:.2f} p={pv:.3g}")
-    assert pv < ALPHA
+    assert_law(counts, exact, n, "joint plan, residual=p", control=True)
 
 
 def test_negative_control_samples_on_one_stream(case, n_shared):
@@ -146,9 +137,7 @@ def test_negative_control_samples_on_one_stream(case, n_shared):
     n = n_shared
     assert power(exact, wrong_shared, n, len(exact) - 1) > 0.99
     counts, _ = joint(spec, tokens, n, _test=dict(shared_stream=True))
-    stat, df, pv = pooled_chisquare(counts, exact, n)
-    print(f"NEGATIVE CONTROL shared stream: N={n} chi2={stat:.2f} p={pv:.3g}")
-    assert pv < ALPHA
+    assert_law(counts, exact, n, "shared stream", control=True)
 
 
 @pytest.fixture(scope="module")
@@ -170,18 +159,14 @@ def test_two_samples_drafting_with_a_draft_model_are_independent_draws(model_cas
     spec, tokens, exact, wrong, n = model_case
     assert power(exact, wrong, n) > 0.99
     counts, drafted = joint(spec, tokens, n, **GREEDY_DRAFT)
-    stat, df, pv = pooled_chisquare(counts, exact, n)
-    print(f"batch n=2 draft model: N={n} chi2={stat:.2f} df={df} p={pv:.3g} drafted={drafted}/{2 * n}")
     assert drafted == 2 * n, "the draft model did not draft every sample's first token"
-    assert pv > ALPHA
+    assert_law(counts, exact, n, "batch n=2 draft model", note=f"drafted={drafted}/{2 * n}")
 
 
 def test_negative_control_broken_residual_with_a_draft_model(model_case):
     spec, tokens, exact, _, n = model_case
     counts, _ = joint(spec, tokens, n, _test=dict(variant="residual_is_p"), **GREEDY_DRAFT)
-    stat, df, pv = pooled_chisquare(counts, exact, n)
-    print(f"NEGATIVE CONTROL batch draft model, residual=p: N={n} chi2={stat:.2f} p={pv:.3g}")
-    assert pv < ALPHA
+    assert_law(counts, exact, n, "batch draft model, residual=p", control=True)
 
 
 # Sibling drafts. The leader (greedy) continues "1 2 3 1 2 3 ..." periodically,
@@ -245,18 +230,13 @@ def test_samples_drafting_from_a_siblings_text_stay_independent_draws(sibling_ca
     target, tokens, exact, wrong, n = sibling_case
     assert power(exact, wrong, n) > 0.99
     counts, fired = joining_samples(target, tokens, n)
-    stat, df, pv = pooled_chisquare(counts, exact, n)
-    print(f"batch n=2 consensus, sibling drafts: N={n} chi2={stat:.2f} df={df} p={pv:.3g} "
-          f"sibling drafts {fired}/{2 * n}")
     assert fired >= 2 * n - 4, "the joining samples did not draft from the leader's text"
-    assert pv > ALPHA
+    assert_law(counts, exact, n, "batch n=2 consensus, sibling drafts", note=f"sibling drafts {fired}/{2 * n}")
 
 
 def test_negative_control_broken_residual_with_sibling_drafts(sibling_case):
     target, tokens, exact, _, n = sibling_case
     counts, fired = joining_samples(target, tokens, n, variant="residual_is_p")
-    stat, df, pv = pooled_chisquare(counts, exact, n)
-    print(f"NEGATIVE CONTROL sibling drafts, residual=p: N={n} chi2={stat:.2f} p={pv:.3g}")
     assert fired >= 2 * n - 4
-    assert pv < ALPHA
+    assert_law(counts, exact, n, "sibling drafts, residual=p", control=True)
 

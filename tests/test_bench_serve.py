@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from pyspec.bench import serve as bs
+from pyspec.bench import serve_llama as bs
 from pyspec.bench.server_process import Backend
 
 PY, PLAIN, LS, NG = bs.PYSPEC, bs.PYSPEC_PLAIN, "llama-server", "llama-server ngram-mod"

@@ -296,6 +296,7 @@ def test_a_hybrid_whose_draft_model_cannot_pay_drafts_as_lookup_alone(gemma_path
         policy = spec.policy_object()
         policy.calibrated(sizes, [1.0] * len(sizes))  # flat: every draft pays
         policy.clock = False  # the same decisions in both runs, however their rounds' times fall
+        policy.learn_costs = False  # ... and the same costs: timings do not refine the calibrated ones
         if draft_model is not None:
             policy.recorded_draft_cost(1e3)  # the draft model cannot pay
         return spec.generate(prompt, chat=False, max_tokens=60, temperature=0).stats

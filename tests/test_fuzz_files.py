@@ -16,6 +16,10 @@ Chat templates that loop, build huge values, raise or reach for Python's
 internals must fail with ChatTemplateError within RENDER_SECONDS (plus slack),
 without the child's peak memory passing MAX_RSS_MB; through ChatTemplate,
 Model(chat_template=...) and a GGUF whose tokenizer.chat_template was replaced.
+
+Over 500 lines on purpose: most of it is data (the mutation strategies and the
+table of hostile templates with their expected errors) beside the one child-process
+harness both kinds of file go through.
 """
 
 from __future__ import annotations

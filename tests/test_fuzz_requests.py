@@ -22,6 +22,11 @@ Valid requests stay short (the run fits its budget): mostly up to 4 new tokens,
 missing `max_tokens` comes with a prompt that nearly fills the context, so the
 server must end the answer at the room left (huge values included).
 Examples per test: MAX_EXAMPLES below (derandomized: CI runs the same ones).
+
+One file of about 680 lines on purpose: the strategies, the two live servers
+(module fixtures) and the properties every route's test checks belong together;
+split, each file would start its own servers, and the end-of-run checks would
+see only part of the traffic.
 """
 
 from __future__ import annotations

@@ -40,7 +40,7 @@ import pytest
 
 import pyspec
 
-from chisquare import ALPHA, pooled_chisquare, power, required_n
+from chisquare import assert_law, power, required_n
 from draws import draw
 from laws import PROMPT, TARGET, draft_row, exact_law, lookup_proposal, one_hot, wrong_residual_distribution
 
@@ -148,11 +148,9 @@ def test_model_drafter_policy_is_lossless(gemma_models, model_case, policy):
     assert power(marginal(exact), wrong, n, max(len(exact) - 1, 1)) > 0.99
     pin = pin_cpu_costs if policy == "auto" else None
     counts, totals, drafting = run(spec, tokens, n, pin=pin, **DRAFT, **case["kw"])
-    stat, df, pv = pooled_chisquare(counts, exact, n)
-    print(f"model/{policy}: N={n} chi2={stat:.2f} df={df} p={pv:.3g} {totals} drafting={drafting}")
     assert case["fired"](totals), f"the {policy} path under test did not fire: {totals}"
     assert drafting >= n // 4, "too few samples drafted for the test to exercise verification"
-    assert pv > ALPHA, f"{policy}: samples differ from the target distribution (p={pv:.3g})"
+    assert_law(counts, exact, n, f"model/{policy}", note=f"{totals} drafting={drafting}")
 
 
 def test_negative_control_discarding_drawn_tokens_is_caught(gemma_models, model_case):
@@ -163,10 +161,8 @@ def test_negative_control_discarding_drawn_tokens_is_caught(gemma_models, model_
     tokens, exact, wrong, n = model_case
     spec = pyspec.SpeculativeDecoder(target, draft, drafter="model", policy="confidence", draft_max=2)
     counts, totals, _ = run(spec, tokens, n, _test=dict(discard_below=THRESHOLD), **DRAFT)
-    stat, df, pv = pooled_chisquare(counts, exact, n)
-    print(f"NEGATIVE CONTROL discard-by-value: N={n} chi2={stat:.2f} df={df} p={pv:.3g} {totals}")
     assert totals["stops_after"] > 0 or totals["length_hist"][0] > 0, "nothing was discarded"
-    assert pv < ALPHA, f"the biased discard rule was not detected (p={pv:.3g})"
+    assert_law(counts, exact, n, "discard-by-value", control=True, note=str(totals))
 
 
 # ------------------------------------------------------------------ n-gram and hybrid
@@ -201,15 +197,13 @@ def test_ngram_and_hybrid_are_lossless(gemma_models, ngram_case, drafter, policy
     pin = pin_for_ngram if policy == "auto" else None
     kw = dict(DRAFT) if drafter == "hybrid" else {}
     counts, totals, drafting = run(spec, tokens, n, pin=pin, **kw)
-    stat, df, pv = pooled_chisquare(counts, exact, n)
-    print(f"{drafter}/{policy}: N={n} chi2={stat:.2f} df={df} p={pv:.3g} {totals} drafting={drafting}")
     assert totals["ngram_rounds"] > 0 and drafting >= n // 2
     if drafter == "ngram":  # the copy cursor's re-anchoring after a rejected token drafted too
         assert totals["ngram_reanchored"] > 0, totals
     if drafter == "hybrid":
         model_rounds = totals["rounds"] - totals["length_hist"][0] - totals["ngram_rounds"]
         assert model_rounds > 0, "the hybrid drafter never fell back to the model"
-    assert pv > ALPHA, f"{drafter}/{policy}: samples differ from the target distribution (p={pv:.3g})"
+    assert_law(counts, exact, n, f"{drafter}/{policy}", note=f"{totals} drafting={drafting}")
 
 
 def test_negative_control_ngram_broken_residual_two_tokens(gemma_models, ngram_case):
@@ -217,10 +211,8 @@ def test_negative_control_ngram_broken_residual_two_tokens(gemma_models, ngram_c
     tokens, exact, _, n = ngram_case
     spec = pyspec.SpeculativeDecoder(target, drafter="ngram", policy="fixed", draft_max=2)
     counts, totals, _ = run(spec, tokens, n, _test=dict(variant="residual_is_p"))
-    stat, df, pv = pooled_chisquare(counts, exact, n)
-    print(f"NEGATIVE CONTROL ngram residual=p, draft_max=2: N={n} chi2={stat:.2f} df={df} p={pv:.3g}")
     assert totals["ngram_reanchored"] > 0, "the re-anchoring path did not run under the control"
-    assert pv < ALPHA
+    assert_law(counts, exact, n, "ngram residual=p, draft_max=2", control=True)
 
 
 def pin_guess_costs(spec) -> None:
@@ -245,10 +237,8 @@ def test_ngram_guess_path_is_lossless(gemma_models, ngram_case):
     target, _ = gemma_models
     tokens, exact, _, n = ngram_case
     counts, totals = guess_run(target, tokens, n)
-    stat, df, pv = pooled_chisquare(counts, exact, n)
-    print(f"ngram guesses: N={n} chi2={stat:.2f} df={df} p={pv:.3g} guesses={totals['ngram_guesses']} "
-          f"hits={totals['ngram_guess_hits']} drafted rounds={totals['ngram_rounds']}")
-    assert pv > ALPHA, f"samples differ from the target distribution (p={pv:.3g})"
+    assert_law(counts, exact, n, "ngram guesses", note=f"guesses={totals['ngram_guesses']} "
+               f"hits={totals['ngram_guess_hits']} drafted rounds={totals['ngram_rounds']}")
 
 
 def test_negative_control_guess_path_broken_residual(gemma_models, ngram_case):
@@ -256,10 +246,8 @@ def test_negative_control_guess_path_broken_residual(gemma_models, ngram_case):
     target, _ = gemma_models
     tokens, exact, _, n = ngram_case
     counts, totals = guess_run(target, tokens, n, _test=dict(variant="residual_is_p"))
-    stat, df, pv = pooled_chisquare(counts, exact, n)
-    print(f"NEGATIVE CONTROL guess path, residual=p: N={n} chi2={stat:.2f} df={df} p={pv:.3g} "
-          f"guesses={totals['ngram_guesses']} drafted rounds={totals['ngram_rounds']}")
-    assert pv < ALPHA, f"the broken residual was not detected on the guess path (p={pv:.3g})"
+    assert_law(counts, exact, n, "guess path, residual=p", control=True,
+               note=f"guesses={totals['ngram_guesses']} drafted rounds={totals['ngram_rounds']}")
 
 
 def pin_clock_suspension(spec) -> None:
@@ -295,10 +283,7 @@ def test_clock_suspension_path_is_lossless(gemma_models, ngram_case):
     tokens, exact, wrong, n = ngram_case
     assert power(exact, wrong, n, max(len(exact) - 1, 1)) > 0.99
     counts, totals, vetoes = clock_run(target, tokens, n)
-    stat, df, pv = pooled_chisquare(counts, exact, n)
-    print(f"clock suspension: N={n} chi2={stat:.2f} df={df} p={pv:.3g} vetoes={vetoes} "
-          f"lengths={totals['length_hist']}")
-    assert pv > ALPHA, f"samples differ from the target distribution (p={pv:.3g})"
+    assert_law(counts, exact, n, "clock suspension", note=f"vetoes={vetoes} lengths={totals['length_hist']}")
 
 
 def test_negative_control_clock_suspension_broken_residual(gemma_models, ngram_case):
@@ -306,10 +291,7 @@ def test_negative_control_clock_suspension_broken_residual(gemma_models, ngram_c
     target, _ = gemma_models
     tokens, exact, _, n = ngram_case
     counts, totals, vetoes = clock_run(target, tokens, n, _test=dict(variant="residual_is_p"))
-    stat, df, pv = pooled_chisquare(counts, exact, n)
-    print(f"NEGATIVE CONTROL clock suspension, residual=p: N={n} chi2={stat:.2f} df={df} p={pv:.3g} "
-          f"vetoes={vetoes}")
-    assert pv < ALPHA, f"the broken residual was not detected on the clock's path (p={pv:.3g})"
+    assert_law(counts, exact, n, "clock suspension, residual=p", control=True, note=f"vetoes={vetoes}")
 
 
 def test_hybrid_model_rounds_accept_nearly_everything_when_q_equals_p(gemma_models):

@@ -128,14 +128,8 @@ void bind_drafters(py::module_& m) {
         .field("ngram_max", &DrafterParams::ngram_max)
         .field("hybrid_min_match", &DrafterParams::hybrid_min_match)
         .done();
-    m.def("drafters", [] {
-        py::list out;
-        for (const DrafterInfo& i : drafter_catalog()) {
-            out.append(py::dict("name"_a = i.name, "needs_draft_model"_a = i.needs_draft_model,
-                                "summary"_a = i.summary));
-        }
-        return out;
-    }, "Every drafter: name, whether it needs a draft model, a one-line summary.");
+    pyspec_bind::def_catalog(m, "drafters", &drafter_catalog, "needs_draft_model", &DrafterInfo::needs_draft_model,
+                             "Every drafter: name, whether it needs a draft model, a one-line summary.");
     m.def("drafter_name", &drafter_name, py::arg("params"), py::arg("have_draft_model"),
           "The drafter params.name resolves to (its default when empty); ValueError if unusable.");
     m.def("make_drafter", &make_drafter, py::arg("params"), py::arg("target"), py::arg("draft") = nullptr,

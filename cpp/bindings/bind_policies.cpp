@@ -16,7 +16,6 @@
 
 namespace py = pybind11;
 using namespace pyspec;
-using namespace pybind11::literals;
 using pyspec_bind::Struct;
 
 namespace {
@@ -49,14 +48,8 @@ void bind_policies(py::module_& m) {
         .field("gamma", &PolicyParams::gamma)
         .field("h", &PolicyParams::h)
         .done();
-    m.def("policies", [] {
-        py::list out;
-        for (const PolicyInfo& i : policy_catalog()) {
-            out.append(py::dict("name"_a = i.name, "default_draft_max"_a = i.default_draft_max,
-                                "summary"_a = i.summary));
-        }
-        return out;
-    }, "Every length policy: name, default draft_max, a one-line summary.");
+    pyspec_bind::def_catalog(m, "policies", &policy_catalog, "default_draft_max", &PolicyInfo::default_draft_max,
+                             "Every length policy: name, default draft_max, a one-line summary.");
     m.def("make_policy", &make_policy, py::arg("params"));
     py::class_<LengthPolicy>(m, "LengthPolicy")
         .def_property_readonly("name", &LengthPolicy::name)
@@ -147,6 +140,9 @@ void bind_policies(py::module_& m) {
         .def_property("clock", &AutoPolicy::clock, &AutoPolicy::set_clock,
                       "Whether the clock judges choices by their wall time (default True; False: the cost model "
                       "alone decides, independent of how round times fell).")
+        .def_property("learn_costs", &AutoPolicy::learn_costs, &AutoPolicy::set_learn_costs,
+                      "Whether round timings refine its costs (default True; False: they stay as calibrated or "
+                      "recorded, while acceptance is still learnt).")
         .def_property_readonly("clock_suspensions", &AutoPolicy::clock_suspensions,
                                "Kinds (source x draft length) the clock suspended, since construction.")
         .def_property_readonly("clock_vetoes", &AutoPolicy::clock_vetoes,

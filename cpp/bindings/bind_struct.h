@@ -1,5 +1,6 @@
 // Binds a plain C++ struct to Python field by field, so that the field list and
-// the defaults (the struct's own initialisers) are written once.
+// the defaults (the struct's own initialisers) are written once; and the other
+// shapes several rooms bind alike.
 #pragma once
 
 #include <pybind11/pybind11.h>
@@ -75,5 +76,23 @@ private:
     py::class_<T> cls_;
     std::vector<std::string> names_;
 };
+
+// m.fn(): a catalog (the drafters, the policies) as a list of dicts
+// {name, <field>, summary}, one per entry.
+template <class Info, class F>
+void def_catalog(py::module_& m, const char* fn, const std::vector<Info>& (*catalog)(), const char* field,
+                 F Info::*member, const char* doc) {
+    m.def(fn, [catalog, field, member] {
+        py::list out;
+        for (const Info& i : catalog()) {
+            py::dict d;
+            d["name"] = i.name;
+            d[field] = i.*member;
+            d["summary"] = i.summary;
+            out.append(d);
+        }
+        return out;
+    }, doc);
+}
 
 }  // namespace pyspec_bind

@@ -15,6 +15,7 @@
 #include "bindings/bind_struct.h"
 #include "core/errors.h"
 #include "core/sampling.h"
+#include "model/llama_log.h"
 #include "model/model.h"
 
 namespace py = pybind11;
@@ -32,22 +33,35 @@ namespace {
     throw py::error_already_set();
 }
 
-void translate_errors(std::exception_ptr p) {
+// A C++ error type, and the pyspec.errors class it crosses as.
+template <class E>
+struct Translated {
+    const char* name;
+};
+
+// Rethrow p; an error of one of the listed types raises its Python class.
+template <class E, class... More>
+void rethrow_translated(const std::exception_ptr& p, Translated<E> first, Translated<More>... more) {
     try {
-        if (p) std::rethrow_exception(p);
-    } catch (const ModelNotFoundError& e) {
-        raise_pyspec("ModelNotFoundError", e.what());
-    } catch (const InvalidModelError& e) {
-        raise_pyspec("InvalidModelError", e.what());
-    } catch (const ContextOverflowError& e) {
-        raise_pyspec("ContextOverflowError", e.what());
-    } catch (const DecodeError& e) {
-        raise_pyspec("DecodeError", e.what());
-    } catch (const IncompatibleModelsError& e) {
-        raise_pyspec("IncompatibleModelsError", e.what());
-    } catch (const QuantizeError& e) {
-        raise_pyspec("QuantizeError", e.what());
+        if constexpr (sizeof...(More) == 0) {
+            std::rethrow_exception(p);
+        } else {
+            rethrow_translated(p, more...);
+        }
+    } catch (const E& e) {
+        raise_pyspec(first.name, e.what());
     }
+}
+
+void translate_errors(std::exception_ptr p) {
+    if (!p) return;
+    // Each type is caught as itself (none derives from another, so the order is free).
+    rethrow_translated(p, Translated<ModelNotFoundError>{"ModelNotFoundError"},
+                       Translated<InvalidModelError>{"InvalidModelError"},
+                       Translated<ContextOverflowError>{"ContextOverflowError"},
+                       Translated<DecodeError>{"DecodeError"},
+                       Translated<IncompatibleModelsError>{"IncompatibleModelsError"},
+                       Translated<QuantizeError>{"QuantizeError"});
 }
 
 }  // namespace

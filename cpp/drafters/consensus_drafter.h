@@ -24,6 +24,7 @@
 
 #include "drafters/drafter.h"
 #include "drafters/ngram_drafter.h"
+#include "drafters/ngram_index.h"
 
 namespace pyspec {
 
@@ -45,12 +46,11 @@ public:
     const std::vector<int32_t>& text(int32_t seq) const { return texts_[static_cast<size_t>(seq)]; }
 
 private:
-    int32_t n_min_, n_max_;
     std::vector<std::vector<int32_t>> texts_;  // per sample: prompt + generated (as committed)
     std::vector<size_t> prompt_len_;           // where each sample's generated text begins
     std::vector<size_t> indexed_;              // n-grams ending before this position are indexed
-    // index_[n - n_min][hash of n tokens] = (sample, position after them), oldest first
-    std::vector<std::unordered_map<uint64_t, std::vector<std::pair<int32_t, int32_t>>>> index_;
+    // An n-gram -> every (sample, position after it), oldest first.
+    NgramIndex<std::vector<std::pair<int32_t, int32_t>>> index_;
 };
 
 class ConsensusDrafter : public LookupDrafter {
@@ -58,21 +58,21 @@ public:
     ConsensusDrafter(std::shared_ptr<ConsensusPool> pool, int32_t seq, int32_t n_vocab, int32_t n_min = 1,
                      int32_t n_max = 16);
 
-    DraftPlan plan(const std::vector<int32_t>& history) override;
     void begin(const std::vector<int32_t>& prompt, const SamplingParams& sampling, bool prefill) override;
-    int32_t draft(const std::vector<int32_t>& history, int32_t max_n, Rng& rng, std::vector<int32_t>& tokens,
-                  std::vector<Distribution>& q, DraftStopRule* stop) override;
 
     // Rounds whose draft came from a sibling (the rest: the own lookup, or none).
     int32_t sibling_drafts() const { return sibling_drafts_; }
 
 private:
+    DraftPlan lookup(const std::vector<int32_t>& history) override;
+    int32_t draft_planned(const std::vector<int32_t>& history, int32_t max_n, Rng& rng, std::vector<int32_t>& tokens,
+                          std::vector<Distribution>& q, DraftStopRule* stop) override;
+
     std::shared_ptr<ConsensusPool> pool_;
-    int32_t seq_, n_vocab_;
+    int32_t seq_;
     NgramDrafter own_;
     // The plan of the last plan() call: a sibling's text and where to copy from.
     int32_t from_seq_ = -1, from_pos_ = -1;
-    size_t planned_size_ = 0;
     int32_t sibling_drafts_ = 0;
 };
 

@@ -118,14 +118,50 @@ public:
 };
 
 // Lookup drafters (n-gram, consensus, suffix) copy earlier text: without a
-// match there is nothing to propose, and the length policy is not asked.
+// match there is nothing to propose, and the length policy is not asked. Each
+// proposal's q is one-hot. The engine plans a round, then drafts it: draft()
+// drafts what the last plan() chose when that plan was made for the same
+// history, and plans again otherwise (a caller that drafts without planning).
 class LookupDrafter : public Drafter {
 public:
+    explicit LookupDrafter(int32_t n_vocab) : n_vocab_(n_vocab) {}
+
     DraftPlan choose(const std::vector<int32_t>& history, const LengthFor& length_for) override {
         DraftPlan p = plan(history);
         p.length = p.match_len > 0 ? length_for(p) : -1;
         return p;
     }
+    DraftPlan plan(const std::vector<int32_t>& history) final {
+        DraftPlan p = lookup(history);
+        planned_size_ = history.size();
+        return p;
+    }
+    int32_t draft(const std::vector<int32_t>& history, int32_t max_n, Rng& rng, std::vector<int32_t>& tokens,
+                  std::vector<Distribution>& q, DraftStopRule* stop) final {
+        if (planned_size_ != history.size()) plan(history);
+        planned_size_ = 0;
+        return draft_planned(history, max_n, rng, tokens, q, stop);
+    }
+
+protected:
+    // plan() and draft() of each lookup drafter: find the source for this
+    // history, and draft from the source found (as Drafter::plan and ::draft).
+    virtual DraftPlan lookup(const std::vector<int32_t>& history) = 0;
+    virtual int32_t draft_planned(const std::vector<int32_t>& history, int32_t max_n, Rng& rng,
+                                  std::vector<int32_t>& tokens, std::vector<Distribution>& q,
+                                  DraftStopRule* stop) = 0;
+    // A new generation (or a new memory): the plan made before does not carry over.
+    void forget_plan() { planned_size_ = 0; }
+    // Append `token` to the draft, with its one-hot q.
+    void propose(int32_t token, std::vector<int32_t>& tokens, std::vector<Distribution>& q) const {
+        q[tokens.size()].set_one_hot(token, n_vocab_);
+        tokens.push_back(token);
+    }
+
+    const int32_t n_vocab_;
+
+private:
+    size_t planned_size_ = 0;  // history size of the last plan() that no draft() has used yet; 0: none
 };
 
 }  // namespace pyspec

@@ -1,21 +1,14 @@
 #include "drafters/ngram_drafter.h"
 
 #include <algorithm>
-#include <stdexcept>
-
 
 namespace pyspec {
 
 NgramDrafter::NgramDrafter(int32_t n_vocab, int32_t n_min, int32_t n_max)
-    : n_vocab_(n_vocab), n_min_(n_min), n_max_(n_max) {
-    if (n_min < 1 || n_max < n_min || n_max > 16) {
-        throw std::invalid_argument("n-gram sizes must satisfy 1 <= n_min <= n_max <= 16");
-    }
-    index_.resize(static_cast<size_t>(n_max - n_min + 1));
-}
+    : LookupDrafter(n_vocab), index_(n_min, n_max) {}
 
 void NgramDrafter::begin(const std::vector<int32_t>& prompt, const SamplingParams&, bool) {
-    for (auto& m : index_) m.clear();
+    index_.clear();
     indexed_ = 0;
     index_up_to(prompt);
     copy_.reset();
@@ -23,40 +16,26 @@ void NgramDrafter::begin(const std::vector<int32_t>& prompt, const SamplingParam
     followed_ = prompt.size();
     failed_.clear();
     proposed_.clear();
-    planned_size_ = 0;
+    forget_plan();
 }
 
 void NgramDrafter::index_up_to(const std::vector<int32_t>& history) {
-    // An n-gram ending at i is indexed once its next token (i + 1) exists, so the
-    // sequence's own suffix never matches itself.
-    const size_t end = history.size();
-    for (size_t i = indexed_; i + 1 < end; ++i) {
-        for (int32_t n = n_min_; n <= n_max_; ++n) {
-            if (static_cast<int64_t>(i) + 1 < n) break;
-            const int32_t* start = history.data() + i + 1 - n;
-            index_[static_cast<size_t>(n - n_min_)][ngram_key(start, n)] = static_cast<int32_t>(i + 1);
-        }
-    }
-    if (end > 0) indexed_ = std::max(indexed_, end - 1);
+    index_.index(history, &indexed_, 0, [](int32_t& latest, int32_t next) { latest = next; });
 }
 
 int32_t NgramDrafter::find(const std::vector<int32_t>& history, int32_t* match_len) {
     index_up_to(history);
     const int32_t size = static_cast<int32_t>(history.size());
-    for (int32_t n = std::min(n_max_, size); n >= n_min_; --n) {
-        const int32_t* suffix = history.data() + size - n;
-        const auto& m = index_[static_cast<size_t>(n - n_min_)];
-        const auto it = m.find(ngram_key(suffix, n));
-        if (it == m.end()) continue;
-        const int32_t next = it->second;
-        // Guard against hash collisions: the tokens must really match.
-        if (next >= n && next < size && std::equal(suffix, suffix + n, history.data() + next - n)) {
-            *match_len = n;
-            return next;
-        }
-    }
+    int32_t found = -1;
     *match_len = 0;
-    return -1;
+    index_.longest_suffix(history, [&](int32_t n, const int32_t* suffix, int32_t next) {
+        // Guard against hash collisions: the tokens must really match.
+        if (next < n || next >= size || !std::equal(suffix, suffix + n, history.data() + next - n)) return false;
+        *match_len = n;
+        found = next;
+        return true;
+    });
+    return found;
 }
 
 void NgramDrafter::follow(const std::vector<int32_t>& history) {
@@ -85,7 +64,7 @@ int32_t NgramDrafter::reanchor(const std::vector<int32_t>& history, int32_t* m) 
     return copy_.find_near_anchor(history.data(), size, history.data(), size, failed_, m);
 }
 
-DraftPlan NgramDrafter::plan(const std::vector<int32_t>& history) {
+DraftPlan NgramDrafter::lookup(const std::vector<int32_t>& history) {
     follow(history);
     DraftPlan p;
     p.source = DraftSource::kNgram;
@@ -104,16 +83,13 @@ DraftPlan NgramDrafter::plan(const std::vector<int32_t>& history) {
     p.near_copy = from >= 0 && copy_.reanchored;  // until the copy diverges again
     p.next_guess = from >= 0 ? history[static_cast<size_t>(from)] : -1;
     planned_from_ = from;
-    planned_size_ = history.size();
     return p;
 }
 
-int32_t NgramDrafter::draft(const std::vector<int32_t>& history, int32_t max_n, Rng&, std::vector<int32_t>& tokens,
-                            std::vector<Distribution>& q, DraftStopRule*) {
+int32_t NgramDrafter::draft_planned(const std::vector<int32_t>& history, int32_t max_n, Rng&,
+                                    std::vector<int32_t>& tokens, std::vector<Distribution>& q, DraftStopRule*) {
     // No stop rule is asked: a lookup's one-hot q carries no belief (drafter.h).
     tokens.clear();
-    if (planned_size_ != history.size()) plan(history);
-    planned_size_ = 0;
     const int32_t at = planned_from_;
     if (at < 0) return 0;
     const int32_t size = static_cast<int32_t>(history.size());
@@ -121,9 +97,7 @@ int32_t NgramDrafter::draft(const std::vector<int32_t>& history, int32_t max_n, 
         // Past the end of history the copy continues from its own proposals,
         // which extends repeating patterns ("a b c a b c ...").
         const int32_t src = at + i;
-        const int32_t tok = src < size ? history[static_cast<size_t>(src)] : tokens[static_cast<size_t>(src - size)];
-        q[static_cast<size_t>(i)].set_one_hot(tok, n_vocab_);
-        tokens.push_back(tok);
+        propose(src < size ? history[static_cast<size_t>(src)] : tokens[static_cast<size_t>(src - size)], tokens, q);
     }
     proposed_ = tokens;
     proposed_at_size_ = history.size();

@@ -17,11 +17,11 @@
 // tokens are committed.
 #pragma once
 
-#include <unordered_map>
 #include <unordered_set>
 
 #include "drafters/copy_cursor.h"
 #include "drafters/drafter.h"
+#include "drafters/ngram_index.h"
 
 namespace pyspec {
 
@@ -29,16 +29,16 @@ class NgramDrafter : public LookupDrafter {
 public:
     NgramDrafter(int32_t n_vocab, int32_t n_min = 1, int32_t n_max = 16);
 
-    DraftPlan plan(const std::vector<int32_t>& history) override;
     void begin(const std::vector<int32_t>& prompt, const SamplingParams& sampling, bool prefill) override;
-    int32_t draft(const std::vector<int32_t>& history, int32_t max_n, Rng& rng, std::vector<int32_t>& tokens,
-                  std::vector<Distribution>& q, DraftStopRule* stop) override;
 
     // Position in `history` whose continuation the longest match proposes, or -1
     // (the plain lookup, without the cursor).
     int32_t find(const std::vector<int32_t>& history, int32_t* match_len);
 
 private:
+    DraftPlan lookup(const std::vector<int32_t>& history) override;
+    int32_t draft_planned(const std::vector<int32_t>& history, int32_t max_n, Rng& rng, std::vector<int32_t>& tokens,
+                          std::vector<Distribution>& q, DraftStopRule* stop) override;
     void index_up_to(const std::vector<int32_t>& history);
     // Bring the cursor up to date with the committed tokens, and learn what became
     // of the last proposal.
@@ -47,9 +47,8 @@ private:
     // (3, 2, then 1) and has not failed here, or -1; sets *m (copy_cursor.h).
     int32_t reanchor(const std::vector<int32_t>& history, int32_t* m) const;
 
-    int32_t n_vocab_, n_min_, n_max_;
-    // index_[n - n_min][hash of n tokens ending at i] = i + 1 (latest occurrence wins).
-    std::vector<std::unordered_map<uint64_t, int32_t>> index_;
+    // An n-gram ending at i -> i + 1 (the latest occurrence wins).
+    NgramIndex<int32_t> index_;
     size_t indexed_ = 0;   // n-grams ending before this position are indexed
 
     CopyCursor copy_;         // copy_.at: the position in history whose token the copy predicts next
@@ -59,9 +58,7 @@ private:
     size_t proposed_at_size_ = 0;
     int32_t proposed_from_ = -1;
 
-    DraftPlan planned_;                   // what plan() chose, reused by draft()
-    int32_t planned_from_ = -1;
-    size_t planned_size_ = 0;
+    int32_t planned_from_ = -1;           // where the last plan copies from, or -1
 };
 
 }  // namespace pyspec

@@ -12,7 +12,7 @@ constexpr size_t kRestream = 256;
 }  // namespace
 
 SuffixDrafter::SuffixDrafter(std::unique_ptr<Drafter> local, int32_t n_vocab)
-    : local_(std::move(local)), n_vocab_(n_vocab) {
+    : LookupDrafter(n_vocab), local_(std::move(local)) {
     if (!local_) throw std::invalid_argument("a suffix drafter needs a local lookup drafter");
 }
 
@@ -33,7 +33,7 @@ void SuffixDrafter::take_pending_store() {
     }
     forget_memory();
     followed_ = 0;
-    planned_size_ = 0;
+    forget_plan();
     epoch_ = store_ ? store_->epoch() : 0;
 }
 
@@ -49,7 +49,7 @@ void SuffixDrafter::begin(const std::vector<int32_t>& prompt, const SamplingPara
     local_->begin(prompt, sampling, prefill);
     forget_memory();
     followed_ = 0;
-    planned_size_ = 0;
+    forget_plan();
     memory_drafts_ = 0;
 }
 
@@ -109,11 +109,10 @@ int32_t SuffixDrafter::memory_source(const std::vector<int32_t>& history, const 
     return next.pos;
 }
 
-DraftPlan SuffixDrafter::plan(const std::vector<int32_t>& history) {
+DraftPlan SuffixDrafter::lookup(const std::vector<int32_t>& history) {
     take_pending_store();
     DraftPlan local = local_->plan(history);
     planned_memory_ = false;
-    planned_size_ = history.size();
     if (!store_) return local;
     const auto lock = store_->read();
     if (store_->epoch_locked() != epoch_) {  // memory was rebuilt: its positions moved
@@ -139,10 +138,8 @@ DraftPlan SuffixDrafter::plan(const std::vector<int32_t>& history) {
     return p;
 }
 
-int32_t SuffixDrafter::draft(const std::vector<int32_t>& history, int32_t max_n, Rng& rng,
-                             std::vector<int32_t>& tokens, std::vector<Distribution>& q, DraftStopRule* stop) {
-    if (planned_size_ != history.size()) plan(history);
-    planned_size_ = 0;
+int32_t SuffixDrafter::draft_planned(const std::vector<int32_t>& history, int32_t max_n, Rng& rng,
+                                     std::vector<int32_t>& tokens, std::vector<Distribution>& q, DraftStopRule* stop) {
     if (!planned_memory_) return local_->draft(history, max_n, rng, tokens, q, stop);
     // Copy the stored continuation (no stop rule: a one-hot q carries no belief).
     tokens.clear();
@@ -152,8 +149,7 @@ int32_t SuffixDrafter::draft(const std::vector<int32_t>& history, int32_t max_n,
     for (int32_t i = 0; i < max_n; ++i) {
         const size_t src = static_cast<size_t>(planned_from_ + i);
         if (src >= text.size() || text[src] < 0 || text[src] >= n_vocab_) break;  // the document ends
-        q[static_cast<size_t>(i)].set_one_hot(text[src], n_vocab_);
-        tokens.push_back(text[src]);
+        propose(text[src], tokens, q);
     }
     if (tokens.empty()) return 0;
     store_->touch(planned_from_);

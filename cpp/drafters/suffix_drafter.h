@@ -45,15 +45,15 @@ public:
     // Thread-safe: the store is taken at the next begin() or plan(), on the thread
     // that drafts (a decoder shared by threads sets it before its engine runs).
     bool use_memory(std::shared_ptr<const SuffixStore> store) override;
-    DraftPlan plan(const std::vector<int32_t>& history) override;
     void begin(const std::vector<int32_t>& prompt, const SamplingParams& sampling, bool prefill) override;
-    int32_t draft(const std::vector<int32_t>& history, int32_t max_n, Rng& rng, std::vector<int32_t>& tokens,
-                  std::vector<Distribution>& q, DraftStopRule* stop) override;
 
     // Rounds since begin() whose draft came from memory.
     int32_t memory_drafts() const { return memory_drafts_; }
 
 private:
+    DraftPlan lookup(const std::vector<int32_t>& history) override;
+    int32_t draft_planned(const std::vector<int32_t>& history, int32_t max_n, Rng& rng, std::vector<int32_t>& tokens,
+                          std::vector<Distribution>& q, DraftStopRule* stop) override;
     // Feed the committed tokens the memory cursor and matcher have not seen.
     void follow(const std::vector<int32_t>& history, const SuffixAutomaton& sam);
     // The memory position whose continuation would be proposed, or -1; sets
@@ -66,7 +66,6 @@ private:
     void take_pending_store();
 
     std::unique_ptr<Drafter> local_;
-    int32_t n_vocab_;
     std::mutex pending_mutex_;
     bool has_pending_ = false;
     std::shared_ptr<const SuffixStore> pending_;
@@ -82,7 +81,6 @@ private:
     // The plan chosen last: from memory (its position) or from the local source.
     bool planned_memory_ = false;
     int32_t planned_from_ = -1;
-    size_t planned_size_ = 0;
     int32_t memory_drafts_ = 0;
 };
 

@@ -1,7 +1,5 @@
 #include "model/model.h"
 
-#include <ggml.h>
-#include <gguf.h>
 #include <llama.h>
 
 #include <algorithm>
@@ -9,114 +7,17 @@
 #include <atomic>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <memory>
 #include <mutex>
 #include <thread>
-#include <unordered_set>
 
 #include "core/errors.h"
 #include "core/tokens.h"
+#include "core/utf8.h"
+#include "model/gguf_check.h"
+#include "model/llama_log.h"
 
 namespace pyspec {
-
-// ---------------------------------------------------------------- logging
-
-namespace {
-
-std::mutex g_log_mutex;
-std::string g_last_error;            // accumulated text of the latest error message
-std::atomic<int> g_verbose_models{0};
-std::atomic<void (*)(const char*)> g_observer{nullptr};
-ggml_log_level g_prev_level = GGML_LOG_LEVEL_NONE;
-// What llama.cpp chose for flash attention "auto" while this thread created a
-// context (llama.h has no getter; the choice is only logged): 1 on, 0 off, -1 unsaid.
-thread_local int32_t t_flash_attn_chosen = -1;
-
-void note_flash_attn(const char* text) {
-    if (!std::strstr(text, "Flash Attention")) return;
-    if (std::strstr(text, "Flash Attention enabled")) t_flash_attn_chosen = 1;
-    else if (std::strstr(text, "not supported")) t_flash_attn_chosen = 0;
-}
-
-// Called from C frames inside llama.cpp: nothing may escape it.
-void log_callback(ggml_log_level level, const char* text, void*) noexcept {
-    if (text == nullptr) return;
-    try {
-        if (level == GGML_LOG_LEVEL_CONT) level = g_prev_level;
-        else g_prev_level = level;
-        note_flash_attn(text);
-        if (auto observer = g_observer.load()) observer(text);
-        if (level == GGML_LOG_LEVEL_ERROR) {
-            std::lock_guard<std::mutex> lock(g_log_mutex);
-            if (g_last_error.size() < 4096) g_last_error += text;
-        }
-    } catch (...) {  // out of memory for the message: drop it
-    }
-    // Errors reach the user through our exception messages; the rest is noise
-    // unless someone asked for verbose output.
-    if (g_verbose_models.load() > 0) {
-        std::fputs(text, stderr);
-    }
-}
-
-}  // namespace
-
-void install_log_filter() { llama_log_set(log_callback, nullptr); }
-
-void set_log_observer(void (*observer)(const char* text)) { g_observer.store(observer); }
-
-namespace {
-
-// The length of the valid UTF-8 sequence at s[i] (0: none there).
-size_t utf8_length(const std::string& s, size_t i) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    const size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
-    if (n == 0 || i + n > s.size()) return 0;
-    for (size_t k = 1; k < n; ++k) {
-        if ((static_cast<unsigned char>(s[i + k]) & 0xC0) != 0x80) return 0;
-    }
-    return n;
-}
-
-bool is_utf8(const char* text) {
-    const std::string s(text);
-    for (size_t i = 0; i < s.size();) {
-        const size_t n = utf8_length(s, i);
-        if (n == 0) return false;
-        i += n;
-    }
-    return true;
-}
-
-// ``text`` with each byte that starts no valid UTF-8 sequence replaced by '?'.
-std::string valid_utf8(const std::string& text) {
-    std::string out;
-    out.reserve(text.size());
-    for (size_t i = 0; i < text.size();) {
-        const size_t n = utf8_length(text, i);
-        if (n == 0) {
-            out += '?';
-            ++i;
-        } else {
-            out.append(text, i, n);
-            i += n;
-        }
-    }
-    return out;
-}
-
-}  // namespace
-
-std::string take_last_llama_error() {
-    std::lock_guard<std::mutex> lock(g_log_mutex);
-    std::string out;
-    out.swap(g_last_error);
-    while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
-    // Its text quotes the file (key and tensor names): bytes that are not UTF-8
-    // would make the Python exception fail to build (UnicodeDecodeError).
-    return valid_utf8(out);
-}
 
 // ---------------------------------------------------------------- loading
 
@@ -131,165 +32,10 @@ void Model::ContextFree::operator()(llama_context* c) const { llama_free(c); }
 void Model::BatchFree::operator()(BatchStorage* b) const { delete b; }
 
 Model::VerboseMark::VerboseMark(bool on_) : on(on_) {
-    if (on) ++g_verbose_models;
+    if (on) count_verbose_model(+1);
 }
 Model::VerboseMark::~VerboseMark() {
-    if (on) --g_verbose_models;
-}
-
-namespace {
-
-// Check the file before handing it to llama.cpp, so the common mistakes get a
-// precise message instead of a generic load failure.
-void check_gguf_file(const std::string& path) {
-    std::ifstream f(path, std::ios::binary);
-    if (!f.good()) {
-        throw ModelNotFoundError("model file not found: " + path);
-    }
-    char magic[4] = {0, 0, 0, 0};
-    f.read(magic, 4);
-    if (f.gcount() < 4 || std::memcmp(magic, "GGUF", 4) != 0) {
-        throw InvalidModelError("not a GGUF file (bad magic bytes): " + path);
-    }
-}
-
-// ggml's CPU backend aborts the process (GGML_ASSERT "buffer pointer must be
-// aligned") on a mapped file whose tensor data does not start at a multiple of
-// this many bytes (TENSOR_ALIGNMENT): a GGUF file with general.alignment under
-// 32 can be laid out so.
-constexpr size_t kTensorAlignment = 32;
-// llama.cpp's limits, checked by GGML_ASSERT (an abort) in its loader (llama-hparams.h).
-constexpr int64_t kMaxLayers = 512;
-constexpr int64_t kMaxExperts = 1024;
-
-using GgufPtr = std::unique_ptr<gguf_context, decltype(&gguf_free)>;
-
-// The integer value of `key` (any integer type; the largest element of an
-// integer array), or `absent` where the key is missing or not an integer: a
-// wrong type is the loader's to report, with its own reason.
-int64_t gguf_int(const gguf_context* g, const std::string& key, int64_t absent) {
-    const int64_t id = gguf_find_key(g, key.c_str());
-    if (id < 0) return absent;
-    gguf_type type = gguf_get_kv_type(g, id);
-    const bool array = type == GGUF_TYPE_ARRAY;
-    if (array) type = gguf_get_arr_type(g, id);
-    const bool integer = (type >= GGUF_TYPE_UINT8 && type <= GGUF_TYPE_INT32) || type == GGUF_TYPE_UINT64 ||
-                         type == GGUF_TYPE_INT64;
-    if (!integer) return absent;  // gguf_get_val_data asserts (aborts) on a string: integers only
-    const size_t n = array ? gguf_get_arr_n(g, id) : 1;
-    if (array && n == 0) return absent;
-    int64_t best = INT64_MIN;
-    for (size_t i = 0; i < n; ++i) {
-        const void* at = array ? static_cast<const char*>(gguf_get_arr_data(g, id)) : gguf_get_val_data(g, id);
-        int64_t v;
-        switch (type) {
-            case GGUF_TYPE_UINT8: v = static_cast<const uint8_t*>(at)[i]; break;
-            case GGUF_TYPE_INT8: v = static_cast<const int8_t*>(at)[i]; break;
-            case GGUF_TYPE_UINT16: v = static_cast<const uint16_t*>(at)[i]; break;
-            case GGUF_TYPE_INT16: v = static_cast<const int16_t*>(at)[i]; break;
-            case GGUF_TYPE_UINT32: v = static_cast<const uint32_t*>(at)[i]; break;
-            case GGUF_TYPE_INT32: v = static_cast<const int32_t*>(at)[i]; break;
-            case GGUF_TYPE_UINT64: v = static_cast<int64_t>(std::min<uint64_t>(static_cast<const uint64_t*>(at)[i], INT64_MAX)); break;
-            case GGUF_TYPE_INT64: v = static_cast<const int64_t*>(at)[i]; break;
-            default: return absent;
-        }
-        best = std::max(best, v);
-    }
-    return best;
-}
-
-[[noreturn]] void refuse(const std::string& path, const std::string& problem) {
-    throw InvalidModelError("unsupported or corrupt GGUF file " + path + ": " + problem +
-                            " (llama.cpp would abort the process on it)");
-}
-
-}  // namespace
-
-void check_gguf_metadata(const std::string& path, bool for_quantize) {
-    // The header only (no_alloc); the context holds the tensors' shapes.
-    ggml_context* shapes = nullptr;
-    gguf_init_params params = {/*no_alloc=*/true, /*ctx=*/&shapes};
-    GgufPtr owned(gguf_init_from_file(path.c_str(), params), gguf_free);
-    std::unique_ptr<ggml_context, decltype(&ggml_free)> owned_shapes(shapes, ggml_free);
-    const gguf_context* g = owned.get();
-    if (!g) return;  // not readable as GGUF: the loader says why
-    const size_t data = gguf_get_data_offset(g);
-    for (int64_t i = 0; i < gguf_get_n_tensors(g); ++i) {
-        const std::string name = valid_utf8(gguf_get_tensor_name(g, i));
-        const size_t at = data + gguf_get_tensor_offset(g, i);
-        if (at % kTensorAlignment != 0) {
-            refuse(path, "the data of tensor '" + name + "' starts at byte " + std::to_string(at) +
-                             ", not a multiple of " + std::to_string(kTensorAlignment) +
-                             " (general.alignment = " + std::to_string(gguf_get_alignment(g)) + ")");
-        }
-        // Types of activations and indices, not of weights: the CPU backend has no
-        // kernels to multiply by them (a crash in the first decode).
-        const ggml_type type = gguf_get_tensor_type(g, i);
-        if (type == GGML_TYPE_Q8_1 || type == GGML_TYPE_Q8_K || (type >= GGML_TYPE_I8 && type <= GGML_TYPE_F64)) {
-            refuse(path, "tensor '" + name + "' has type " + ggml_type_name(type) + ", which is not a weight type");
-        }
-        // llama_model_quantize sizes a tensor by its first three dimensions only.
-        const ggml_tensor* t = shapes ? ggml_get_tensor(shapes, gguf_get_tensor_name(g, i)) : nullptr;
-        if (for_quantize && t != nullptr && t->ne[3] > 1) {
-            refuse(path, "tensor '" + name + "' has 4 dimensions, which llama_model_quantize cannot quantize");
-        }
-    }
-    // Norm epsilons (layer_norm_epsilon, layer_norm_rms_epsilon, ...): ggml's CPU
-    // norms assert eps >= 0 at the first decode, so a negative or NaN one aborts.
-    for (int64_t k = 0; k < gguf_get_n_kv(g); ++k) {
-        const std::string key = gguf_get_key(g, k);
-        if (key.size() < 7 || key.compare(key.size() - 7, 7, "epsilon") != 0) continue;
-        double eps = 0.0;
-        if (gguf_get_kv_type(g, k) == GGUF_TYPE_FLOAT32) eps = gguf_get_val_f32(g, k);
-        else if (gguf_get_kv_type(g, k) == GGUF_TYPE_FLOAT64) eps = gguf_get_val_f64(g, k);
-        if (!(eps >= 0.0) || !std::isfinite(eps)) {
-            refuse(path, valid_utf8(key) + " = " + std::to_string(eps) + " is not a finite number >= 0");
-        }
-    }
-    const int64_t arch_id = gguf_find_key(g, "general.architecture");
-    if (arch_id >= 0 && gguf_get_kv_type(g, arch_id) == GGUF_TYPE_STRING) {
-        const std::string arch = gguf_get_val_str(g, arch_id);
-        auto count = [&](const char* name, int64_t absent) { return gguf_int(g, arch + "." + name, absent); };
-        auto need = [&](bool ok, const std::string& what) {
-            if (!ok) refuse(path, valid_utf8(arch) + "." + what);
-        };
-        const int64_t layers = count("block_count", 1);
-        need(layers >= 1 && layers <= kMaxLayers,
-             "block_count = " + std::to_string(layers) + " is outside [1, " + std::to_string(kMaxLayers) + "]");
-        need(count("nextn_predict_layers", 0) <= layers, "nextn_predict_layers exceeds block_count");
-        const int64_t experts = count("expert_count", 0), used = count("expert_used_count", 0);
-        const int64_t groups = count("expert_group_count", 0), groups_used = count("expert_group_used_count", 0);
-        need(experts >= 0 && experts <= kMaxExperts,
-             "expert_count = " + std::to_string(experts) + " is outside [0, " + std::to_string(kMaxExperts) + "]");
-        need(used >= 0 && used <= experts, "expert_used_count = " + std::to_string(used) + " exceeds expert_count");
-        if (experts > 0) {
-            need(used > 0, "expert_used_count is 0 with experts");
-            need(groups >= 0 && groups < experts, "expert_group_count is not below expert_count");
-            if (groups > 1) {
-                need(experts % groups == 0, "expert_count is not a multiple of expert_group_count");
-                need(groups_used > 0 && groups_used < groups, "expert_group_used_count is outside [1, groups)");
-            }
-        } else {
-            need(used == 0 && groups == 0, "expert_used_count or expert_group_count set without experts");
-        }
-    }
-    const int64_t tokens = gguf_find_key(g, "tokenizer.ggml.tokens");
-    if (tokens >= 0 && gguf_get_kv_type(g, tokens) == GGUF_TYPE_ARRAY &&
-        gguf_get_arr_type(g, tokens) == GGUF_TYPE_STRING) {
-        std::unordered_set<std::string> seen;
-        const size_t n = gguf_get_arr_n(g, tokens);
-        seen.reserve(n);
-        for (size_t i = 0; i < n; ++i) {
-            // As llama.cpp's vocabulary names them before it asserts uniqueness: an
-            // empty text becomes "[EMPTY_<id>]" (several empty tokens load fine).
-            std::string text = gguf_get_arr_str(g, tokens, i);
-            if (text.empty()) text = "[EMPTY_" + std::to_string(i) + "]";
-            if (!seen.insert(text).second) {
-                refuse(path, "token " + std::to_string(i) + " of tokenizer.ggml.tokens repeats an earlier one ('" +
-                                 valid_utf8(text) + "')");
-            }
-        }
-    }
+    if (on) count_verbose_model(-1);
 }
 
 namespace {
@@ -363,9 +109,9 @@ Model::Model(const ModelParams& params) : params_(params), verbose_(params.verbo
     // cache's extent (tests/test_model_sequences.py).
     const int32_t flash_attn = params.flash_attn;
     cp.flash_attn_type = static_cast<llama_flash_attn_type>(flash_attn);
-    t_flash_attn_chosen = -1;
+    forget_flash_attn_choice();
     ctx_.reset(llama_init_from_model(model_.get(), cp));
-    flash_attn_ = flash_attn >= 0 ? flash_attn : t_flash_attn_chosen;
+    flash_attn_ = flash_attn >= 0 ? flash_attn : logged_flash_attn_choice();
     if (!ctx_) {
         throw InvalidModelError(with_llama_reason("failed to create a llama.cpp context for " + params.path));
     }

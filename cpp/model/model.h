@@ -179,15 +179,4 @@ private:
     std::vector<int32_t> logit_rows_;            // batch row of logits(i) in the last decode
 };
 
-// Route llama.cpp/ggml logging: errors are remembered (and appear in our
-// exception messages); info is printed only when a model asks for verbose.
-void install_log_filter();
-std::string take_last_llama_error();
-// GGUF files llama.cpp would abort or crash on, refused with InvalidModelError
-// naming the file (for_quantize: also what the quantizer asserts on).
-void check_gguf_metadata(const std::string& path, bool for_quantize);
-// A function that sees every log line before the filter (nullptr: none); used to
-// follow llama_model_quantize, which reports progress only in its log.
-void set_log_observer(void (*observer)(const char* text));
-
 }  // namespace pyspec

@@ -2,53 +2,9 @@
 
 #include <algorithm>
 
+#include "core/utf8.h"
+
 namespace pyspec {
-
-namespace {
-
-// Expected length of a UTF-8 sequence from its lead byte; 0 for a continuation
-// or invalid lead byte.
-size_t utf8_seq_len(unsigned char c) {
-    if (c < 0x80) return 1;
-    if ((c & 0xE0) == 0xC0) return 2;
-    if ((c & 0xF0) == 0xE0) return 3;
-    if ((c & 0xF8) == 0xF0) return 4;
-    return 0;
-}
-
-}  // namespace
-
-size_t utf8_complete_prefix(const std::string& s) {
-    // Look back at most 3 bytes for the start of an unfinished character.
-    const size_t n = s.size();
-    for (size_t back = 1; back <= std::min<size_t>(3, n); ++back) {
-        const unsigned char c = static_cast<unsigned char>(s[n - back]);
-        if ((c & 0xC0) == 0x80) continue;  // continuation byte: keep looking
-        const size_t need = utf8_seq_len(c);
-        return (need > back) ? n - back : n;
-    }
-    return n;
-}
-
-std::string utf8_sanitize(const std::string& s) {
-    std::string out;
-    out.reserve(s.size());
-    size_t i = 0;
-    while (i < s.size()) {
-        const unsigned char c = static_cast<unsigned char>(s[i]);
-        size_t len = utf8_seq_len(c);
-        bool ok = len > 0 && i + len <= s.size();
-        for (size_t k = 1; ok && k < len; ++k) ok = (static_cast<unsigned char>(s[i + k]) & 0xC0) == 0x80;
-        if (ok) {
-            out.append(s, i, len);
-            i += len;
-        } else {
-            out += "\xEF\xBF\xBD";
-            ++i;
-        }
-    }
-    return out;
-}
 
 TextStream::TextStream(std::vector<std::string> stops) : stops_(std::move(stops)) {
     stops_.erase(std::remove(stops_.begin(), stops_.end(), std::string()), stops_.end());

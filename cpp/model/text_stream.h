@@ -28,9 +28,4 @@ private:
     bool stopped_ = false;
 };
 
-// Length of the longest prefix of s that ends on a complete UTF-8 character.
-size_t utf8_complete_prefix(const std::string& s);
-// s with invalid UTF-8 sequences replaced by U+FFFD.
-std::string utf8_sanitize(const std::string& s);
-
 }  // namespace pyspec

@@ -1,3 +1,7 @@
+// The auto policy (auto_policy.h states its model). Over 500 lines on purpose:
+// choosing a length, re-planning within a draft and learning from rounds (the
+// costs, the acceptance tables, the clock) read and write the same state and
+// constants; split, that state would need an internal header of its own.
 #include "policies/auto_policy.h"
 
 #include <algorithm>
@@ -360,15 +364,16 @@ bool AutoPolicy::stop_after(int32_t i, const Distribution& belief, int32_t token
 
 void AutoPolicy::observe(const RoundReport& r) {
     const int32_t n = r.batch_rows > 0 ? r.batch_rows : r.drafted + 1;
-    if (n == 1) {
+    // Timings refine the costs (V(n) here, H(n) and c_b below) unless they are frozen (set_learn_costs).
+    if (learn_costs_ && n == 1) {
         v1_ = ema(v1_, r.verify_s, kCostRate);
-    } else if (v1_ > 0 && n < static_cast<int32_t>(ratio_.size())) {
+    } else if (learn_costs_ && v1_ > 0 && n < static_cast<int32_t>(ratio_.size())) {
         ratio_[static_cast<size_t>(n)] = ema(ratio_[static_cast<size_t>(n)], r.verify_s / v1_, kCostRate);
     }
     const int bi = bucket_of(r.plan);
     // The clock judges rounds that ran alone (their wall time is theirs).
     if (r.round_s > 0 && n == r.drafted + 1) {
-        learn_host(r, n);
+        if (learn_costs_) learn_host(r, n);
         judge(r, bi);
     }
     ++round_;
@@ -382,12 +387,12 @@ void AutoPolicy::observe(const RoundReport& r) {
         // model once (for q_0): that is its per-token cost as well. Counting it
         // lets a draft model that cannot pay be dropped on its first round, not
         // after many rounds of paid-for stops.
-        if (planned_k_ > 0 && r.plan.source == DraftSource::kModel && in_step && r.draft_s > 0) {
+        if (learn_costs_ && planned_k_ > 0 && r.plan.source == DraftSource::kModel && in_step && r.draft_s > 0) {
             b.cost = ema(b.cost, r.draft_s, kCostRate);
         }
         return;
     }
-    if (in_step) b.cost = ema(b.cost, r.draft_s / r.drafted, kCostRate);
+    if (learn_costs_ && in_step) b.cost = ema(b.cost, r.draft_s / r.drafted, kCostRate);
     b.probe_hit = b.probing && r.accepted == r.drafted;
     // Positions reached: 0..min(accepted, drafted - 1); all but a rejected last one accepted.
     const bool beliefs = bi == kModelBucket && static_cast<int32_t>(beliefs_.size()) == r.drafted;

@@ -159,6 +159,12 @@ public:
     // so they no longer depend on how each round's wall time fell.
     bool clock() const { return clock_on_; }
     void set_clock(bool on) { clock_on_ = on; }
+    // Whether round timings refine the costs: V(n), the drafters' c_b, the host's
+    // H(n) (default). Off, they stay as calibrated, recorded or remembered, so
+    // that with the clock off too the choices no longer depend on how any round's
+    // time fell (acceptance is still learnt).
+    bool learn_costs() const { return learn_costs_; }
+    void set_learn_costs(bool on) { learn_costs_ = on; }
     // What it has learnt that outlives a process (pyspec/calibration.py keeps it on
     // disk per model and machine): the long-run acceptance of each lookup bucket
     // (1..7; the model's depends on the draft pair) and the host costs h_1, h_row.
@@ -248,6 +254,7 @@ private:
     int64_t suspensions_ = 0, vetoes_ = 0;
     int64_t rounds_seen_ = 0;
     bool clock_on_ = true;
+    bool learn_costs_ = true;
     double v1_ = -1;                  // single-token step, seconds
     std::vector<double> ratio_;       // r(n) = V(n) / v1, index n; -1 = not measured
     bool calibrated_ = false;

@@ -8,6 +8,8 @@
 
 #include "core/errors.h"
 #include "llama.h"
+#include "model/gguf_check.h"
+#include "model/llama_log.h"
 #include "model/model.h"
 
 namespace pyspec {

@@ -256,39 +256,46 @@ _LOADERS = [
 _TRANSLATE_TASK = "Translate the Spanish comments in this file into English; change nothing else."
 
 
+def _edits(id: str, name: str, lang: str, text: str, first: str, *then: str) -> Conversation:
+    """An ``edit`` conversation on one file: ``first`` comes with the file, each
+    later request alone; every request ends with ``WHOLE_FILE``."""
+    return Conversation(id, "edit", (_first(name, lang, text, first), *(f"{task} {WHOLE_FILE}" for task in then)))
+
+
+def _repeats(id: str, task: str, template: str, fills: Sequence[Dict[str, str]], named_by: str) -> Conversation:
+    """A ``repeat`` conversation: the same ``task`` on one Python file per entry
+    of ``fills`` (``template`` filled with it), named after its ``named_by``."""
+    return Conversation(id, "repeat", tuple(_first(f"{fill[named_by]}.py", "python", template.format(**fill), task)
+                                            for fill in fills))
+
+
 CONVERSATIONS: Tuple[Conversation, ...] = (
-    Conversation("python-edits", "edit", (
-        _first("tasks.py", "python", _TASKS, "Rename the class `TaskQueue` to `JobQueue`; change nothing else."),
-        f"Add a parameter `limit=None` to `pending`: when it is given, return at most `limit` names. {WHOLE_FILE}",
-        f"`stats` raises AttributeError. Fix the bug. {WHOLE_FILE}",
-        f"Add type hints to every method's parameters and return value. {WHOLE_FILE}",
-        f"Make every comment start with a capital letter and end with a full stop. {WHOLE_FILE}",
-    )),
-    Conversation("docstrings-repeat", "repeat", tuple(
-        _first(f"{v['name']}.py", "python", _VALIDATOR.format(**v), _DOCSTRING_TASK) for v in _VALIDATORS)),
-    Conversation("js-edits", "edit", (
-        _first("cart.js", "javascript", _CART, "Translate the comments into English; change nothing else."),
-        f"The loop in `total` skips the first item. Fix it. {WHOLE_FILE}",
-        f"Rename the method `remove` to `removeAll`. {WHOLE_FILE}",
-        f"Give the parameter `quantity` of `add` a default value of 1. {WHOLE_FILE}",
-        f"Add a method `count()` after `total` that returns the sum of the quantities. {WHOLE_FILE}",
-        f"Rename the field `items` to `entries` everywhere. {WHOLE_FILE}",
-    )),
-    Conversation("text-edits", "edit", (
-        _first("REMOTE_WORK.md", "markdown", _POLICY, "Replace every \"Monday\" with \"Friday\"."),
-        f"Fix the four spelling mistakes. {WHOLE_FILE}",
-        f"Reformat the paragraph under \"Equipment\" as a bulleted list, one item per sentence. {WHOLE_FILE}",
-        f"Add a section \"## Contact\" at the end with the line \"Questions go to hr@example.com.\" {WHOLE_FILE}",
-    )),
-    Conversation("translate-repeat", "repeat", tuple(
-        _first(f"{v['what']}.py", "python", _LOADER.format(**v), _TRANSLATE_TASK) for v in _LOADERS)),
-    Conversation("yaml-edits", "edit", (
-        _first("tests.yml", "yaml", _WORKFLOW, "Add \"3.12\" to the Python matrix."),
-        f"Rename the job `test` to `unit-tests`. {WHOLE_FILE}",
-        f"Add a step named \"Lint\" before \"Test\" that runs `ruff check .`. {WHOLE_FILE}",
-        f"Also run the workflow on pushes to branches named `release/*`. {WHOLE_FILE}",
-        f"Rename the matrix variable `python` to `python-version` everywhere. {WHOLE_FILE}",
-    )),
+    _edits("python-edits", "tasks.py", "python", _TASKS,
+           "Rename the class `TaskQueue` to `JobQueue`; change nothing else.",
+           "Add a parameter `limit=None` to `pending`: when it is given, return at most `limit` names.",
+           "`stats` raises AttributeError. Fix the bug.",
+           "Add type hints to every method's parameters and return value.",
+           "Make every comment start with a capital letter and end with a full stop."),
+    _repeats("docstrings-repeat", _DOCSTRING_TASK, _VALIDATOR, _VALIDATORS, named_by="name"),
+    _edits("js-edits", "cart.js", "javascript", _CART,
+           "Translate the comments into English; change nothing else.",
+           "The loop in `total` skips the first item. Fix it.",
+           "Rename the method `remove` to `removeAll`.",
+           "Give the parameter `quantity` of `add` a default value of 1.",
+           "Add a method `count()` after `total` that returns the sum of the quantities.",
+           "Rename the field `items` to `entries` everywhere."),
+    _edits("text-edits", "REMOTE_WORK.md", "markdown", _POLICY,
+           "Replace every \"Monday\" with \"Friday\".",
+           "Fix the four spelling mistakes.",
+           "Reformat the paragraph under \"Equipment\" as a bulleted list, one item per sentence.",
+           "Add a section \"## Contact\" at the end with the line \"Questions go to hr@example.com.\""),
+    _repeats("translate-repeat", _TRANSLATE_TASK, _LOADER, _LOADERS, named_by="what"),
+    _edits("yaml-edits", "tests.yml", "yaml", _WORKFLOW,
+           "Add \"3.12\" to the Python matrix.",
+           "Rename the job `test` to `unit-tests`.",
+           "Add a step named \"Lint\" before \"Test\" that runs `ruff check .`.",
+           "Also run the workflow on pushes to branches named `release/*`.",
+           "Rename the matrix variable `python` to `python-version` everywhere."),
 )
 
 

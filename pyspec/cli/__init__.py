@@ -35,12 +35,13 @@ def main() -> None:
     """
 
 
-from . import agree, bench, bench_multiturn, bench_soak, generate, serve, tools  # noqa: E402  (each registers its commands on main)
+from . import agree, bench, bench_multiturn, bench_serve, bench_soak, generate, serve, tools  # noqa: E402  (each registers its commands on main)
 
 generate.register(main)
 serve.register(main)
 tools.register(main)
 agree.register(main)
 bench.register(main)
+bench_serve.register(main)
 bench_multiturn.register(main)
 bench_soak.register(main)

@@ -10,7 +10,7 @@ import sys
 
 import click
 
-from ..bench.soak import Bounds
+from ..bench.soak_report import Bounds
 from .options import DEFAULT_DRAFT, DEFAULT_MODEL, command_errors, report_options, write_report
 
 _B = Bounds()
@@ -83,14 +83,14 @@ def bench_soak(model, draft, no_draft, clients, minutes, warmup_s, fill, interva
     sequence, and SIGTERM stops the server with exit status 0. Linux only
     (/proc).
     """
-    from ..bench import soak
+    from ..bench import soak, soak_load, soak_report
     from ..bench.server_process import ServerProcess, free_port
 
     bounds = Bounds(rss_growth_mib=rss_growth_mib, rss_growth_pct=rss_growth_pct, fd_slack=fd_slack,
                     thread_slack=thread_slack)
     seconds = minutes * 60
     warmup_s = min(60.0, seconds / 10) if warmup_s is None else warmup_s
-    mix = soak.Mix(parallel=parallel, n_ctx=n_ctx, max_tokens=max_tokens)
+    mix = soak_load.Mix(parallel=parallel, n_ctx=n_ctx, max_tokens=max_tokens)
     if mix.per_slot < 256:
         raise click.BadParameter(f"{n_ctx} cells for {parallel} slots leave {mix.per_slot} a slot; give at least "
                                  f"256 a slot", param_hint="--n-ctx")
@@ -126,21 +126,21 @@ def bench_soak(model, draft, no_draft, clients, minutes, warmup_s, fill, interva
     tally = dict(run.requests)
     for key, value in run.warmup.items():  # the verdict counts failures of the warm-up too
         tally[key] = tally.get(key, 0) + value
-    verdict = soak.verdict(run.samples, run.baseline, run.final, bounds, tally=tally, died=run.died,
+    verdict = soak_report.verdict(run.samples, run.baseline, run.final, bounds, tally=tally, died=run.died,
                            exit_status=exit_status)
     result = {
         "command": cmd, "model": model, "draft": draft, "no_draft": no_draft, "clients": clients,
         "minutes": minutes, "warmup_s": warmup_s, "fill": run.fill or None, "interval_s": interval, "seed": seed,
         "parallel": parallel, "n_ctx": n_ctx,
         "mix": {"long_max_tokens": mix.long_max_tokens, "long_prompt_chars": mix.long_prompt_chars,
-                "max_n": mix.max_n, "users": soak.USERS},
+                "max_n": mix.max_n, "users": soak_load.USERS},
         "baseline": run.baseline, "samples": run.samples, "final": run.final, "warmup_requests": run.warmup,
         "requests": run.requests, "failures": run.failures, "verdict": verdict,
     }
     if run.died or not verdict["ok"]:
         result["server_log_tail"] = log[-4000:]
-    result["table"] = soak.format_report(result)
-    write_report(result, json_path, plot_path, soak.plot,
+    result["table"] = soak_report.format_report(result)
+    write_report(result, json_path, plot_path, soak_report.plot,
                  f"{shlex.join(cmd[3:])}\n{clients} clients, {minutes:g} min after {warmup_s:g} s of warm-up, "
                  f"a sample every {interval:g} s\n" + result["table"])
     if run.died:

@@ -1,0 +1,18 @@
+// Checks of a GGUF file before llama.cpp loads it: the common mistakes get a
+// precise message, and files llama.cpp would abort or crash on are refused.
+// Both throw ModelNotFoundError / InvalidModelError naming the file.
+#pragma once
+
+#include <string>
+
+namespace pyspec {
+
+// The file exists and starts with the GGUF magic.
+void check_gguf_file(const std::string& path);
+// Metadata llama.cpp asserts on (an abort) or crashes on later: tensor
+// alignment and types, layer and expert counts, norm epsilons, repeated tokens;
+// read with ggml's own bounds-checked GGUF reader (the header only).
+// for_quantize: also what llama_model_quantize asserts on (4-D tensors).
+void check_gguf_metadata(const std::string& path, bool for_quantize);
+
+}  // namespace pyspec
