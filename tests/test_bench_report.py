@@ -85,8 +85,9 @@ def test_pyspec_runner_starts_every_run_from_empty_caches():
 
 
 @pytest.mark.pair
-def test_bench_command_end_to_end(target_path, tmp_path):
-    """The real command on one short prompt: every runner reports, the JSON and the plot are written."""
+def test_bench_command_end_to_end(gemma_path, tmp_path):
+    """The real command on one short prompt (the small model, raw text: it has no
+    chat template): every runner reports, the JSON and the plot are written."""
     import json
     import shutil
     import subprocess
@@ -95,7 +96,7 @@ def test_bench_command_end_to_end(target_path, tmp_path):
     exe = shutil.which("pyspec")
     cmd = [exe] if exe else [sys.executable, "-m", "pyspec.cli"]
     out_json, out_png = tmp_path / "b.json", tmp_path / "b.png"
-    run = subprocess.run([*cmd, "bench", "-m", target_path, "--category", "translation", "--per-category", "1",
+    run = subprocess.run([*cmd, "bench", "-m", gemma_path, "--raw", "--category", "translation", "--per-category", "1",
                           "--max-tokens", "8", "--policy", "", "--hybrid", "", "--ngram", "auto", "--lookup", "4",
                           "--n-ctx", "512", "--json", str(out_json), "--plot", str(out_png)],
                          capture_output=True, text=True, timeout=600)

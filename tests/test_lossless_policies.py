@@ -196,6 +196,8 @@ def test_ngram_and_hybrid_are_lossless(gemma_models, ngram_case, drafter, policy
     assert power(exact, wrong, n, max(len(exact) - 1, 1)) > 0.99
     pin = pin_for_ngram if policy == "auto" else None
     kw = dict(DRAFT) if drafter == "hybrid" else {}
+    if policy == "confidence":  # at its default p_min (0.75) it never trusts this draft (q0 = 0.63): no model round
+        kw.update(POLICY_CASES["confidence"]["kw"])
     counts, totals, drafting = run(spec, tokens, n, pin=pin, **kw)
     assert totals["ngram_rounds"] > 0 and drafting >= n // 2
     if drafter == "ngram":  # the copy cursor's re-anchoring after a rejected token drafted too
@@ -231,6 +233,10 @@ def guess_run(target, tokens, n, **kw) -> tuple:
     return counts, totals
 
 
+# auto's inner paths (guesses checked on plain rounds; lengths the clock suspended)
+# decide a length before any draft is drawn: slow tier, with their controls, which a
+# change to the policies runs before its issue is resolved (docs/testing.md).
+@pytest.mark.slow
 def test_ngram_guess_path_is_lossless(gemma_models, ngram_case):
     """Plain rounds check the n-gram's guess and feed auto; lengths then follow
     that evidence (both paths must run). The output law must not move."""
@@ -241,6 +247,7 @@ def test_ngram_guess_path_is_lossless(gemma_models, ngram_case):
                f"hits={totals['ngram_guess_hits']} drafted rounds={totals['ngram_rounds']}")
 
 
+@pytest.mark.slow
 def test_negative_control_guess_path_broken_residual(gemma_models, ngram_case):
     """The same configuration with the broken residual (residual = p) must be rejected."""
     target, _ = gemma_models
@@ -275,6 +282,7 @@ def clock_run(target, tokens, n, **kw) -> tuple:
     return counts, totals, vetoes
 
 
+@pytest.mark.slow
 def test_clock_suspension_path_is_lossless(gemma_models, ngram_case):
     """Issue 22: a length the clock has suspended is not chosen, whatever the model
     predicts; that decision is made before a draft is drawn, so the law of the
@@ -286,6 +294,7 @@ def test_clock_suspension_path_is_lossless(gemma_models, ngram_case):
     assert_law(counts, exact, n, "clock suspension", note=f"vetoes={vetoes} lengths={totals['length_hist']}")
 
 
+@pytest.mark.slow
 def test_negative_control_clock_suspension_broken_residual(gemma_models, ngram_case):
     """The same configuration with the broken residual (residual = p) must be rejected."""
     target, _ = gemma_models
@@ -294,6 +303,9 @@ def test_negative_control_clock_suspension_broken_residual(gemma_models, ngram_c
     assert_law(counts, exact, n, "clock suspension, residual=p", control=True, note=f"vetoes={vetoes}")
 
 
+# A draft cache out of step costs speed, never the output's law (the hybrid's
+# chi-square tests above stay in the default tier): slow tier.
+@pytest.mark.slow
 def test_hybrid_model_rounds_accept_nearly_everything_when_q_equals_p(gemma_models):
     """Draft = target model with the target's own settings: q = p up to rounding,
     so model-drafted tokens are rejected only with probability TV(p, q). A draft

@@ -70,7 +70,7 @@ def bench_serve(ctx, model, draft, counts, max_tokens, reps, threads, n_ctx, wit
     aggregate tok/s and slowest TTFT of each wave, the paired ratios pyspec /
     llama-server with 95 % intervals over repetitions, and how many answers
     are identical to llama-server's (and pyspec's to pyspec --no-draft's).
-    pyspec/bench/serve.py states the method.
+    pyspec/bench/serve_llama.py states the method.
 
     Without it: `pyspec serve` and `python -m llama_cpp.server` (needs the
     `bench` extra) on the same model and threads; for each number of clients,
