@@ -119,7 +119,7 @@ def _agree_json(*args):
     return json.loads(out.stdout)
 
 
-def test_the_q8_0_copy_is_healthy_and_the_broken_copy_is_broken(gemma_path, copies):
+def test_the_q8_0_copy_is_healthy_and_the_broken_copy_is_broken(gemma_path, copies, tmp_path):
     q8, broken = copies
     healthy = _agree_json(gemma_path, q8)
     for key in ("acceptance_mean", "kl_mean", "top1_agreement", "n_positions", "verdict", "reason", "per_category"):
@@ -128,7 +128,10 @@ def test_the_q8_0_copy_is_healthy_and_the_broken_copy_is_broken(gemma_path, copi
     print(f"Q8_0: KL {healthy['kl_mean']:.4g} alpha {healthy['acceptance_mean']:.4f} -> {healthy['verdict']}")
     assert healthy["verdict"] == "healthy", healthy["reason"]
     assert 0 < healthy["kl_mean"] < healthy["healthy_below"]
-    bad = _agree_json(gemma_path, broken)
+    # The broken copy on three short streams of prose: far past the bound on any text.
+    text = tmp_path / "t.txt"
+    text.write_text("One morning the river rose above its banks and the village moved to the hill. " * 12)
+    bad = _agree_json(gemma_path, broken, "--text", str(text), "--window", "64")
     print(f"broken: KL {bad['kl_mean']:.4g} alpha {bad['acceptance_mean']:.4f} -> {bad['verdict']}")
     assert bad["verdict"] == "broken", bad["reason"]
     assert bad["kl_mean"] > 10 * healthy["kl_mean"] and bad["acceptance_mean"] < healthy["acceptance_mean"]
