@@ -37,7 +37,7 @@ import tempfile
 import time
 import warnings
 from pathlib import Path
-from typing import Dict, Optional, Sequence, Set, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from filelock import FileLock, Timeout
 
@@ -94,24 +94,44 @@ def prepare(policies: Sequence["_core.LengthPolicy"], core_model, draft_model=No
                 policy.remember([float(x) for x in memory])
 
 
-def keep(policy: "_core.LengthPolicy", core_model, stats, draft_model=None) -> None:
+def keep(policy: "_core.LengthPolicy", core_model, stats, draft_model=None, *, defer: bool = False):
     """Record the timings a generation just measured: new batch timings
     (``stats.calibrate_s > 0``), the draft model's cost when it moved by more
     than a tenth from the one on record, and the policy's memory; the last two
     at most once a minute per model file (not a file read and write per
-    generation)."""
+    generation). The policy is read now; with ``defer`` the file work is
+    returned as one callable (None: nothing to write) for another thread to run
+    (a server's round thread does not wait for a disk)."""
     if not isinstance(policy, _core.AutoPolicy):
-        return
+        return None
+    writes: List[Callable[[], None]] = []
     if stats.calibrate_s > 0:
-        save(core_model, policy.calibration)
+        calibration = policy.calibration
+        writes.append(lambda: save(core_model, calibration))
     # Throttled per model file in this process (machine_key would stat the file every call).
     if policy.rounds_seen > 0 and _due(_memory_written, core_model.path):
-        _update(core_model, {MEMORY: [float(x) for x in policy.memory]})
+        memory = [float(x) for x in policy.memory]
+        writes.append(lambda: _update(core_model, {MEMORY: memory}))
     cost = policy.draft_cost("model")
     if draft_model is not None and cost > 0 and _due(_draft_written, draft_model.path):
-        recorded = _entry(draft_model).get(DRAFT_TOKEN)
-        if not isinstance(recorded, (int, float)) or abs(cost - recorded) > 0.1 * recorded:
-            _update(draft_model, {DRAFT_TOKEN: cost})
+
+        def write_cost() -> None:
+            recorded = _entry(draft_model).get(DRAFT_TOKEN)
+            if not isinstance(recorded, (int, float)) or abs(cost - recorded) > 0.1 * recorded:
+                _update(draft_model, {DRAFT_TOKEN: cost})
+
+        writes.append(write_cost)
+    if not writes:
+        return None
+
+    def run() -> None:
+        for write in writes:
+            write()
+
+    if defer:
+        return run
+    run()
+    return None
 
 
 def _due(last_written: Dict[str, float], path: str) -> bool:

@@ -183,23 +183,63 @@ class Generator:
             raise TypeError(f"unexpected arguments for plain generation: {', '.join(sorted(kwargs))}")
         return [(None, None)] * len(slots)
 
-    def record(self, setup: SequenceSetup, stats: "_core.GenerationStats") -> None:
+    def record(self, setup: SequenceSetup, stats: "_core.GenerationStats", *, defer: bool = False):
         """A sequence set up by :meth:`setup` finished with ``stats`` (the
-        speculative decoder keeps what its policy measured)."""
+        speculative decoder keeps what its policy measured). With ``defer``, the
+        file writes are not made but returned as one callable (None: nothing
+        to write), for a thread other than the round's."""
+        return None
 
     def open_session(self, on_token, *, prefill_chunk: int = 0, draft_cap: int = 0,
-                     _test=None) -> "_core.BatchSession":
+                     prompt_cache: Optional["_core.PromptCache"] = None, _test=None) -> "_core.BatchSession":
         """A continuous-batching session on this generator's models (a server's):
         sequences set up with ``setup(drafters="slots")`` join and leave it
-        between rounds; no draft is longer than ``draft_cap``."""
+        between rounds; no draft is longer than ``draft_cap``. Caches the
+        context gives up go to ``prompt_cache`` (host memory) and come back."""
         shared = _core.GenerateParams(max_tokens=0, draft_max=draft_cap if self.speculative else 0,
                                       prefill_chunk=prefill_chunk)
         shared.test = test_controls(_test)
-        return self._engine.session(shared, on_token=on_token, draft_models=self._draft_models())
+        return self._engine.session(shared, on_token=on_token, draft_models=self._draft_models(),
+                                    prompt_cache=prompt_cache)
 
     def _draft_models(self) -> List["_core.Model"]:
         """The models a session drafts with, besides the target (subclasses)."""
         return []
+
+    # ------------------------------------------------------------ saved prefixes
+    def _prefix_models(self) -> List["_core.Model"]:
+        """The contexts a saved prefix covers: the target's (and the draft model's)."""
+        return [self.target.native] + [m for m in self._draft_models()]
+
+    def save_prefix(self, prefix: Prompt, path, *, chat: bool = False) -> int:
+        """Process ``prefix`` once and save every model's cache of it (the draft
+        model's too) to ``path`` (pyspec/prefix.py); returns its length in tokens.
+        ``prefix``: token ids, a string (raw text unless ``chat``), or chat
+        messages, rendered without opening the assistant's turn (a system
+        prompt and tools that later conversations begin with). A later
+        generation whose prompt starts with these tokens, in this process after
+        :meth:`load_prefix` or in another, processes only the rest."""
+        if isinstance(prefix, str) and not chat:
+            tokens = self.target.tokenize(prefix, add_special=True, parse_special=True)
+        elif isinstance(prefix, str) or (prefix and not all(isinstance(t, int) for t in prefix)):
+            messages = [{"role": "user", "content": prefix}] if isinstance(prefix, str) else prefix
+            text = self.target.apply_chat_template(messages, add_assistant=False)
+            tokens = self.target.tokenize(text, add_special=True, parse_special=True)
+        else:
+            tokens = list(prefix)
+        from . import prefix as prefixes
+
+        prefixes.save(self._prefix_models(), tokens, path)
+        return len(tokens)
+
+    def load_prefix(self, path) -> int:
+        """Put a prefix saved by :meth:`save_prefix` (with these models and this
+        build) into the contexts; returns its length in tokens. Raises
+        :class:`~pyspec.prefix.PrefixFileError` for a file of other models, of
+        another build, or a damaged one."""
+        from . import prefix as prefixes
+
+        return prefixes.load(self._prefix_models(), path)
 
     def prompt_tokens(self, prompt: Prompt, *, chat: bool = True, **template):
         """The target's prompt tokens (``Model.prompt_tokens``: ``tools``, ``variables``)."""

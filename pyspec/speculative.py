@@ -88,10 +88,10 @@ class SpeculativeDecoder(Generator):
 
     def policy_object(self, policy: Optional[str] = None, *, draft_max: Optional[int] = None,
                       p_min: float = POLICY_DEFAULTS.p_min, svip_gamma: float = POLICY_DEFAULTS.gamma,
-                      svip_h: float = POLICY_DEFAULTS.h, slot: int = 0) -> "_core.LengthPolicy":
+                      svip_h: float = POLICY_DEFAULTS.h, key=0) -> "_core.LengthPolicy":
         """The live length-policy object that generations with these settings use
-        (one per setting, kept across calls; sequence ``slot`` of a batch has its
-        own). ``auto`` returns a :class:`_core.AutoPolicy`, which exposes its cost
+        (one per setting, kept across calls; each ``key`` has its own: sequence j
+        of a batch, a server's (user, index)). ``auto`` returns a :class:`_core.AutoPolicy`, which exposes its cost
         model's estimates: ``verify_cost(n)``, ``draft_cost(source)``,
         ``acceptance(source, match_len)``."""
         draft_max = self.draft_max if draft_max is None else draft_max
@@ -101,10 +101,10 @@ class SpeculativeDecoder(Generator):
                                     p_min=p_min, gamma=svip_gamma, h=svip_h)
         # One object per setting, kept across calls: adaptive policies remember.
         # Building it is where the core validates the settings (ValueError).
-        key = tuple(getattr(params, f) for f in params.FIELDS) + (slot,)
-        if key not in self._policies:
-            self._policies[key] = _core.make_policy(params)
-        return self._policies[key]
+        setting = tuple(getattr(params, f) for f in params.FIELDS) + (key,)
+        if setting not in self._policies:
+            self._policies[setting] = _core.make_policy(params)
+        return self._policies[setting]
 
     def _drafting(
         self,
@@ -123,14 +123,17 @@ class SpeculativeDecoder(Generator):
         draft_top_p: Optional[float] = None,
         draft_min_p: Optional[float] = None,
         memory: Union[bool, Memory] = True,
+        policy_keys: Optional[List] = None,
     ) -> List[Tuple[Optional["_core.Drafter"], Optional["_core.LengthPolicy"]]]:
         """Fill the drafting fields of ``params``; each slot's (drafter, policy)
         (see :meth:`~pyspec.generation.Generator.setup`). ``drafter`` (a name)
         is for sessions' slots, which may draft with another drafter than the
         decoder's; a batch drafts as :meth:`_batch_drafters` says. ``memory``
         is what the drafters look up (True: the decoder's; a server passes
-        each user's)."""
+        each user's). ``policy_keys``: whose length policy each slot uses
+        (default: the slot's own; a server's follow the user)."""
         s = params.sampling
+        keys = list(slots) if policy_keys is None else list(policy_keys)
         params.draft_sampling = sampling_params(
             s.temperature if draft_temperature is None else draft_temperature,
             s.top_k if draft_top_k is None else draft_top_k,
@@ -144,10 +147,10 @@ class SpeculativeDecoder(Generator):
         if plain and drafters != "slots":
             return [(None, None)] * len(slots)
         if plain:  # a session's sequence drafts through its slot's drafter, with a policy that never drafts
-            policies = [self.policy_object("fixed", draft_max=0, slot=j) for j in slots]
+            policies = [self.policy_object("fixed", draft_max=0, key=k) for k in keys]
         else:
             policies = [self.policy_object(policy, draft_max=draft_max, p_min=p_min, svip_gamma=svip_gamma,
-                                           svip_h=svip_h, slot=j) for j in slots]
+                                           svip_h=svip_h, key=k) for k in keys]
             calibration.prepare(policies, self.target.native, self._draft_native)
             params.draft_max = policies[0].draft_max
         if drafters == "engine":
@@ -195,6 +198,7 @@ class SpeculativeDecoder(Generator):
     def _draft_models(self) -> List["_core.Model"]:
         return [self.draft.native] if self.draft is not None else []
 
-    def record(self, setup, stats) -> None:
+    def record(self, setup, stats, *, defer: bool = False):
         if setup.policy is not None:
-            calibration.keep(setup.policy, self.target.native, stats, self._draft_native)
+            return calibration.keep(setup.policy, self.target.native, stats, self._draft_native, defer=defer)
+        return None

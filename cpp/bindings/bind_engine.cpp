@@ -92,6 +92,8 @@ void bind_stats(py::module_& m) {
         .field("rows", &BatchStats::rows)
         .field("max_rows", &BatchStats::max_rows)
         .field("prompt_rows", &BatchStats::prompt_rows)
+        .field("cached_tokens", &BatchStats::cached_tokens)
+        .field("cache_evictions", &BatchStats::cache_evictions)
         .field("draft_decodes", &BatchStats::draft_decodes)
         .field("joint_rounds", &BatchStats::joint_rounds)
         .field("prompt_s", &BatchStats::prompt_s)
@@ -101,6 +103,7 @@ void bind_stats(py::module_& m) {
         .done();
     Struct<GenerationStats>(m, "GenerationStats", "What one generation measured (stats.h documents each field).")
         .field("n_prompt_tokens", &GenerationStats::n_prompt_tokens)
+        .field("n_cached_tokens", &GenerationStats::n_cached_tokens)
         .field("n_generated", &GenerationStats::n_generated)
         .field("prompt_s", &GenerationStats::prompt_s)
         .field("ttft_s", &GenerationStats::ttft_s)
@@ -222,7 +225,7 @@ void bind_engine(py::module_& m) {
              "on_token(seq, token, text, drafted). Returns (results in order, BatchStats).")
         .def("session",
              [](Engine& e, const GenerateParams& params, py::object on_token, CancelToken* cancel,
-                const std::vector<Model*>& draft_models) {
+                const std::vector<Model*>& draft_models, PromptCache* prompt_cache) {
                  auto ps = std::make_unique<PySession>();
                  ps->params = params;
                  ps->params.cancel = cancel ? &cancel->flag : nullptr;
@@ -232,24 +235,78 @@ void bind_engine(py::module_& m) {
                      return (*sink)(seq, token, text, drafted);
                  };
                  py::gil_scoped_release release;
-                 ps->session = std::make_unique<BatchSession>(e, ps->params, cb, draft_models, false);
+                 ps->session = std::make_unique<BatchSession>(e, ps->params, cb, draft_models, false, prompt_cache);
                  return ps;
              },
              py::arg("params"), py::arg("on_token") = py::none(), py::arg("cancel") = nullptr,
-             py::arg("draft_models") = std::vector<Model*>{}, py::keep_alive<0, 1>(), py::keep_alive<0, 4>(),
-             py::keep_alive<0, 5>(),
+             py::arg("draft_models") = std::vector<Model*>{}, py::arg("prompt_cache") = nullptr,
+             py::keep_alive<0, 1>(), py::keep_alive<0, 4>(), py::keep_alive<0, 5>(), py::keep_alive<0, 6>(),
              "A BatchSession on this engine's target: draft_max (its bound), test.variant and prefill_chunk come "
              "from params; "
              "each add() brings its own sampling settings. on_token(handle, token, text, drafted).");
+    py::class_<PromptCache>(m, "PromptCache",
+                            "Conversations no slot holds any more, kept in host memory within a byte bound, both "
+                            "models' caches together (engine/prompt_cache.h). Give it to Engine.session().")
+        .def(py::init<size_t>(), py::arg("capacity_bytes"))
+        .def_property_readonly("stats",
+                               [](const PromptCache& c) {
+                                   const PromptCache::Stats s = c.stats();
+                                   py::dict d;
+                                   d["saved"] = s.saved;
+                                   d["restored"] = s.restored;
+                                   d["restored_tokens"] = s.restored_tokens;
+                                   d["evicted"] = s.evicted;
+                                   d["entries"] = s.entries;
+                                   d["bytes"] = s.bytes;
+                                   d["capacity"] = s.capacity;
+                                   return d;
+                               },
+                               "{saved, restored, restored_tokens, evicted, entries, bytes, capacity}")
+        .def("clear", &PromptCache::clear, py::call_guard<py::gil_scoped_release>())
+        .def("put",
+             [](PromptCache& c, const std::vector<py::tuple>& parts) {
+                 PromptCache::Entry e;
+                 for (const py::tuple& p : parts) {
+                     if (p.size() != 3) throw std::invalid_argument("a part is (model, tokens, state bytes)");
+                     e.parts.push_back({p[0].cast<Model*>(), p[1].cast<std::vector<int32_t>>(),
+                                        p[2].cast<std::string>()});
+                 }
+                 py::gil_scoped_release release;
+                 return c.put(std::move(e));
+             },
+             py::arg("parts"),
+             "Keep an entry: [(model, tokens, state bytes)], the target's first (Model.save_state). False when "
+             "it is too short or larger than the bound.")
+        .def("entries",
+             [](const PromptCache& c) {
+                 std::vector<PromptCache::Entry> all;
+                 {
+                     py::gil_scoped_release release;
+                     all = c.entries();
+                 }
+                 py::list out;
+                 for (const PromptCache::Entry& e : all) {
+                     py::list parts;
+                     for (const PromptCache::Part& p : e.parts) {
+                         parts.append(py::make_tuple(py::cast(p.model, py::return_value_policy::reference), p.tokens,
+                                                     py::bytes(p.state)));
+                     }
+                     out.append(parts);
+                 }
+                 return out;
+             },
+             "Every entry as [(model, tokens, state bytes)], the target's first; most recently stored first.")
+        .def_property_readonly_static("MIN_TOKENS", [](py::object) { return PromptCache::kMinTokens; },
+                                      "Entries shorter than this many target tokens are not kept.");
     py::class_<PySession>(m, "BatchSession",
                           "Continuous batching (engine.h): sequences join with add() and leave when they finish "
                           "or are cancelled; each step() is one round with one target decode. Use it from one "
                           "thread at a time; close() (or the with-block) releases the models.")
         .def("add",
              [](PySession& ps, const std::vector<int32_t>& prompt, const GenerateParams& params, py::object drafter,
-                py::object policy, int32_t stream) {
+                py::object policy, int32_t stream, int32_t slot) {
                  SequenceSpec spec{prompt, drafter.is_none() ? nullptr : drafter.cast<Drafter*>(),
-                                   policy.is_none() ? nullptr : policy.cast<LengthPolicy*>(), params, stream};
+                                   policy.is_none() ? nullptr : policy.cast<LengthPolicy*>(), params, stream, slot};
                  int32_t h;
                  {
                      py::gil_scoped_release release;
@@ -259,9 +316,17 @@ void bind_engine(py::module_& m) {
                  return h;
              },
              py::arg("prompt"), py::arg("params"), py::arg("drafter") = py::none(), py::arg("policy") = py::none(),
-             py::arg("stream") = 0,
-             "Queue a sequence (its own max_tokens, sampling, seed, stop); returns its handle. "
-             "ValueError when every slot is taken (see free_slots).")
+             py::arg("stream") = 0, py::arg("slot") = -1,
+             "Queue a sequence (its own max_tokens, sampling, seed, stop) in `slot` (-1: the session's choice, "
+             "pick_slot); returns its handle. ValueError when every slot is taken (see free_slots).")
+        .def("pick_slot",
+             [](PySession& ps, const std::vector<int32_t>& prompt) {
+                 py::gil_scoped_release release;
+                 return ps.get().pick_slot(prompt);
+             },
+             py::arg("prompt"),
+             "The free slot a sequence with this prompt would run in (-1: none): one whose cache the prompt "
+             "continues, else its conversation's last turn, else the least recently used (engine.h).")
         .def("step",
              [](PySession& ps) {
                  bool more;
@@ -313,6 +378,8 @@ void bind_engine(py::module_& m) {
              },
              "Empty the cells kept for finished sequences (their prefix cache).")
         .def_property_readonly("free_slots", [](PySession& ps) { return ps.get().free_slots(); })
+        .def_property_readonly("cached_slots", [](PySession& ps) { return ps.get().cached_slots(); },
+                               "Free slots that hold a cache (finished conversations kept)")
         .def_property_readonly("n_active", [](PySession& ps) { return ps.get().n_active(); })
         .def_property_readonly("n_waiting", [](PySession& ps) { return ps.get().n_waiting(); })
         .def_property_readonly("stats", [](PySession& ps) { return ps.get().stats(); })

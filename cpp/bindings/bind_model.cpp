@@ -137,5 +137,26 @@ void bind_model(py::module_& m) {
                 out = m.cached(seq);
             }
             return out;
-        }, py::arg("seq") = 0, "The token ids the KV cache holds for a sequence, by position.");
+        }, py::arg("seq") = 0, "The token ids the KV cache holds for a sequence, by position.")
+        .def_property_readonly("n_decoded", &Model::n_decoded,
+                               "Tokens this context has evaluated over its life (all sequences, drafts included).")
+        .def("save_state",
+             [](const Model& m, int32_t seq) {
+                 std::string s;
+                 {
+                     py::gil_scoped_release release;
+                     s = m.save_state(seq);
+                 }
+                 return py::bytes(s);
+             },
+             py::arg("seq") = 0, "A sequence's cache as bytes (llama.cpp's per-sequence state; cached(seq) names its tokens).")
+        .def("load_state",
+             [](Model& m, int32_t seq, const py::bytes& state, const std::vector<int32_t>& tokens) {
+                 std::string s = state;
+                 py::gil_scoped_release release;
+                 return m.load_state(seq, s, tokens);
+             },
+             py::arg("seq"), py::arg("state"), py::arg("tokens"),
+             "Replace sequence seq's cache with save_state bytes whose cells hold `tokens`; False (left empty) "
+             "when there is no room or the bytes do not fit this model.");
 }

@@ -22,20 +22,22 @@ void BatchSession::run_target(std::vector<Sequence*>& active) {
         try {
             target_.decode_rows(rows_.data(), n);
             bs_.prompt_rows += n - verify_rows;
+            for (int32_t i = verify_rows; i < n; ++i) {
+                const int32_t owner = slot_owner_[static_cast<size_t>(rows_[static_cast<size_t>(i)].seq)];
+                if (Sequence* s = find(owner)) ++s->prompt_decoded;
+            }
             return;
         } catch (const ContextOverflowError&) {
             // The unified cache is full. Free cells in order of what they cost to
-            // lose: prefix caches of finished sequences, then this round's drafts
+            // lose: prefix caches of finished sequences (least recently used
+            // first, into the prompt cache if any), then this round's drafts
             // and prompt rows, then the sequence holding the most cells ends
             // ("context"); its cells go back to the others.
-            bool freed = false;
-            for (int32_t j = 0; j < static_cast<int32_t>(slot_owner_.size()); ++j) {
-                if (slot_owner_[static_cast<size_t>(j)] < 0 && !target_.cached(j).empty()) {
-                    target_.truncate(0, j);
-                    freed = true;
-                }
+            const int32_t victim = lru_cached_slot();
+            if (victim >= 0) {
+                drop_cache(victim);
+                continue;
             }
-            if (freed) continue;
             bool had_drafts = false;
             for (Sequence* s : active) {
                 had_drafts |= !s->drafts.empty();

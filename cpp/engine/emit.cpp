@@ -71,6 +71,7 @@ void BatchSession::finish(Sequence& s, const char* reason) {
         after_first_ += st.n_generated - 1;
     }
     slot_owner_[static_cast<size_t>(s.id)] = -1;
+    slot_used_[static_cast<size_t>(s.id)] = ++tick_;
     finished_.emplace_back(s.handle, std::move(s.result));
 }
 

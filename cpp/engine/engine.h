@@ -32,6 +32,7 @@
 #include "model/model.h"
 #include "policies/policy.h"
 #include "core/sampling.h"
+#include "engine/prompt_cache.h"
 #include "engine/stats.h"
 
 namespace pyspec {
@@ -112,6 +113,10 @@ struct SequenceSpec {
     // Which random stream of `params.seed` it draws from (sequence_seed(seed, stream)):
     // sample j of an n-sample request uses stream j.
     int32_t stream = 0;
+    // The context sequence (slot) it runs in; -1: the session chooses (pick_slot),
+    // or the drafter's own sequence of the draft model, so that slot j of the
+    // target and sequence j of the draft model hold the same conversation.
+    int32_t slot = -1;
 };
 
 // Figures of a whole batch (each sequence's own are in its GenerateResult).
@@ -121,6 +126,8 @@ struct BatchStats {
     int64_t rows = 0;            // verification rows in those decodes (prompt rows riding along not counted)
     int32_t max_rows = 0;        // the largest of them
     int64_t prompt_rows = 0;     // prompt tokens decoded (copied prefixes not counted)
+    int64_t cached_tokens = 0;   // prompt tokens found in the cache instead (slots, copies, host memory)
+    int32_t cache_evictions = 0; // finished sequences' caches dropped (for room, or a slot reused)
     int64_t draft_decodes = 0;   // draft-model decodes (one per draft position for all sequences drafting)
     int32_t joint_rounds = 0;    // rounds whose drafts were allotted jointly (policy.h, plans_jointly)
     double prompt_s = 0;         // decodes that held only prompt rows
@@ -185,12 +192,20 @@ private:
 // across calls and threads (a server's scheduler).
 class BatchSession {
 public:
+    // prompt_cache (optional, outlives the session): where caches that the
+    // context gives up go, and where add() looks for a conversation no slot holds.
     BatchSession(Engine& engine, const GenerateParams& shared, BatchTokenCallback on_token,
-                 std::vector<Model*> draft_models = {}, bool hold_locks = true);
+                 std::vector<Model*> draft_models = {}, bool hold_locks = true, PromptCache* prompt_cache = nullptr);
     ~BatchSession();
     BatchSession(const BatchSession&) = delete;
     BatchSession& operator=(const BatchSession&) = delete;
 
+    // The free slot a sequence with this prompt would run in (-1: none free):
+    // one whose cache this prompt continues (nothing lost), else the one that
+    // holds the most of it when that is more than the rest it holds (this
+    // conversation's own last turn), else the least recently used. Any other
+    // slot's copy of the prompt's prefix is shared into it anyway (adopt_prefix).
+    int32_t pick_slot(const std::vector<int32_t>& prompt) const;
     // Queue a sequence; it starts generating once its prompt is in the cache.
     // Returns its handle (0, 1, 2, ... in the order added). std::invalid_argument
     // (or ContextOverflowError) for a sequence that cannot run; std::length_error
@@ -212,6 +227,8 @@ public:
     // Target cache cells held (running sequences', and all: finished sequences'
     // cells stay as a prefix cache that add() reuses and a full cache reclaims).
     std::pair<int32_t, int32_t> kv_cells() const;
+    // Free slots that hold a cache (finished conversations kept).
+    int32_t cached_slots() const;
     // The log-probabilities a running sequence has recorded so far (from index
     // `start`); empty for unknown or finished handles (their results hold them).
     std::vector<TokenLogprobs> logprobs(int32_t handle, size_t start);
@@ -225,7 +242,16 @@ private:
 
     Sequence* find(int32_t handle);
     void check(const SequenceSpec& spec) const;
-    int32_t pick_slot(const std::vector<int32_t>& prompt) const;
+    // Copy a free slot's caches (both models' sequence `slot`) into the prompt
+    // cache, if there is one and the slot holds enough to be worth it.
+    void spill(int32_t slot);
+    // Give up a free slot's caches, spilled first.
+    void drop_cache(int32_t slot);
+    // Put the prompt cache's best entry for `prompt` into free slot `slot` when
+    // it holds more of the prompt than the context does.
+    void restore(int32_t slot, const std::vector<int32_t>& prompt);
+    // The least recently used free slot that holds cells (-1: none).
+    int32_t lru_cached_slot() const;
     // Copy the longest cached prefix of s's prompt from another slot, if longer than its own.
     void reuse_prefix(Sequence& s);
     bool waits_for_prefix(const Sequence& s) const;
@@ -273,6 +299,9 @@ private:
     Locks locks_;
     std::deque<Sequence> seqs_;   // never moved: a stop rule points into its sequence's stats
     std::vector<int32_t> slot_owner_;  // slot -> handle of the live sequence there, -1: free
+    std::vector<uint64_t> slot_used_;  // slot -> when it last started or ended a sequence (tick_)
+    uint64_t tick_ = 0;
+    PromptCache* prompt_cache_;
     std::vector<std::pair<int32_t, GenerateResult>> finished_;
     int32_t next_handle_ = 0;
     BatchStats bs_;

@@ -11,8 +11,9 @@
 namespace pyspec {
 
 BatchSession::BatchSession(Engine& engine, const GenerateParams& shared, BatchTokenCallback on_token,
-                           std::vector<Model*> draft_models, bool hold_locks)
-    : target_(engine.target()), shared_(shared), on_token_(std::move(on_token)), hold_locks_(hold_locks) {
+                           std::vector<Model*> draft_models, bool hold_locks, PromptCache* prompt_cache)
+    : target_(engine.target()), shared_(shared), on_token_(std::move(on_token)), hold_locks_(hold_locks),
+      prompt_cache_(prompt_cache) {
     if (shared_.draft_max < 0) throw std::invalid_argument("draft_max must be >= 0");
     if (shared_.prefill_chunk < 0) throw std::invalid_argument("prefill_chunk must be >= 0");
     if (shared_.draft_max > 0 && target_.n_batch() < 2) {
@@ -37,6 +38,7 @@ BatchSession::BatchSession(Engine& engine, const GenerateParams& shared, BatchTo
     }
     for (Model* m : models_) m->set_abort_flag(shared_.cancel);
     slot_owner_.assign(static_cast<size_t>(target_.n_seq()), -1);
+    slot_used_.assign(static_cast<size_t>(target_.n_seq()), 0);
     if (hold_locks_) locks_ = std::move(held);
 }
 
@@ -113,35 +115,121 @@ void BatchSession::check(const SequenceSpec& spec) const {
 }
 
 int32_t BatchSession::pick_slot(const std::vector<int32_t>& prompt) const {
-    // A free slot whose kept cells share the longest prefix with the prompt (a
-    // chat's next turn finds its own); else the one keeping the fewest cells.
-    int32_t best = -1;
-    size_t best_common = 0, best_cached = 0;
+    const Locks held = hold();
+    // What taking slot j costs is what its cache holds beyond the prompt: the
+    // prompt's own prefix is copied from wherever it is (adopt_prefix), so
+    // choosing by the longest match alone would cut another conversation's
+    // cache for the few tokens of a shared chat header.
+    int32_t lossless = -1, similar = -1, lru = -1;
+    size_t lossless_common = 0, similar_common = 0;
     for (int32_t j = 0; j < static_cast<int32_t>(slot_owner_.size()); ++j) {
-        if (slot_owner_[static_cast<size_t>(j)] >= 0) continue;
+        const size_t jj = static_cast<size_t>(j);
+        if (slot_owner_[jj] >= 0) continue;
         const std::vector<int32_t>& c = target_.cached(j);
         const size_t common = common_prefix(c, prompt);
-        if (best < 0 || common > best_common || (common == best_common && c.size() < best_cached)) {
-            best = j;
-            best_common = common;
-            best_cached = c.size();
+        const size_t lost = c.size() - common;
+        if (lost == 0 && (lossless < 0 || common > lossless_common)) {
+            lossless = j;
+            lossless_common = common;
         }
+        // The conversation's own last turn (a retry, an answer the client cut short).
+        if (common > lost && common > similar_common) {
+            similar = j;
+            similar_common = common;
+        }
+        if (lru < 0 || slot_used_[jj] < slot_used_[static_cast<size_t>(lru)]) lru = j;
+    }
+    if (lossless >= 0 && (similar < 0 || lossless_common >= similar_common)) return lossless;
+    if (similar >= 0) return similar;
+    return lossless >= 0 ? lossless : lru;
+}
+
+int32_t BatchSession::lru_cached_slot() const {
+    int32_t best = -1;
+    for (int32_t j = 0; j < static_cast<int32_t>(slot_owner_.size()); ++j) {
+        const size_t jj = static_cast<size_t>(j);
+        if (slot_owner_[jj] >= 0 || target_.cached(j).empty()) continue;
+        if (best < 0 || slot_used_[jj] < slot_used_[static_cast<size_t>(best)]) best = j;
     }
     return best;
+}
+
+void BatchSession::spill(int32_t slot) {
+    if (!prompt_cache_ || target_.cached(slot).size() < PromptCache::kMinTokens) return;
+    // Each model's own cache of this slot (a draft model's sequence `slot`
+    // mirrors the target's slot: SequenceSpec::slot).
+    PromptCache::Entry e;
+    for (Model* m : models_) {
+        if (m == &target_) {
+            e.parts.insert(e.parts.begin(), {m, m->cached(slot), m->save_state(slot)});
+        } else if (slot < m->n_seq() && !m->cached(slot).empty()) {
+            e.parts.push_back({m, m->cached(slot), m->save_state(slot)});
+        }
+    }
+    prompt_cache_->put(std::move(e));
+}
+
+void BatchSession::drop_cache(int32_t slot) {
+    if (target_.cached(slot).empty()) return;
+    spill(slot);
+    for (Model* m : models_) {
+        if (slot < m->n_seq()) m->truncate(0, slot);
+    }
+    ++bs_.cache_evictions;
+}
+
+void BatchSession::restore(int32_t slot, const std::vector<int32_t>& prompt) {
+    if (!prompt_cache_) return;
+    const size_t limit = prompt.size() - 1;  // the last prompt token is evaluated with the first round
+    size_t have = 0;
+    for (int32_t j = 0; j < target_.n_seq(); ++j) have = std::max(have, common_prefix(target_.cached(j), prompt, limit));
+    // A restore copies the whole entry: worth it for a real part of a prompt.
+    if (prompt_cache_->best(target_, prompt, limit) < have + PromptCache::kMinTokens) return;
+    const PromptCache::Entry e = prompt_cache_->fetch(target_, prompt, limit);
+    const PromptCache::Part& t = e.parts[0];
+    // The cells must fit beside the others: give up the least recently used
+    // caches (into the prompt cache) until they do.
+    while (!target_.load_state(slot, t.state, t.tokens)) {
+        const int32_t victim = lru_cached_slot();
+        if (victim < 0) return;  // no room even so: the prompt is prefilled as usual
+        drop_cache(victim);
+    }
+    for (size_t i = 1; i < e.parts.size(); ++i) {
+        Model* m = e.parts[i].model;
+        if (std::find(models_.begin(), models_.end(), m) == models_.end() || slot >= m->n_seq()) continue;
+        m->truncate(0, slot);
+        m->load_state(slot, e.parts[i].state, e.parts[i].tokens);  // on failure the drafter prefills it
+    }
+    prompt_cache_->note_restored(common_prefix(t.tokens, prompt, limit) - have);
 }
 
 int32_t BatchSession::add(const SequenceSpec& spec) {
     const Locks held = hold();
     check(spec);
-    const int32_t slot = pick_slot(spec.prompt);
+    int32_t slot = spec.slot;
+    if (slot < 0 && spec.drafter && shared_.draft_max > 0 && spec.drafter->model()) {
+        // The target's slot follows the draft model's sequence, so that the two
+        // caches hold the same conversation (a free slot only; else any).
+        const int32_t d = spec.drafter->model_seq();
+        if (d < target_.n_seq() && slot_owner_[static_cast<size_t>(d)] < 0) slot = d;
+    }
+    if (slot < 0) slot = pick_slot(spec.prompt);
     if (slot < 0) {
         throw std::length_error("all " + std::to_string(target_.n_seq()) + " sequences of the target's context are "
                                 "in use (load it with a larger n_seq_max)");
     }
+    if (slot >= target_.n_seq() || slot_owner_[static_cast<size_t>(slot)] >= 0) {
+        throw std::invalid_argument("slot " + std::to_string(slot) + " is not a free sequence of the target's context");
+    }
+    // What the slot holds beyond the prompt is lost: into the prompt cache first.
+    const size_t common = common_prefix(target_.cached(slot), spec.prompt);
+    if (target_.cached(slot).size() - common >= PromptCache::kMinTokens) spill(slot);
+    restore(slot, spec.prompt);
     const int32_t handle = next_handle_++;
     seqs_.emplace_back(spec, handle, slot);
     Sequence& s = seqs_.back();
     slot_owner_[static_cast<size_t>(slot)] = handle;
+    slot_used_[static_cast<size_t>(slot)] = ++tick_;
     GenerationStats& st = s.stats();
     st.n_prompt_tokens = static_cast<int32_t>(s.history.size());
     s.draft_max = s.policy ? std::min(s.policy->draft_max(), shared_.draft_max) : shared_.draft_max;
@@ -152,8 +240,8 @@ int32_t BatchSession::add(const SequenceSpec& spec) {
     ++bs_.n_seq;
     // Its slot keeps at most the shared prefix (never more than all but the last
     // prompt token, which the first round evaluates with the first drafts).
-    target_.truncate(static_cast<int32_t>(std::min(common_prefix(target_.cached(slot), s.history),
-                                                   s.history.size() - 1)), slot);
+    const size_t keep = std::min(common_prefix(target_.cached(slot), s.history), s.history.size() - 1);
+    target_.truncate(static_cast<int32_t>(keep), slot);
     if (s.max_tokens == 0) finish(s, "max_tokens");
     return handle;
 }
@@ -182,7 +270,7 @@ std::vector<std::pair<int32_t, GenerateResult>> BatchSession::take_finished() {
 void BatchSession::release_cache() {
     const Locks held = hold();
     for (int32_t j = 0; j < static_cast<int32_t>(slot_owner_.size()); ++j) {
-        if (slot_owner_[static_cast<size_t>(j)] < 0 && !target_.cached(j).empty()) target_.truncate(0, j);
+        if (slot_owner_[static_cast<size_t>(j)] < 0) drop_cache(j);
     }
 }
 
@@ -209,6 +297,14 @@ std::pair<int32_t, int32_t> BatchSession::kv_cells() const {
         if (!s.done && s.started) running += static_cast<int32_t>(target_.cached(s.id).size());
     }
     return {running, all};
+}
+
+int32_t BatchSession::cached_slots() const {
+    int32_t n = 0;
+    for (int32_t j = 0; j < static_cast<int32_t>(slot_owner_.size()); ++j) {
+        n += slot_owner_[static_cast<size_t>(j)] < 0 && !target_.cached(j).empty();
+    }
+    return n;
 }
 
 BatchStats BatchSession::stats() const {
@@ -271,6 +367,8 @@ void BatchSession::start(Sequence& s) {
     }
     if (s.policy) s.policy->begin_generation();
     s.stats().prompt_s = since(s.t_start);
+    s.stats().n_cached_tokens = std::max(0, static_cast<int32_t>(prompt.size()) - 1 - s.prompt_decoded);
+    bs_.cached_tokens += s.stats().n_cached_tokens;
     if (s.uses_drafter(draft_max) && s.policy) {
         const int32_t room = target_.n_ctx() - static_cast<int32_t>(prompt.size()) + 1;
         const int32_t rows = calibration_rows(s.policy->draft_max(), target_.n_batch(), target_.n_seq());

@@ -326,6 +326,7 @@ void Model::decode(const int32_t* tokens, int32_t n, int32_t pos0, int32_t n_log
             throw DecodeError(with_llama_reason("llama_decode failed with code " + std::to_string(rc)));
         }
         cached.insert(cached.end(), tokens + done, tokens + done + chunk);
+        n_decoded_ += chunk;
         if (done + chunk == n) {
             logit_rows_.clear();
             for (int32_t r = chunk - n_logits; r < chunk; ++r) logit_rows_.push_back(r);
@@ -381,6 +382,7 @@ void Model::decode_rows(const Row* rows, int32_t n) {
         throw DecodeError(with_llama_reason("llama_decode failed with code " + std::to_string(rc)));
     }
     for (int32_t i = 0; i < n; ++i) cached_[static_cast<size_t>(rows[i].seq)].push_back(rows[i].token);
+    n_decoded_ += n;
     logit_rows_ = std::move(logit_rows);
 }
 
@@ -445,6 +447,32 @@ size_t Model::adopt_prefix(int32_t dst, const std::vector<int32_t>& tokens, size
     }
     copy_prefix(src, dst, static_cast<int32_t>(best));
     return best;
+}
+
+std::string Model::save_state(int32_t seq) const {
+    checked_seq(seq);
+    const auto held = lock();
+    std::string out(llama_state_seq_get_size(ctx_.get(), seq), '\0');
+    const size_t n = llama_state_seq_get_data(ctx_.get(), reinterpret_cast<uint8_t*>(out.data()), out.size(), seq);
+    out.resize(n);
+    return out;
+}
+
+bool Model::load_state(int32_t seq, const std::string& state, const std::vector<int32_t>& tokens) {
+    const size_t j = checked_seq(seq);
+    const auto held = lock();
+    truncate(0, seq);
+    if (state.empty() || tokens.empty()) return false;
+    const size_t n = llama_state_seq_set_data(ctx_.get(), reinterpret_cast<const uint8_t*>(state.data()), state.size(),
+                                              seq);
+    // Trust the bytes only if they hold exactly positions 0..tokens-1 (a state of
+    // another length, or none, would leave the record and the cells apart).
+    if (n == 0 || pos_max(seq) != static_cast<int32_t>(tokens.size()) - 1) {
+        truncate(0, seq);
+        return false;
+    }
+    cached_[j] = tokens;
+    return true;
 }
 
 int32_t Model::pos_max(int32_t seq) const {

@@ -143,6 +143,18 @@ public:
     // whichever engine (plain or speculative) used the context last.
     const std::vector<int32_t>& cached(int32_t seq = 0) const { return cached_[checked_seq(seq)]; }
 
+    // A sequence's cache as bytes (llama.cpp's own per-sequence state: the cells'
+    // positions and K/V), and back: a prompt cache keeps conversations that no
+    // slot holds (engine/prompt_cache.h) and restores them without a prefill.
+    // load_state replaces sequence `seq` with `state`, whose cells hold `tokens`;
+    // false (the sequence left empty) when the cache has no room for it or the
+    // bytes are not a state of this model's shape.
+    std::string save_state(int32_t seq) const;
+    // Tokens this context has evaluated over its life (prompt, drafts, rows of
+    // every sequence): what a cache hit spares shows here.
+    int64_t n_decoded() const { return n_decoded_.load(); }
+    bool load_state(int32_t seq, const std::string& state, const std::vector<int32_t>& tokens);
+
 private:
     void check_token(int32_t token) const;  // std::invalid_argument unless 0 <= token < n_vocab
     size_t checked_seq(int32_t seq) const;  // std::out_of_range unless 0 <= seq < n_seq
@@ -176,6 +188,7 @@ private:
     std::atomic<const void*> claim_{nullptr};
     int32_t flash_attn_ = -1;       // flash attention as run: 1 on, 0 off, -1 unknown
     std::vector<std::vector<int32_t>> cached_;  // per sequence
+    std::atomic<int64_t> n_decoded_{0};
     std::vector<int32_t> logit_rows_;            // batch row of logits(i) in the last decode
 };
 

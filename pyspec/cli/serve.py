@@ -9,6 +9,7 @@ import click
 
 from ..sampling import VARIANTS
 from ..speculative import DRAFTERS, POLICIES
+from ..server.scheduler import DEFAULT_CACHE_RAM_MB, DEFAULT_CACHE_SLOTS
 from .options import DEFAULT_DRAFT, DEFAULT_MODEL, chat_template_option, command_errors, flash_attn_option, load_pair
 
 
@@ -30,6 +31,16 @@ from .options import DEFAULT_DRAFT, DEFAULT_MODEL, chat_template_option, command
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535), help="TCP port.")
 @click.option("--parallel", "-np", default=8, show_default=True, type=click.IntRange(1, 256),
               help="Sequences generated together (slots); more requests wait in the queue.")
+@click.option("--cache-slots", default=DEFAULT_CACHE_SLOTS, show_default=True, type=click.IntRange(0, 255),
+              help="Finished conversations kept cached in the context beside the --parallel running ones "
+                   "(they share its --n-ctx cells; the least recently used gives way). A request goes to the "
+                   "slot that holds its conversation, so alternating chats prefill only their new tokens.")
+@click.option("--cache-ram", default=DEFAULT_CACHE_RAM_MB, show_default=True, type=click.FloatRange(min=0),
+              help="MiB of host memory for conversations the context gives up (both models' caches), put back "
+                   "when their conversation returns; the oldest go first. 0: none.")
+@click.option("--prompt-cache", "prompt_cache", default=None, type=click.Path(file_okay=False),
+              help="Folder where the cached conversations (both models' caches) are saved at shutdown and loaded "
+                   "at startup, so a restarted server answers them without a prefill (within --cache-ram).")
 @click.option("--queue-size", default=None, type=click.IntRange(min=0),
               help="Requests that may wait for a slot; past it, 503 with Retry-After [default: 4 x --parallel].")
 @click.option("--n-ctx", default=8192, show_default=True, type=click.IntRange(min=16),
@@ -52,11 +63,16 @@ from .options import DEFAULT_DRAFT, DEFAULT_MODEL, chat_template_option, command
               help="Byte cap of each user's memory (least recently used text goes first).")
 @click.option("--memory-users", default=8, show_default=True, type=click.IntRange(min=1),
               help="Users whose memories are kept (the least recently active is dropped first).")
+@click.option("--test-slot-choice", type=click.Choice(["engine", "lowest"]), default="engine", hidden=True,
+              help="TEST-ONLY: 'lowest' puts every request in the lowest free slot (the prompt-cache test's "
+                   "negative control).")
 @click.option("--test-variant", type=click.Choice(VARIANTS), default="correct", hidden=True,
               help="TEST-ONLY: a wrong acceptance rule (e.g. residual_is_p) for the lossless test's negative control.")
-def serve(model, draft, no_draft, drafter, policy, draft_max, host, port, parallel, queue_size, n_ctx, prefill_chunk,
+def serve(model, draft, no_draft, drafter, policy, draft_max, host, port, parallel, cache_slots, cache_ram, prompt_cache,
+          queue_size,
+          n_ctx, prefill_chunk,
           api_key, model_alias, threads, n_gpu_layers, flash_attn, chat_template, memory, memory_mb, memory_users,
-          test_variant) -> None:
+          test_slot_choice, test_variant) -> None:
     """Serve the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models),
     with /health and Prometheus /metrics.
 
@@ -74,20 +90,24 @@ def serve(model, draft, no_draft, drafter, policy, draft_max, host, port, parall
         from ..server.app import create_app
     except ImportError as e:
         raise click.ClickException(f"the server needs its extra: pip install 'pyspec-llama[server]' ({e})") from e
+    if prompt_cache is not None and cache_ram <= 0:
+        raise click.UsageError("--prompt-cache needs host memory to load the folder into: --cache-ram > 0")
     name = model_alias or os.path.basename(model or DEFAULT_MODEL).removesuffix(".gguf")
     with command_errors():
         _, decoder = load_pair(model, draft, no_draft=no_draft, drafter=drafter, policy=policy, draft_max=draft_max,
                                n_ctx=n_ctx, n_threads=threads, n_gpu_layers=n_gpu_layers, flash_attn=flash_attn,
-                               n_seq_max=parallel, chat_template=chat_template)
+                               n_seq_max=min(parallel + cache_slots, 256), chat_template=chat_template)
         decoder.target.chat_template.check()  # a template that does not compile: say so now, not per request
     app = create_app(decoder, model_name=name, parallel=parallel,
                      queue_size=4 * parallel if queue_size is None else queue_size, api_key=api_key,
                      prefill_chunk=prefill_chunk, memory_mb=memory_mb if memory else 0, memory_users=memory_users,
-                     _test=dict(variant=test_variant))
+                     cache_ram_mb=cache_ram, prompt_cache_dir=prompt_cache, _test=dict(variant=test_variant),
+                     _slot_choice=test_slot_choice)
     if test_variant != "correct":
         click.echo(f"pyspec serve: TEST-ONLY acceptance rule {test_variant!r}: output is NOT the target's", err=True)
-    click.echo(f"pyspec serve: {name} ({decoder!r}) on http://{host}:{port}/v1 with {parallel} slots; "
-               f"Ctrl-C stops", err=True)
+    click.echo(f"pyspec serve: {name} ({decoder!r}) on http://{host}:{port}/v1 with {parallel} slots, "
+               f"{cache_slots} more conversations cached in the context and up to {cache_ram:g} MiB in host "
+               f"memory (--cache-ram); Ctrl-C stops", err=True)
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
                             timeout_graceful_shutdown=10, lifespan="on")
     server = _Server(config, app)

@@ -28,7 +28,7 @@ from . import protocol
 from .memories import UserMemories
 from .metrics import Metrics, RequestClock
 from .protocol import FINISH_REASON, APIError
-from .scheduler import (MAX_DRAFT, EngineFailed, Job, JobCancelled, JobRefused, QueueFull, Scheduler,
+from .scheduler import (DEFAULT_CACHE_RAM_MB, MAX_DRAFT, EngineFailed, Job, JobCancelled, JobRefused, QueueFull, Scheduler,
                         SchedulerError, ShuttingDown)
 
 #: Largest request body accepted (a prompt of a few hundred thousand characters).
@@ -53,9 +53,14 @@ def http_error(e: SchedulerError) -> APIError:
 
 
 def create_app(decoder, *, model_name: str, parallel: int = 8, queue_size: int = 32, api_key: Optional[str] = None,
-               prefill_chunk: int = 256, memory_mb: float = 64.0, memory_users: int = 8, _test=None) -> Starlette:
+               prefill_chunk: int = 256, memory_mb: float = 64.0, memory_users: int = 8,
+               cache_ram_mb: float = DEFAULT_CACHE_RAM_MB, prompt_cache_dir: Optional[str] = None, _test=None,
+               _slot_choice: str = "engine") -> Starlette:
     """An ASGI app serving ``decoder`` (a Model or SpeculativeDecoder whose
-    target, and draft model, hold ``parallel`` sequences) under ``model_name``.
+    target, and draft model, hold at least ``parallel`` sequences: more keep
+    more conversations cached) under ``model_name``. Caches the context gives
+    up are kept in host memory up to ``cache_ram_mb`` (0: none), and with
+    ``prompt_cache_dir`` saved there at shutdown and loaded at startup.
     ``_test`` holds TEST-ONLY negative controls (a wrong acceptance rule the
     lossless test must catch; :func:`pyspec.generation.test_controls`).
     Memory for suffix drafting is kept per user (``memory_mb`` each, for up to
@@ -74,7 +79,9 @@ def create_app(decoder, *, model_name: str, parallel: int = 8, queue_size: int =
     @asynccontextmanager
     async def lifespan(app):
         state["scheduler"] = Scheduler(decoder, parallel=parallel, queue_size=queue_size,
-                                       prefill_chunk=prefill_chunk, _test=_test)
+                                       prefill_chunk=prefill_chunk, cache_ram_mb=cache_ram_mb,
+                                       prompt_cache_dir=prompt_cache_dir,
+                                       memories=memories.get, _test=_test, _slot_choice=_slot_choice)
         try:
             yield
         finally:
@@ -146,7 +153,7 @@ def create_app(decoder, *, model_name: str, parallel: int = 8, queue_size: int =
                 raise APIError(404, f"the model '{parsed.model}' does not exist (this server has '{model_name}')",
                                param="model", code="model_not_found")
             prompts = [tokens_of(kind, p, parsed) for p in parsed.prompts]
-            job = Job(parsed.sampling, prompts, asyncio.get_running_loop(), memory=memories.get(parsed.user))
+            job = Job(parsed.sampling, prompts, asyncio.get_running_loop(), user=parsed.user or "")
             state["scheduler"].submit(job)
         except SchedulerError as e:
             return error(http_error(e))
@@ -176,9 +183,13 @@ def create_app(decoder, *, model_name: str, parallel: int = 8, queue_size: int =
         if s is None or s.error is not None:
             return JSONResponse({"status": "error", "error": str(s.error) if s else "starting"}, status_code=503)
         running, cached = s.kv_cells
+        ram = s.prompt_cache.stats if s.prompt_cache is not None else {}
         return JSONResponse({"status": "ok", "version": __version__, "slots_total": parallel,
                              "slots_busy": s.busy_slots, "queue_depth": s.queue_depth,
-                             "kv_cells_running": running, "kv_cells_cached": cached})
+                             "kv_cells_running": running, "kv_cells_cached": cached,
+                             "conversations_cached": s.conversations_cached,
+                             "cache_ram_bytes": ram.get("bytes", 0), "cache_ram_capacity_bytes": ram.get("capacity", 0),
+                             "cache_ram_entries": ram.get("entries", 0)})
 
     async def metrics_route(request: Request) -> Response:
         body, content_type = metrics.render()
@@ -353,5 +364,8 @@ class Answer:
         yield {"data": "[DONE]"}
 
     def _figures(self, results, n_out: int) -> Dict[str, Any]:
-        return {"usage": protocol.usage(self.n_prompt, n_out),
-                "timings": protocol.timings([r.stats for r in results], self.n_prompt)}
+        # A prompt's tokens count once (its n samples share them): its first choice's cached share.
+        n = self.parsed.sampling.n
+        cached = sum(results[p * n].stats.n_cached_tokens for p in range(len(self.job.prompts)))
+        return {"usage": protocol.usage(self.n_prompt, n_out, cached),
+                "timings": protocol.timings([r.stats for r in results], self.n_prompt, cached)}

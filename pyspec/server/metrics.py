@@ -15,6 +15,7 @@ thread, which also serves /metrics), at most once per delta a choice receives.
 from __future__ import annotations
 
 import bisect
+import collections
 import math
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
@@ -53,6 +54,22 @@ _COUNTERS = (
     ("batch_rows", "batch_rows", "Verification rows over all rounds (rows per round: / rounds)",
      "pyspec_batch_rows"),
     ("requests_rejected", "rejected", "Requests refused with 503 (queue full)", "pyspec_requests_rejected"),
+    ("prompt_tokens_cached", "prompt_tokens_cached",
+     "Prompt tokens found in the prompt cache instead of prefilled (slots, shared prefixes, host memory)", None),
+    ("prompt_cache_evictions", "cache_evictions",
+     "Finished conversations' caches the context gave up (for room, or a slot reused)", None),
+)
+# The host-memory prompt cache (--cache-ram): (name, its key in PromptCache.stats, help).
+_CACHE_RAM_COUNTERS = (
+    ("prompt_cache_ram_saved", "saved", "Conversations' caches stored in host memory"),
+    ("prompt_cache_ram_restored", "restored", "Conversations' caches put back from host memory into a slot"),
+    ("prompt_cache_ram_restored_tokens", "restored_tokens", "Prompt tokens those restores spared the target"),
+    ("prompt_cache_ram_evicted", "evicted", "Caches dropped from host memory to stay within --cache-ram"),
+)
+_CACHE_RAM_GAUGES = (
+    ("prompt_cache_ram_bytes", "bytes", "Host memory the prompt cache holds"),
+    ("prompt_cache_ram_capacity_bytes", "capacity", "Its bound (pyspec serve --cache-ram)"),
+    ("prompt_cache_ram_entries", "entries", "Conversations it holds"),
 )
 
 
@@ -193,6 +210,15 @@ class Metrics:
             yield fam
             if old is not None:
                 yield CounterMetricFamily(old, f"{doc} (deprecated: {NS}{name})", value=c[key])
+        ram = s.prompt_cache.stats if s.prompt_cache is not None else collections.Counter()
+        for name, key, doc in _CACHE_RAM_COUNTERS:
+            fam = CounterMetricFamily(NS + name, doc, labels=["model_name"])
+            fam.add_metric(model, ram[key])
+            yield fam
+        for name, key, doc in _CACHE_RAM_GAUGES:
+            fam = GaugeMetricFamily(NS + name, doc, labels=["model_name"])
+            fam.add_metric(model, ram[key])
+            yield fam
         drafted, accepted = list(s.drafted_per_pos), list(s.accepted_per_pos)
         n_pos = next((i + 1 for i in range(len(drafted) - 1, -1, -1) if drafted[i]), 0)
         for name, doc, values in (

@@ -339,23 +339,29 @@ def now() -> int:
     return int(time.time())
 
 
-def usage(n_prompt: int, n_completion: int) -> Dict[str, int]:
-    return {"prompt_tokens": n_prompt, "completion_tokens": n_completion, "total_tokens": n_prompt + n_completion}
+def usage(n_prompt: int, n_completion: int, n_cached: int = 0) -> Dict[str, Any]:
+    """OpenAI's usage, with the prompt tokens found in the prompt cache as
+    OpenAI reports them (prompt_tokens_details.cached_tokens)."""
+    return {"prompt_tokens": n_prompt, "completion_tokens": n_completion, "total_tokens": n_prompt + n_completion,
+            "prompt_tokens_details": {"cached_tokens": n_cached}}
 
 
-def timings(stats: Sequence[Any], n_prompt: int) -> Dict[str, float]:
+def timings(stats: Sequence[Any], n_prompt: int, n_cached: int = 0) -> Dict[str, float]:
     """llama.cpp's `timings` over a request's choices (stats: each choice's
     GenerationStats). prompt_ms: until the first token (queue wait included);
-    predicted_ms: from then to the last token, the slowest choice."""
+    predicted_ms: from then to the last token, the slowest choice; cache_n: the
+    prompt tokens found cached, prompt_n the ones processed (llama-server's
+    split)."""
     prompt_ms = 1000 * max((s.ttft_s for s in stats), default=0.0)
     predicted_n = sum(s.n_generated for s in stats)
     predicted_ms = 1000 * max((s.decode_s for s in stats), default=0.0)
     after_first = sum(max(s.n_generated - 1, 0) for s in stats)
     return {
-        "prompt_n": n_prompt,
+        "cache_n": n_cached,
+        "prompt_n": n_prompt - n_cached,
         "prompt_ms": prompt_ms,
-        "prompt_per_token_ms": prompt_ms / n_prompt if n_prompt else 0.0,
-        "prompt_per_second": 1000 * n_prompt / prompt_ms if prompt_ms > 0 else 0.0,
+        "prompt_per_token_ms": prompt_ms / (n_prompt - n_cached) if n_prompt > n_cached else 0.0,
+        "prompt_per_second": 1000 * (n_prompt - n_cached) / prompt_ms if prompt_ms > 0 else 0.0,
         "predicted_n": predicted_n,
         "predicted_ms": predicted_ms,
         "predicted_per_token_ms": predicted_ms / after_first if after_first else 0.0,

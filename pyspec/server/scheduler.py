@@ -9,15 +9,19 @@ whose clients left, and after each round hands every choice the text and
 log-probabilities it gained. Every running sequence's rows go into the round's
 one target decode; new prompts are prefilled in chunks beside them.
 
-Each sequence slot j of the server has its own drafter and length policy (per
-drafter name and policy setting, kept across requests: ``auto`` keeps learning);
-drafter j drafts in sequence j of the draft model's context, so two running
-sequences never share one.
+Prompt cache: the contexts hold more sequences (slots) than run at once
+(``parallel``), so finished conversations stay cached side by side in the
+unified cache; a request goes to the slot the engine picks for its prompt
+(``BatchSession.pick_slot``: the one its conversation left, else the least
+recently used), and caches the context must give up go to host memory
+(``PromptCache``, ``--cache-ram``) and come back when their conversation does.
+Slot j's drafter drafts in sequence j of the draft model's context, so the
+draft model's cache follows the conversation too, and two running sequences
+never share one. Length policies (``auto`` keeps learning) follow the user
+(the request's ``user`` field), not the slot.
 """
 
 from __future__ import annotations
-
-import bisect
 
 import asyncio
 import collections
@@ -25,8 +29,11 @@ import itertools
 import secrets
 import threading
 import time
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Deque, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Callable, Deque, Dict, List, Optional, Set, Tuple
 
 from .. import _core
 from ..generation import SEED_BITS, SequenceSetup
@@ -37,6 +44,12 @@ if TYPE_CHECKING:
 
 #: Largest draft a request may ask for (draft_max); the session's cap.
 MAX_DRAFT = 63
+#: Host memory for the conversations the context gives up (pyspec serve --cache-ram), in MiB.
+DEFAULT_CACHE_RAM_MB = 1024
+#: Finished conversations the context keeps cached beside the running ones
+#: (pyspec serve --cache-slots; the contexts hold --parallel plus these sequences,
+#: in the same unified cache of --n-ctx cells).
+DEFAULT_CACHE_SLOTS = 8
 
 
 class SchedulerError(Exception):
@@ -92,7 +105,8 @@ class Job:
     events: "asyncio.Queue[Tuple]" = field(default_factory=asyncio.Queue)
     choices: List[Choice] = field(default_factory=list)
     cancelled: bool = False
-    memory: Optional["Memory"] = None  # the user's: drafts copy from it, answers join it
+    user: str = ""                     # OpenAI's end-user id ("" for one local user): memory and policy follow it
+    memory: Optional["Memory"] = None  # the user's, set once admitted: drafts copy from it, answers join it
     admitted: float = 0.0              # time.monotonic() when it left the queue (0: not yet)
 
     @property
@@ -108,15 +122,33 @@ class Job:
 class Scheduler:
     """Owns ``decoder``'s contexts on one thread; see the module docstring."""
 
-    def __init__(self, decoder, *, parallel: int, queue_size: int, prefill_chunk: int = 256, _test=None) -> None:
+    def __init__(self, decoder, *, parallel: int, queue_size: int, prefill_chunk: int = 256,
+                 cache_ram_mb: float = 0, prompt_cache_dir: Optional[str] = None,
+                 memories: Optional[Callable[[str], Optional["Memory"]]] = None,
+                 _test=None, _slot_choice: str = "engine") -> None:
         self.decoder = decoder
         self.target = decoder.target
         self.parallel = parallel
         self.queue_size = queue_size
+        self.memories = memories
         self._lock = threading.Condition()
         self._waiting: Deque[Job] = collections.deque()
         self._running: List[Job] = []
-        self._free_slots = list(range(parallel))
+        self._n_running = 0               # sequences holding a slot (at most `parallel`)
+        self._cached_slots = 0
+        self._busy: Set[int] = set()      # their slots
+        # TEST-ONLY negative control of the prompt-cache test: "lowest" names the
+        # lowest free slot for every sequence, as the scheduler once did.
+        self._slot_choice = _slot_choice
+        self._policy_users: Dict[int, Tuple[str, int]] = {}  # handle -> its policy's key (user, index)
+        # Memory adds and calibration writes: off the round's thread, in order.
+        self._after = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pyspec-after")
+        self.prompt_cache = _core.PromptCache(int(cache_ram_mb * 2**20)) if cache_ram_mb > 0 else None
+        self.prompt_cache_dir = prompt_cache_dir
+        if prompt_cache_dir is not None:
+            if self.prompt_cache is None:
+                raise ValueError("a prompt cache folder needs host memory to load it into (--cache-ram > 0)")
+            self.loaded_prefixes = self._load_prefixes(prompt_cache_dir)
         self._by_handle: Dict[int, Tuple[Job, Choice]] = {}
         self._stopping = False
         self._seeds = itertools.count()
@@ -128,7 +160,7 @@ class Scheduler:
         self.kv_cells = (0, 0)
         # _test: TEST-ONLY negative controls (a wrong acceptance rule), for the server's lossless test.
         self._session = decoder.open_session(self._on_token, prefill_chunk=prefill_chunk, draft_cap=MAX_DRAFT,
-                                             _test=_test)
+                                             prompt_cache=self.prompt_cache, _test=_test)
         self._thread = threading.Thread(target=self._run, name="pyspec-scheduler", daemon=True)
         self._thread.start()
 
@@ -139,9 +171,13 @@ class Scheduler:
         with self._lock:
             return self._queued()
 
+    @property
+    def _n_free(self) -> int:
+        return self.parallel - self._n_running
+
     def _queued(self) -> int:
         """Waiting jobs that the free slots cannot take in order (lock held)."""
-        free, queued = len(self._free_slots), 0
+        free, queued = self._n_free, 0
         for job in self._waiting:
             if queued or job.need > free:
                 queued += 1
@@ -151,11 +187,16 @@ class Scheduler:
 
     def _unclaimed(self) -> int:
         """Free slots that no waiting job will take (lock held)."""
-        return len(self._free_slots) - sum(j.need for j in self._waiting)
+        return self._n_free - sum(j.need for j in self._waiting)
 
     @property
     def busy_slots(self) -> int:
-        return self.parallel - len(self._free_slots)
+        return self._n_running
+
+    @property
+    def conversations_cached(self) -> int:
+        """Slots holding a cache that no running sequence uses."""
+        return self._cached_slots
 
     def submit(self, job: Job) -> None:
         """Queue a job, or raise :class:`ShuttingDown` or :class:`QueueFull`."""
@@ -177,10 +218,51 @@ class Scheduler:
             self._lock.notify()
 
     def stop(self, timeout: float = 30.0) -> None:
-        """shutdown(), then wait for the thread to end and release the contexts."""
+        """shutdown(), then wait for the thread to end and release the contexts
+        (with a prompt cache folder, the conversations cached go there first)."""
         self.shutdown()
         self._thread.join(timeout)
+        self._after.shutdown(wait=True)
+        if self.prompt_cache_dir is not None and not self._thread.is_alive() and self.error is None:
+            self._session.release_cache()  # every slot's cache into the prompt cache, then to disk
+            self._save_prefixes(self.prompt_cache_dir)
         self._session.close()
+
+    def _prefix_models(self) -> List["_core.Model"]:
+        draft = getattr(self.decoder, "draft", None)
+        return [self.target.native] + ([draft.native] if draft is not None and self.decoder.speculative else [])
+
+    def _load_prefixes(self, folder: str) -> int:
+        """The folder's saved conversations into the prompt cache (oldest first,
+        so the newest are kept if they do not all fit); files that do not fit
+        these models are skipped with a warning."""
+        from .. import prefix
+
+        loaded = 0
+        files = sorted(Path(folder).glob("*" + prefix.SUFFIX), key=lambda p: p.stat().st_mtime)
+        for path in files:
+            try:
+                parts = prefix.read(path, self._prefix_models())
+            except (OSError, prefix.PrefixFileError) as e:
+                warnings.warn(f"pyspec serve: skipped {path}: {e}", RuntimeWarning, stacklevel=2)
+                continue
+            loaded += bool(self.prompt_cache.put(parts))
+        return loaded
+
+    def _save_prefixes(self, folder: str) -> None:
+        """The prompt cache's conversations to the folder, one file each; files of
+        conversations it no longer holds are removed (the folder stays within
+        --cache-ram)."""
+        from .. import prefix
+
+        keep = set()
+        for parts in reversed(self.prompt_cache.entries()):  # oldest first: the newest get the latest mtimes
+            name = prefix.file_name(parts[0][1])
+            keep.add(name)
+            prefix.write(Path(folder) / name, parts)
+        for path in Path(folder).glob("*" + prefix.SUFFIX):
+            if path.name not in keep:
+                path.unlink(missing_ok=True)
 
     # -------------------------------------------------------------- the thread
     def _run(self) -> None:
@@ -221,7 +303,7 @@ class Scheduler:
                 self._waiting.popleft()
                 self._send(job, ("error", JobCancelled("cancelled")))
                 continue
-            if job.need > len(self._free_slots) or job.need > self._session.free_slots:
+            if job.need > self._n_free or job.need > self._session.free_slots:
                 return
             self._waiting.popleft()
             job.admitted = time.monotonic()
@@ -240,33 +322,44 @@ class Scheduler:
     def _start(self, job: Job) -> None:
         s = job.sampling
         base = s.seed if s.seed is not None else secrets.randbits(SEED_BITS)
-        # Drafting settings only where the decoder drafts (a plain server ignores them).
-        drafting = (dict(drafter=s.drafter, policy=s.policy, draft_max=s.draft_max, memory=job.memory)
-                    if self.decoder.speculative else {})
+        if self.memories is not None and self.decoder.speculative:
+            job.memory = self.memories(job.user)  # only now: a refused request evicts nobody's memory
         for p_i, prompt in enumerate(job.prompts):
             for j in range(s.n):
                 index = p_i * s.n + j
-                # The lowest free slot: one client's requests keep one slot, whose
-                # policy goes on learning (and whose draft sequence keeps the chat).
-                c = Choice(index=index, prompt=prompt, seed=_core.sequence_seed(base, index),
-                           slot=self._free_slots.pop(0))
-                try:
-                    # No answer outgrows the context, and a top_k past the vocabulary keeps it
-                    # all: clamped, since the core's ints are 32-bit (protocol.py bounds neither).
-                    n_ctx = self.target.n_ctx
-                    c.setup = self.decoder.setup(
-                        max_tokens=n_ctx if s.max_tokens is None else min(s.max_tokens, n_ctx),
-                        temperature=s.temperature, top_k=min(s.top_k, self.target.n_vocab), top_p=s.top_p,
-                        min_p=s.min_p, seed=base,
-                        stop=s.stop, logprobs=s.logprobs, slots=[c.slot], drafters="slots", **drafting)[0]
-                    c.handle = self._session.add(prompt, c.setup.params, drafter=c.setup.drafter,
-                                                 policy=c.setup.policy, stream=index)
-                except BaseException:  # refused: its slot goes back (the choices added before run on)
-                    bisect.insort(self._free_slots, c.slot)
-                    raise
+                slot = self._pick_slot(prompt)
+                c = Choice(index=index, prompt=prompt, seed=_core.sequence_seed(base, index), slot=slot)
+                key = self._policy_key(job.user)
+                # Drafting settings only where the decoder drafts (a plain server ignores them).
+                drafting = (dict(drafter=s.drafter, policy=s.policy, draft_max=s.draft_max, memory=job.memory,
+                                 policy_keys=[key]) if self.decoder.speculative else {})
+                # No answer outgrows the context, and a top_k past the vocabulary keeps it
+                # all: clamped, since the core's ints are 32-bit (protocol.py bounds neither).
+                n_ctx = self.target.n_ctx
+                c.setup = self.decoder.setup(
+                    max_tokens=n_ctx if s.max_tokens is None else min(s.max_tokens, n_ctx),
+                    temperature=s.temperature, top_k=min(s.top_k, self.target.n_vocab), top_p=s.top_p,
+                    min_p=s.min_p, seed=base,
+                    stop=s.stop, logprobs=s.logprobs, slots=[slot], drafters="slots", **drafting)[0]
+                c.handle = self._session.add(prompt, c.setup.params, drafter=c.setup.drafter,
+                                             policy=c.setup.policy, stream=index, slot=slot)
+                self._busy.add(slot)
+                self._n_running += 1
+                self._policy_users[c.handle] = key
                 self._by_handle[c.handle] = (job, c)
                 job.choices.append(c)
                 self.counters["prompt_tokens"] += len(prompt)
+
+    def _pick_slot(self, prompt: List[int]) -> int:
+        if self._slot_choice == "lowest":
+            return min(set(range(self.target.n_seq_max)) - self._busy)
+        return self._session.pick_slot(prompt)
+
+    def _policy_key(self, user: str) -> Tuple[str, int]:
+        """The user's first length policy that no running sequence uses: a user's
+        requests, one after another, keep teaching one policy."""
+        taken = {k for k in self._policy_users.values() if k[0] == user}
+        return next((user, i) for i in itertools.count() if (user, i) not in taken)
 
     def _on_token(self, handle: int, token: int, text: bytes, drafted: bool) -> bool:
         job, c = self._by_handle[handle]
@@ -299,9 +392,13 @@ class Scheduler:
                 self.counters["draft_accepted"] += st.accepted
                 if st.drafted:
                     self._count_positions(st.drafted_at, st.accepted_at)
-                self.decoder.record(c.setup, st)
+                self._policy_users.pop(handle, None)
+                self._release(c)
+                writes = self.decoder.record(c.setup, st, defer=True)
+                if writes is not None:
+                    self._after.submit(writes)
                 if job.memory is not None:
-                    job.memory.add(c.prompt + list(result.tokens))
+                    self._after.submit(job.memory.add, c.prompt + list(result.tokens))
                 self._send(job, ("done", c.index, result, c.seed))
                 if all(x.done for x in job.choices):
                     with self._lock:
@@ -309,7 +406,10 @@ class Scheduler:
                         self._running.remove(job)
         bs = self._session.stats
         self.counters["rounds"], self.counters["batch_rows"] = bs.rounds, bs.rows
+        self.counters["prompt_tokens_cached"] = bs.cached_tokens
+        self.counters["cache_evictions"] = bs.cache_evictions
         self.kv_cells = self._session.kv_cells
+        self._cached_slots = self._session.cached_slots
 
     def _count_positions(self, drafted_at: List[int], accepted_at: List[int]) -> None:
         """A finished sequence's drafts, by draft position (for /metrics)."""
@@ -326,9 +426,14 @@ class Scheduler:
 
     def _end(self, job: Job) -> None:
         for c in job.choices:
-            if c.slot >= 0:
-                bisect.insort(self._free_slots, c.slot)
-                c.slot = -1
+            self._release(c)
+
+    def _release(self, c: Choice) -> None:
+        """c's slot is free again (its cache stays: the next turn finds it)."""
+        if c.slot >= 0:
+            self._busy.discard(c.slot)
+            self._n_running -= 1
+            c.slot = -1
 
     @staticmethod
     def _send(job: Job, event: Tuple) -> None:
