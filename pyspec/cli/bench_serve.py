@@ -51,12 +51,21 @@ from .options import (DEFAULT_DRAFT, DEFAULT_MODEL, IntList, command_errors, lab
                    "memory holds the answers it gave [default: a new user: the cached wave measures the prefix "
                    "cache].")
 @click.option("--memory-off", is_flag=True, help="--multiturn: also run `pyspec serve --no-memory`.")
+@click.option("--turns", default=None, type=click.IntRange(min=2),
+              help="Conversations-in-turn mode: --conversations chats (default 2), each with a long system prompt "
+                   "of its own (--system-tokens), sent one request at a time in turn for this many rounds, each "
+                   "request the whole conversation so far, with no `user`: the TTFT of every turn, against "
+                   "--llama-server if given (pyspec/bench/serve_turns.py).")
+@click.option("--system-tokens", default=2000, show_default=True, type=click.IntRange(min=64),
+              help="--turns: tokens of each conversation's system prompt.")
+@click.option("--slots", default=4, show_default=True, type=click.IntRange(min=1),
+              help="--turns: slots of every server (--parallel, llama-server's -np).")
 @report_options("every wave's figures (--llama-server: and answers)", "aggregate tok/s and TTFT against the number of "
                 "clients (--multiturn: the ratios with their intervals, and every run's aggregate tok/s)")
 @click.pass_context
 def bench_serve(ctx, model, draft, counts, max_tokens, reps, threads, n_ctx, with_generate, raw, multiturn,
-                n_conversations, llama_server, llama_specs, llama_args, cached_same_user, memory_off, json_path,
-                plot_path) -> None:
+                n_conversations, llama_server, llama_specs, llama_args, cached_same_user, memory_off, turns,
+                system_tokens, slots, json_path, plot_path) -> None:
     """pyspec's server against llama.cpp's or llama-cpp-python's, under concurrent clients.
 
     With --llama-server PATH: `pyspec serve` (with the draft model), `pyspec
@@ -106,8 +115,8 @@ def bench_serve(ctx, model, draft, counts, max_tokens, reps, threads, n_ctx, wit
 
     if multiturn:
         refuse(("counts", "draft", "with_generate", "cached_same_user"), "to --multiturn")
-    else:
-        refuse(("n_conversations", "memory_off"), "without --multiturn")
+    elif not turns:
+        refuse(("n_conversations", "memory_off"), "without --multiturn or --turns")
     if llama_server is None:
         refuse(("llama_specs", "llama_args", "cached_same_user"), "without --llama-server")
     elif not multiturn:
@@ -115,6 +124,14 @@ def bench_serve(ctx, model, draft, counts, max_tokens, reps, threads, n_ctx, wit
     specs = [x.strip() for x in (llama_specs or "").split(",") if x.strip()]
     if llama_specs is not None and not specs:
         raise click.BadParameter("give at least one --spec-type value, e.g. none", param_hint="--llama-spec")
+    if turns:
+        refuse(("counts", "with_generate", "cached_same_user", "multiturn", "memory_off", "raw"), "to --turns")
+        return _bench_serve_turns(model, draft, turns, n_conversations or 2, system_tokens=system_tokens,
+                                  slots=slots, max_tokens=max_tokens or 32, reps=reps,
+                                  threads=threads or physical_cores(), n_ctx=n_ctx, llama_server=llama_server,
+                                  llama_specs=specs or ["none"], llama_args=llama_args, json_path=json_path,
+                                  plot_path=plot_path)
+    refuse(("system_tokens", "slots"), "without --turns")
     if multiturn:
         from .bench_multiturn import bench_serve_multiturn
 
@@ -218,6 +235,49 @@ def _bench_serve_llama(model, draft, counts, *, max_tokens, reps, threads, n_ctx
                  f"{path} (draft {draft_path or 'none: lookup drafting'}), {threads} threads, {parallel} slots, "
                  f"context {ctx} ({ctx // parallel} per slot), {max_tokens} greedy tokens per answer, "
                  f"{reps} repetition{'s' if reps != 1 else ''}\n" + result["table"])
+
+
+def _bench_serve_turns(model, draft, turns, conversations, *, system_tokens, slots, max_tokens, reps, threads,
+                       n_ctx, llama_server, llama_specs, llama_args, json_path, plot_path) -> None:
+    """`pyspec bench-serve --turns N`: pyspec/bench/serve_turns.py states the method."""
+    import shlex
+
+    from ..bench import serve_llama, serve_turns as bt
+    from ..bench.server_process import token_counter
+    from ..errors import PyspecError
+    from ..model import resolve_path
+
+    with command_errors(errors=(PyspecError, ValueError, OSError, RuntimeError)):
+        if plot_path:
+            from ..bench.plot import pyplot
+
+            pyplot()
+        path = resolve_path(model)
+        draft_path = resolve_path(draft) if draft else ""
+        count = token_counter(path)
+        systems = bt.system_prompts(conversations, system_tokens, count)
+        longest = max(count(s) for s in systems) + turns * (max_tokens + 64)
+        # Every server gets room for every conversation in full (llama-server splits -c among its slots).
+        ctx = n_ctx or serve_llama.slot_ctx(longest, max_tokens) * max(slots, conversations)
+        backends = serve_llama.comparison_backends(path, draft_path, parallel=slots, n_ctx=ctx, threads=threads,
+                                                   llama_server=llama_server or "", llama_specs=llama_specs,
+                                                   llama_args=shlex.split(llama_args or ""))
+        if not llama_server:
+            backends = backends[:2]
+        with labelled_progress(reps * len(backends), "bench-serve --turns") as (bar, progress):
+            rows = bt.run_turns(backends, systems, turns, max_tokens=max_tokens, reps=reps,
+                                progress=progress, done=lambda: bar.update(1))
+        summary = bt.summarize_turns(rows)
+    result = {"mode": "turns", "model": path, "draft": draft_path or None, "threads": threads, "slots": slots,
+              "n_ctx": ctx, "conversations": conversations, "turns": turns, "system_tokens": system_tokens,
+              "max_tokens": max_tokens, "reps": reps,
+              "backends": [{"name": b.name, "command": b.command} for b in backends], "summary": summary,
+              "rows": rows}
+    result["table"] = bt.format_turns(summary, conversations, turns, system_tokens)
+    write_report(result, json_path, plot_path, bt.plot_turns,
+                 f"{path} (draft {draft_path or 'none'}), {threads} threads, {slots} slots, context {ctx}, "
+                 f"{max_tokens} greedy tokens per answer, {reps} repetition{'s' if reps != 1 else ''}\n"
+                 + result["table"])
 
 
 def register(main: click.Group) -> None:
