@@ -12,6 +12,7 @@ from typing import Any, Dict, List
 from . import _core
 from ._loader import llama_lib_path
 from ._platform import physical_cores
+from .server.scheduler import DEFAULT_CACHE_RAM_MB, DEFAULT_CACHE_SLOTS
 
 # The keys of build_info(), in display order (`pyspec info --json` keeps them stable).
 KEYS = (
@@ -32,6 +33,7 @@ KEYS = (
     "llama_cpp_flash_attn_default",
     "llama_cpp_python_flash_attn_default",
     "threads",
+    "prompt_cache",
 )
 
 
@@ -91,6 +93,8 @@ def build_info() -> Dict[str, Any]:
         "llama_cpp_flash_attn_default": _core.flash_attn_default(),
         "llama_cpp_python_flash_attn_default": _llama_cpp_python_flash_attn_default(),
         "threads": physical_cores(),
+        # pyspec serve's prompt cache as it starts by default (--cache-slots, --cache-ram).
+        "prompt_cache": {"cache_slots": DEFAULT_CACHE_SLOTS, "cache_ram_mib": DEFAULT_CACHE_RAM_MB},
     }
 
 
@@ -112,6 +116,9 @@ def format_info(info: Dict[str, Any]) -> str:
         f"flash attention   default {info['flash_attn_default']} (llama.cpp: {info['llama_cpp_flash_attn_default']}; "
         f"llama-cpp-python's Llama: flash_attn={info['llama_cpp_python_flash_attn_default']})",
         f"threads           {info['threads']} (physical cores; --threads overrides)",
+        f"prompt cache      pyspec serve keeps {info['prompt_cache']['cache_slots']} finished conversations in the "
+        f"context (--cache-slots) and up to {info['prompt_cache']['cache_ram_mib']:g} MiB more in host memory "
+        f"(--cache-ram)",
         "backends:",
     ]
     for b in info["backends"]:

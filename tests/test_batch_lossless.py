@@ -98,7 +98,7 @@ def pin_joint_costs(spec) -> None:
     gives each sample a one-token draft. Re-pinned before each sample: every
     round refines the estimates from real timings."""
     for slot in range(2):
-        policy = spec.policy_object("auto", draft_max=2, slot=slot)
+        policy = spec.policy_object("auto", draft_max=2, key=slot)
         policy.calibrated([1, 2, 3, 4], [100.0, 100.0, 100.0, 100.0])
         policy.clock = False  # pinned costs model another machine; the clock would judge this one
 

@@ -182,6 +182,19 @@ def _cache_state(folder: Path):
     return data
 
 
+def _settled_cache_state(folder: Path, quiet_s: float = 1.0, timeout: float = 30):
+    """The calibration cache once nothing has changed it for ``quiet_s`` (a server
+    writes it from a thread of its own, after the answer that measured it)."""
+    deadline = time.monotonic() + timeout
+    state, since = _cache_state(folder), time.monotonic()
+    while time.monotonic() - since < quiet_s and time.monotonic() < deadline:
+        time.sleep(0.05)
+        now = _cache_state(folder)
+        if now != state:
+            state, since = now, time.monotonic()
+    return state
+
+
 def _temps(folder: Path):
     return sorted(p.name for p in folder.glob(calibration._TEMP_GLOB))
 
@@ -291,7 +304,8 @@ def test_a_server_killed_while_streaming_restarts_healthy_with_its_caches_whole(
     try:
         first = server.post("/v1/completions", {"prompt": PROMPT, "max_tokens": 4})  # calibrates and saves the timings
         assert first.status_code == 200, first.text
-        recorded = _cache_state(cache)
+        # The server writes them off the round's thread, after the answer: wait until they are written.
+        recorded = _settled_cache_state(cache)
         assert recorded, "the server kept no timings"
         clients = [threading.Thread(target=stream, args=(i,)) for i in range(2)]
         for c in clients:

@@ -388,3 +388,23 @@ def test_server_negative_control_lowest_free_slot(gemma_path):
         assert s.stop() == 0
     print("NEGATIVE CONTROL second turns (cached, prompt):", turns)
     assert all(cached < prompt // 4 for cached, prompt in turns), turns
+
+
+def test_length_policies_follow_the_user_not_the_slot(gemma_path, load_model):
+    """What the lowest-free-slot rule was for: one client's requests keep teaching
+    one length policy, whichever slot its conversation is in."""
+    from pyspec.server.scheduler import POLICY_USERS, Scheduler
+
+    model = load_model(gemma_path, n_ctx=512, n_seq_max=2)
+    s = Scheduler(model, parallel=1, queue_size=1)
+    try:
+        alice, bob = s._policy_key("alice"), s._policy_key("bob")
+        assert alice != bob and s._policy_key("alice") == alice
+        s._policy_users[7] = alice  # alice has a request running: her next one runs beside it, on its own policy
+        assert s._policy_key("alice") == (alice[0], 1)
+        del s._policy_users[7]
+        for i in range(2 * POLICY_USERS):
+            s._policy_key(f"user {i}")
+        assert len(s._user_ids) == POLICY_USERS and max(s._user_ids.values()) == POLICY_USERS - 1
+    finally:
+        s.stop()

@@ -188,10 +188,14 @@ void BatchSession::restore(int32_t slot, const std::vector<int32_t>& prompt) {
     const PromptCache::Entry e = prompt_cache_->fetch(target_, prompt, limit);
     const PromptCache::Part& t = e.parts[0];
     // The cells must fit beside the others: give up the least recently used
-    // caches (into the prompt cache) until they do.
+    // caches (into the prompt cache) until they do. Not for a state that fails
+    // with room to spare (it does not fit this context): then the prompt is
+    // prefilled as usual, and no other conversation is lost for it.
     while (!target_.load_state(slot, t.state, t.tokens)) {
+        size_t held = 0;  // an upper bound: cells shared by several sequences count once per sequence
+        for (int32_t j = 0; j < target_.n_seq(); ++j) held += target_.cached(j).size();
         const int32_t victim = lru_cached_slot();
-        if (victim < 0) return;  // no room even so: the prompt is prefilled as usual
+        if (victim < 0 || held + t.tokens.size() <= static_cast<size_t>(target_.n_ctx())) return;
         drop_cache(victim);
     }
     for (size_t i = 1; i < e.parts.size(); ++i) {

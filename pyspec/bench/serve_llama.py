@@ -34,7 +34,9 @@ short warm-up request:
 Every request carries a ``user`` of its own: by default a different one in
 the cached wave, so that pyspec's per-user memory (which drafts from a
 user's earlier prompts and answers) never holds the answer being asked
-for again: the cached wave measures the prefix cache. ``same_user`` sends
+for again: the cached wave measures the prefix cache. ``local_user`` sends
+no ``user`` at all, as one local user's tools do: the resent wave then finds
+the first wave's answers in the one shared memory. ``same_user`` sends
 the first wave's users again (the memory then holds those answers, as
 llama-server's ngram-mod pool does either way: its slots share one pool,
 kept across requests).
@@ -111,8 +113,10 @@ def wave_messages(prompts: Sequence[str], rep: int, clients: int) -> List[List[d
             for i in range(clients)]
 
 
-def wave_users(rep: int, clients: int, wave: str, same_user: bool) -> List[str]:
-    """The ``user`` of each request of a wave (see the module's docstring)."""
+def wave_users(rep: int, clients: int, wave: str, same_user: bool, local_user: bool = False) -> List[Optional[str]]:
+    """The ``user`` of each request of a wave (see the module's docstring; None: no field)."""
+    if local_user:
+        return [None] * clients
     suffix = "" if wave == "first" or same_user else f"/{wave}"
     return [f"bench {rep + 1}.{clients}.{i + 1}{suffix}" for i in range(clients)]
 
@@ -130,6 +134,7 @@ def chat_wave(port: int, messages: Sequence[Sequence[dict]], users: Sequence[str
 
 def run_comparison(backends_: Sequence[Backend], prompts: Sequence[str], clients: Sequence[int], *, max_tokens: int,
                    reps: int, count: Callable[[str], int], raw: bool = False, same_user: bool = False,
+                   local_user: bool = False,
                    progress: Callable[[str], None] = lambda _: None, done: Callable[[], None] = lambda: None,
                    ) -> List[dict]:
     """Every (repetition, clients, backend): a fresh server, its first wave and
@@ -148,7 +153,7 @@ def run_comparison(backends_: Sequence[Backend], prompts: Sequence[str], clients
                                  raw=raw)
                     for wave in WAVES:
                         progress(f"{label}, {wave} wave")
-                        figures = chat_wave(server.port, messages, wave_users(rep, c, wave, same_user),
+                        figures = chat_wave(server.port, messages, wave_users(rep, c, wave, same_user, local_user),
                                             max_tokens=max_tokens, raw=raw, count=count)
                         rows.append({"rep": rep, "clients": c, "backend": b.name, "wave": wave, "position": pos,
                                      "messages": messages, **figures})

@@ -129,15 +129,18 @@ def stream_completion(port: int, body: Dict[str, Any], *, headers: Optional[Dict
             "timings": timings, "usage": usage}
 
 
-def chat_request(port: int, messages: Sequence[dict], *, max_tokens: int, user: str, raw: bool,
+def chat_request(port: int, messages: Sequence[dict], *, max_tokens: int, user: Optional[str], raw: bool,
                  usage: bool = False) -> Dict[str, Any]:
     """One streamed, greedy request: ``messages`` to /v1/chat/completions (the
     server renders its chat template), or with ``raw`` their plain transcript
     to /v1/completions (models without a template); ``usage`` asks for the
-    server's token counts (``stream_options.include_usage``)."""
+    server's token counts (``stream_options.include_usage``); ``user`` None
+    sends no ``user`` field."""
     from .conversations import RAW_STOP, transcript
 
-    body: Dict[str, Any] = {"max_tokens": max_tokens, "temperature": 0, "user": user}
+    body: Dict[str, Any] = {"max_tokens": max_tokens, "temperature": 0}
+    if user is not None:
+        body["user"] = user
     if usage:
         body["stream_options"] = {"include_usage": True}
     if raw:

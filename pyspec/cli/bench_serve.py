@@ -50,6 +50,10 @@ from .options import (DEFAULT_DRAFT, DEFAULT_MODEL, IntList, command_errors, lab
               help="With --llama-server: the cached wave sends the first wave's `user` again, so that pyspec's "
                    "memory holds the answers it gave [default: a new user: the cached wave measures the prefix "
                    "cache].")
+@click.option("--local-user", is_flag=True,
+              help="With --llama-server: no request sends a `user` (one local user, as editors and agents run): "
+                   "the cached wave is that user resending, and pyspec's one shared memory drafts from the first "
+                   "wave's answers.")
 @click.option("--memory-off", is_flag=True, help="--multiturn: also run `pyspec serve --no-memory`.")
 @click.option("--turns", default=None, type=click.IntRange(min=2),
               help="Conversations-in-turn mode: --conversations chats (default 2), each with a long system prompt "
@@ -64,8 +68,8 @@ from .options import (DEFAULT_DRAFT, DEFAULT_MODEL, IntList, command_errors, lab
                 "clients (--multiturn: the ratios with their intervals, and every run's aggregate tok/s)")
 @click.pass_context
 def bench_serve(ctx, model, draft, counts, max_tokens, reps, threads, n_ctx, with_generate, raw, multiturn,
-                n_conversations, llama_server, llama_specs, llama_args, cached_same_user, memory_off, turns,
-                system_tokens, slots, json_path, plot_path) -> None:
+                n_conversations, llama_server, llama_specs, llama_args, cached_same_user, local_user, memory_off,
+                turns, system_tokens, slots, json_path, plot_path) -> None:
     """pyspec's server against llama.cpp's or llama-cpp-python's, under concurrent clients.
 
     With --llama-server PATH: `pyspec serve` (with the draft model), `pyspec
@@ -114,18 +118,19 @@ def bench_serve(ctx, model, draft, counts, max_tokens, reps, threads, n_ctx, wit
             raise click.UsageError(f"{', '.join(ignored)} {verb} {where}")
 
     if multiturn:
-        refuse(("counts", "draft", "with_generate", "cached_same_user"), "to --multiturn")
+        refuse(("counts", "draft", "with_generate", "cached_same_user", "local_user"), "to --multiturn")
     elif not turns:
         refuse(("n_conversations", "memory_off"), "without --multiturn or --turns")
     if llama_server is None:
-        refuse(("llama_specs", "llama_args", "cached_same_user"), "without --llama-server")
+        refuse(("llama_specs", "llama_args", "cached_same_user", "local_user"), "without --llama-server")
     elif not multiturn:
         refuse(("with_generate",), "with --llama-server")
     specs = [x.strip() for x in (llama_specs or "").split(",") if x.strip()]
     if llama_specs is not None and not specs:
         raise click.BadParameter("give at least one --spec-type value, e.g. none", param_hint="--llama-spec")
     if turns:
-        refuse(("counts", "with_generate", "cached_same_user", "multiturn", "memory_off", "raw"), "to --turns")
+        refuse(("counts", "with_generate", "cached_same_user", "local_user", "multiturn", "memory_off", "raw"),
+               "to --turns")
         return _bench_serve_turns(model, draft, turns, n_conversations or 2, system_tokens=system_tokens,
                                   slots=slots, max_tokens=max_tokens or 32, reps=reps,
                                   threads=threads or physical_cores(), n_ctx=n_ctx, llama_server=llama_server,
@@ -144,7 +149,8 @@ def bench_serve(ctx, model, draft, counts, max_tokens, reps, threads, n_ctx, wit
         return _bench_serve_llama(model, draft, counts or [1, 4, 8, 16], max_tokens=max_tokens or 128, reps=reps,
                                   threads=threads or physical_cores(), n_ctx=n_ctx, raw=raw,
                                   llama_server=llama_server, llama_specs=specs or ["none", "ngram-mod"],
-                                  llama_args=llama_args, same_user=cached_same_user, json_path=json_path,
+                                  llama_args=llama_args, same_user=cached_same_user, local_user=local_user,
+                                  json_path=json_path,
                                   plot_path=plot_path)
     counts = counts or [1, 2, 4, 8]
     n_ctx, max_tokens = n_ctx or 8192, max_tokens or 64
@@ -194,7 +200,7 @@ COUNTING = ("every answer tokenized with the model's own vocabulary (llama-cpp-p
 
 
 def _bench_serve_llama(model, draft, counts, *, max_tokens, reps, threads, n_ctx, raw, llama_server, llama_specs,
-                       llama_args, same_user, json_path, plot_path) -> None:
+                       llama_args, same_user, local_user, json_path, plot_path) -> None:
     """`pyspec bench-serve --llama-server PATH`: pyspec/bench/serve_llama.py states the method."""
     import shlex
 
@@ -221,13 +227,15 @@ def _bench_serve_llama(model, draft, counts, *, max_tokens, reps, threads, n_ctx
                                           llama_args=shlex.split(llama_args or ""))
         with labelled_progress(reps * len(counts) * len(backends), "bench-serve --llama-server") as (bar, progress):
             waves = bs.run_comparison(backends, texts, counts, max_tokens=max_tokens, reps=reps, count=count, raw=raw,
-                                      same_user=same_user, progress=progress, done=lambda: bar.update(1))
+                                      same_user=same_user, local_user=local_user, progress=progress,
+                                      done=lambda: bar.update(1))
         # Where answers part, the target's own probabilities of the two tokens (a lone pass).
         explain = bs.tie_explainer(path) if not raw else None
         summary = bs.summarize_comparison(waves, count=count, explain=explain)
     result = {"mode": "llama-server", "model": path, "draft": draft_path or None, "threads": threads,
               "parallel": parallel, "n_ctx": ctx, "n_ctx_per_slot": ctx // parallel, "clients": list(counts),
               "max_tokens": max_tokens, "reps": reps, "raw": raw, "cached_same_user": same_user,
+              "local_user": local_user,
               "counting": COUNTING, "backends": [{"name": b.name, "command": b.command} for b in backends],
               "summary": summary, "waves": waves}
     result["table"] = bs.format_comparison(summary)

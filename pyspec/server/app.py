@@ -28,8 +28,8 @@ from . import protocol
 from .memories import UserMemories
 from .metrics import Metrics, RequestClock
 from .protocol import FINISH_REASON, APIError
-from .scheduler import (DEFAULT_CACHE_RAM_MB, MAX_DRAFT, EngineFailed, Job, JobCancelled, JobRefused, QueueFull, Scheduler,
-                        SchedulerError, ShuttingDown)
+from .scheduler import (DEFAULT_CACHE_RAM_MB, MAX_DRAFT, EngineFailed, Job, JobCancelled, JobRefused, QueueFull,
+                        Scheduler, SchedulerError, ShuttingDown)
 
 #: Largest request body accepted (a prompt of a few hundred thousand characters).
 MAX_BODY_BYTES = 4 << 20

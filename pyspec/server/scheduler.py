@@ -50,6 +50,8 @@ DEFAULT_CACHE_RAM_MB = 1024
 #: (pyspec serve --cache-slots; the contexts hold --parallel plus these sequences,
 #: in the same unified cache of --n-ctx cells).
 DEFAULT_CACHE_SLOTS = 8
+#: Users whose length policies are kept (the least recently seen gives its own to a new user).
+POLICY_USERS = 64
 
 
 class SchedulerError(Exception):
@@ -140,7 +142,8 @@ class Scheduler:
         # TEST-ONLY negative control of the prompt-cache test: "lowest" names the
         # lowest free slot for every sequence, as the scheduler once did.
         self._slot_choice = _slot_choice
-        self._policy_users: Dict[int, Tuple[str, int]] = {}  # handle -> its policy's key (user, index)
+        self._policy_users: Dict[int, Tuple[int, int]] = {}  # handle -> its policy's key (user id, index)
+        self._user_ids: "collections.OrderedDict[str, int]" = collections.OrderedDict()  # most recent last
         # Memory adds and calibration writes: off the round's thread, in order.
         self._after = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pyspec-after")
         self.prompt_cache = _core.PromptCache(int(cache_ram_mb * 2**20)) if cache_ram_mb > 0 else None
@@ -355,11 +358,18 @@ class Scheduler:
             return min(set(range(self.target.n_seq_max)) - self._busy)
         return self._session.pick_slot(prompt)
 
-    def _policy_key(self, user: str) -> Tuple[str, int]:
+    def _policy_key(self, user: str) -> Tuple[int, int]:
         """The user's first length policy that no running sequence uses: a user's
-        requests, one after another, keep teaching one policy."""
-        taken = {k for k in self._policy_users.values() if k[0] == user}
-        return next((user, i) for i in itertools.count() if (user, i) not in taken)
+        requests, one after another, keep teaching one policy. At most
+        POLICY_USERS users keep theirs (a new one takes the least recently seen
+        user's: what a policy learned is costs and acceptance, not text)."""
+        uid = self._user_ids.pop(user, None)
+        if uid is None:
+            full = len(self._user_ids) >= POLICY_USERS
+            uid = self._user_ids.popitem(last=False)[1] if full else len(self._user_ids)
+        self._user_ids[user] = uid
+        taken = {k[1] for k in self._policy_users.values() if k[0] == uid}
+        return uid, next(i for i in itertools.count() if i not in taken)
 
     def _on_token(self, handle: int, token: int, text: bytes, drafted: bool) -> bool:
         job, c = self._by_handle[handle]
