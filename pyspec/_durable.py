@@ -5,8 +5,11 @@ that the rename itself is on disk before anyone is told the file is there."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import tempfile
 from pathlib import Path
+from typing import BinaryIO, Iterator
 
 
 def fsync_dir(folder: Path) -> None:
@@ -22,3 +25,22 @@ def fsync_dir(folder: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+@contextlib.contextmanager
+def replacing(target: Path, *, prefix: str, suffix: str = "") -> Iterator[BinaryIO]:
+    """A binary file to write that then replaces ``target`` whole: written
+    beside it (``prefix``...``suffix``, so that its owner can recognise a
+    leftover), fsynced, renamed over it, the folder fsynced. A crash at any
+    moment leaves the old file or the new one; an exception removes the new."""
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=prefix, suffix=suffix)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    fsync_dir(target.parent)

@@ -33,7 +33,6 @@ import contextlib
 import json
 import math
 import os
-import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -42,7 +41,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 from filelock import FileLock, Timeout
 
 from . import _core
-from ._durable import fsync_dir
+from ._durable import replacing
 
 
 def cache_file() -> Path:
@@ -144,7 +143,7 @@ def _due(last_written: Dict[str, float], path: str) -> bool:
     return True
 
 
-_TEMP_GLOB = ".calibration-*.json"  # a writer's file before its rename (tempfile.mkstemp below)
+_TEMP_GLOB = ".calibration-*.json"  # a writer's file before its rename (_durable.replacing, in _write)
 _LOCK_WAIT_S = 5.0  # a writer holds the lock for milliseconds; past this, skip the write (best effort)
 _swept: Set[str] = set()  # cache folders this process has looked at for leftovers
 _said: Set[Tuple[str, str]] = set()  # (file, why) of bad files this process could not remove, said once
@@ -284,14 +283,5 @@ def _write(target: Path, text: str) -> None:
     """Replace ``target`` with ``text`` whole: a crash at any moment leaves the
     old file or the new one (the rename is atomic, and both the data and the
     rename reach the disk before the lock is released)."""
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".calibration-", suffix=".json")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    fsync_dir(target.parent)
+    with replacing(target, prefix=".calibration-", suffix=".json") as f:
+        f.write(text.encode("utf-8"))

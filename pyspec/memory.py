@@ -18,7 +18,6 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -27,7 +26,7 @@ from typing import List, Optional, Sequence, Union
 import numpy as np
 
 from . import _core
-from ._durable import fsync_dir
+from ._durable import replacing
 from ._native import native_property
 
 #: Default byte cap of one memory.
@@ -81,17 +80,8 @@ class Memory:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         discard_leftovers(path)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f"{path.name}.{os.getpid()}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                np.savez(f, vocab=np.array(vocab), lengths=lengths, tokens=tokens)
-                f.flush()
-                os.fsync(f.fileno())  # on disk before it replaces the old file
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        fsync_dir(path.parent)  # the rename itself on disk too
+        with replacing(path, prefix=f"{path.name}.{os.getpid()}.", suffix=".tmp") as f:
+            np.savez(f, vocab=np.array(vocab), lengths=lengths, tokens=tokens)
 
     def load(self, path: Union[str, os.PathLike], vocab: str) -> int:
         """Add the documents saved in ``path``; returns how many. A file of

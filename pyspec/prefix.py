@@ -18,13 +18,12 @@ import hashlib
 import json
 import os
 import struct
-import tempfile
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Dict, List, Sequence, Tuple, Union
 
 from . import _core
-from ._durable import fsync_dir
+from ._durable import replacing
 from .errors import PyspecError
 
 MAGIC = b"PYSPEC-PREFIX\n"
@@ -68,21 +67,12 @@ def write(path: Union[str, os.PathLike], parts: Sequence[Part]) -> Path:
     header = {"format": FORMAT, "build": _build(),
               "models": [dict(identity(m), tokens=len(t), state_bytes=len(s)) for m, t, s in parts]}
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(MAGIC)
-            f.write(json.dumps(header).encode() + b"\n")
-            for _, tokens, state in parts:
-                f.write(struct.pack(f"<{len(tokens)}i", *tokens))
-                f.write(state)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
+    with replacing(path, prefix=f".{path.name}-") as f:
+        f.write(MAGIC)
+        f.write(json.dumps(header).encode() + b"\n")
+        for _, tokens, state in parts:
+            f.write(struct.pack(f"<{len(tokens)}i", *tokens))
+            f.write(state)
     return path
 
 

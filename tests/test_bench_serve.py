@@ -147,6 +147,7 @@ def test_waves_messages_users_context_and_commands():
     assert bs.wave_users(0, 2, "first", False) != bs.wave_users(0, 2, "cached", False)
     assert bs.wave_users(0, 2, "first", True) == bs.wave_users(0, 2, "cached", True)
     assert len(set(bs.wave_users(0, 4, "first", False))) == 4
+    assert bs.wave_users(0, 3, "cached", False, local_user=True) == [None] * 3, "one local user sends no `user`"
 
     assert bs.slot_ctx(100, 128) == 512 and bs.slot_ctx(300, 128) == 768 and bs.slot_ctx(0, 1000) == 1280
     backs = bs.comparison_backends("m.gguf", "d.gguf", parallel=16, n_ctx=16 * 768, threads=4, llama_server="ls",
@@ -230,6 +231,9 @@ def test_plot_comparison(tmp_path):
     (["--llama-server", "{bin}", "--llama-spec", ","], "at least one --spec-type"),
     (["--multiturn", "--llama-server", "{bin}", "--clients", "2"], "--clients does not apply to --multiturn"),
     (["--conversations", "2"], "--conversations does not apply without --multiturn"),
+    (["--system-tokens", "100"], "--system-tokens does not apply without --turns"),
+    (["--local-user"], "--local-user does not apply without --llama-server"),
+    (["--turns", "2", "--clients", "2"], "--clients does not apply to --turns"),
 ])
 def test_bench_serve_option_errors(tmp_path, args, message):
     from click.testing import CliRunner
@@ -285,3 +289,52 @@ def test_llama_server_draft_variant_gets_the_draft_model():
     assert "-md" not in plain.command and draft.command[-4:] == ["--spec-type", "draft-simple", "-md", "d.gguf"]
     with pytest.raises(ValueError, match="needs a draft model"):
         llama_server_backends("llama-server", "t.gguf", parallel=2, n_ctx=1024, threads=2, specs=["draft-simple"])
+
+
+@pytest.mark.parametrize("resend", [False, True])
+def test_conversations_in_turn_on_fake_servers(monkeypatch, resend):
+    """bench-serve --turns: conversations sent in turn, each request the whole
+    conversation so far (answers included) or, with --resend, the first request
+    again; no `user`; cached tokens read from usage (or timings); later-turn
+    TTFT ratios paired by (repetition, turn)."""
+    from pyspec.bench import serve_turns as bt
+
+    log, sent, seen = [], [], set()
+
+    class FakeBackend(Backend):
+        def start(self):
+            return FakeServer(log, self.name)
+
+    def fake_stream(port, body, *, path):
+        name = log[port][1]
+        sent.append((name, [dict(m) for m in body["messages"]], body))
+        n = sum(len(m["content"]) for m in body["messages"])
+        slow = 2.0 if name == PLAIN else 1.0
+        first_turn = (port, body["messages"][0]["content"]) not in seen  # this server has not seen the chat
+        seen.add((port, body["messages"][0]["content"]))
+        usage = {"prompt_tokens": n, "prompt_tokens_details": {"cached_tokens": 0 if first_turn else n - 5}}
+        return {"text": f"answer {len(sent)}", "t_send": 0.0, "t_first": (10.0 if first_turn else 0.1) * slow,
+                "t_end": 20.0, "usage": usage if name == PY else None,
+                "timings": {"cache_n": 0 if first_turn else n - 5} if name == PLAIN else None}
+
+    monkeypatch.setattr(bt, "stream_completion", fake_stream)
+    systems = bt.system_prompts(2, 50, lambda t: len(t.split()))
+    assert len(set(systems)) == 2 and all(len(s.split()) >= 50 for s in systems)
+    rows = bt.run_turns([FakeBackend(n, []) for n in (PY, PLAIN)], systems, 3, max_tokens=4, reps=2, resend=resend)
+    assert len(rows) == 2 * 2 * 3 * 2 and [e[0] for e in log] == ["start", "stop"] * 4
+    assert all("user" not in body for _, _, body in sent)
+    mine = [m for name, m, _ in sent if name == PY][:6]  # first repetition: A1 B1 A2 B2 A3 B3
+    assert mine[0][0]["content"] == systems[0] and mine[1][0]["content"] == systems[1]
+    if resend:
+        assert mine[2] == mine[0] and mine[4] == mine[0] and mine[3] == mine[1]
+    else:
+        assert mine[2][:2] == mine[0] and mine[2][2]["role"] == "assistant" and len(mine[4]) == 6
+    assert all(r["cached"] == (0 if r["round"] == 0 else r["prompt_tokens"] - 5) for r in rows if r["backend"] == PY)
+    assert all(r["cached"] is not None for r in rows if r["backend"] == PLAIN)
+    summary = bt.summarize_turns(rows)
+    (ratio,) = summary["ratios"]
+    assert (ratio["numerator"], ratio["denominator"]) == (PY, PLAIN) and ratio["n"] == 8
+    assert ratio["ratio"] == pytest.approx(0.5) and ratio["low"] == pytest.approx(0.5)
+    fig = {f["backend"]: f for f in summary["figures"]}
+    assert fig[PY]["first_ttft_s"] == 10.0 and fig[PLAIN]["later_ttft_s"] == pytest.approx(0.2)
+    assert "conversations in turn" in bt.format_turns(summary, 2, 3, 50, resend)

@@ -3,6 +3,9 @@ with several chats open (two editors, an agent and its helper), each with a
 long system prompt of its own, who sends them one request at a time in turn:
 A1, B1, A2, B2, ... Each request carries the whole conversation so far (the
 answers received included), as a chat client does, and no ``user`` field.
+With ``resend`` every round sends each conversation's first request again
+(A, B, A, B, ...: a retry, a regenerated answer), the case where a server
+that kept the conversation has nothing new to prefill.
 
 Backends, on the same model file, threads and context: ``pyspec serve`` (with
 the draft model), ``pyspec serve --no-draft``, and with ``--llama-server``
@@ -53,8 +56,8 @@ def system_prompts(n: int, tokens: int, count: Callable[[str], int]) -> List[str
 
 
 def run_turns(backends_: Sequence[Backend], systems: Sequence[str], turns: int, *, max_tokens: int, reps: int,
-              progress: Callable[[str], None] = lambda _: None, done: Callable[[], None] = lambda: None
-              ) -> List[dict]:
+              resend: bool = False, progress: Callable[[str], None] = lambda _: None,
+              done: Callable[[], None] = lambda: None) -> List[dict]:
     """Every (repetition, backend): the conversations in turn, ``turns`` rounds.
     One row per request: rep, backend, round, conversation, ttft_s, cached."""
     rows: List[dict] = []
@@ -66,7 +69,10 @@ def run_turns(backends_: Sequence[Backend], systems: Sequence[str], turns: int, 
                 chats = [[{"role": "system", "content": s}] for s in systems]
                 for r in range(turns):
                     for c, messages in enumerate(chats):
-                        messages.append({"role": "user", "content": QUESTIONS[(r + c) % len(QUESTIONS)]})
+                        if resend and r > 0:
+                            messages.pop()  # the answer: the same request again
+                        else:
+                            messages.append({"role": "user", "content": QUESTIONS[(r + c) % len(QUESTIONS)]})
                         a = stream_completion(server.port, {"messages": messages, "max_tokens": max_tokens,
                                                             "temperature": 0,
                                                             "stream_options": {"include_usage": True}},
@@ -104,10 +110,8 @@ def summarize_turns(rows: Sequence[dict], seed: int = 0) -> dict:
                         "later_ttft_max_s": max((r["ttft_s"] for r in later), default=float("nan")),
                         "later_cached_share": statistics.median(shares) if shares else None})
     ratios = []
-    for a in names:
-        for b in names:
-            if a == b:
-                continue
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
             key = lambda r: (r["round"], r["conversation"])  # noqa: E731
             by = {n: {(r["rep"],) + key(r): r["ttft_s"] for r in rows if r["backend"] == n and r["round"] > 0}
                   for n in (a, b)}
@@ -124,8 +128,10 @@ def summarize_turns(rows: Sequence[dict], seed: int = 0) -> dict:
     return {"backends": names, "figures": figures, "ratios": ratios}
 
 
-def format_turns(summary: dict, conversations: int, turns: int, prompt_tokens: Optional[int]) -> str:
-    lines = [f"{conversations} conversations in turn, {turns} rounds, one request at a time, no `user`"
+def format_turns(summary: dict, conversations: int, turns: int, prompt_tokens: Optional[int],
+                 resend: bool = False) -> str:
+    lines = [f"{conversations} conversations in turn, {turns} rounds"
+             + (" (each round the same requests again)" if resend else "") + ", one request at a time, no `user`"
              + (f"; system prompts of about {prompt_tokens} tokens" if prompt_tokens else ""),
              f"  {'backend':<28} {'first-turn TTFT':>16} {'later TTFT p50':>15} {'later max':>10} {'cached share':>13}"]
     for f in summary["figures"]:

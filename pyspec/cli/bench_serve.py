@@ -60,6 +60,9 @@ from .options import (DEFAULT_DRAFT, DEFAULT_MODEL, IntList, command_errors, lab
                    "of its own (--system-tokens), sent one request at a time in turn for this many rounds, each "
                    "request the whole conversation so far, with no `user`: the TTFT of every turn, against "
                    "--llama-server if given (pyspec/bench/serve_turns.py).")
+@click.option("--resend", is_flag=True,
+              help="--turns: every round sends each conversation's first request again (A, B, A, B, ...) instead "
+                   "of continuing it.")
 @click.option("--system-tokens", default=2000, show_default=True, type=click.IntRange(min=64),
               help="--turns: tokens of each conversation's system prompt.")
 @click.option("--slots", default=4, show_default=True, type=click.IntRange(min=1),
@@ -69,7 +72,7 @@ from .options import (DEFAULT_DRAFT, DEFAULT_MODEL, IntList, command_errors, lab
 @click.pass_context
 def bench_serve(ctx, model, draft, counts, max_tokens, reps, threads, n_ctx, with_generate, raw, multiturn,
                 n_conversations, llama_server, llama_specs, llama_args, cached_same_user, local_user, memory_off,
-                turns, system_tokens, slots, json_path, plot_path) -> None:
+                turns, resend, system_tokens, slots, json_path, plot_path) -> None:
     """pyspec's server against llama.cpp's or llama-cpp-python's, under concurrent clients.
 
     With --llama-server PATH: `pyspec serve` (with the draft model), `pyspec
@@ -131,12 +134,12 @@ def bench_serve(ctx, model, draft, counts, max_tokens, reps, threads, n_ctx, wit
     if turns:
         refuse(("counts", "with_generate", "cached_same_user", "local_user", "multiturn", "memory_off", "raw"),
                "to --turns")
-        return _bench_serve_turns(model, draft, turns, n_conversations or 2, system_tokens=system_tokens,
-                                  slots=slots, max_tokens=max_tokens or 32, reps=reps,
+        return _bench_serve_turns(model, draft, turns, n_conversations or 2, resend=resend,
+                                  system_tokens=system_tokens, slots=slots, max_tokens=max_tokens or 32, reps=reps,
                                   threads=threads or physical_cores(), n_ctx=n_ctx, llama_server=llama_server,
                                   llama_specs=specs or ["none"], llama_args=llama_args, json_path=json_path,
                                   plot_path=plot_path)
-    refuse(("system_tokens", "slots"), "without --turns")
+    refuse(("system_tokens", "slots", "resend"), "without --turns")
     if multiturn:
         from .bench_multiturn import bench_serve_multiturn
 
@@ -245,8 +248,8 @@ def _bench_serve_llama(model, draft, counts, *, max_tokens, reps, threads, n_ctx
                  f"{reps} repetition{'s' if reps != 1 else ''}\n" + result["table"])
 
 
-def _bench_serve_turns(model, draft, turns, conversations, *, system_tokens, slots, max_tokens, reps, threads,
-                       n_ctx, llama_server, llama_specs, llama_args, json_path, plot_path) -> None:
+def _bench_serve_turns(model, draft, turns, conversations, *, resend, system_tokens, slots, max_tokens, reps,
+                       threads, n_ctx, llama_server, llama_specs, llama_args, json_path, plot_path) -> None:
     """`pyspec bench-serve --turns N`: pyspec/bench/serve_turns.py states the method."""
     import shlex
 
@@ -273,15 +276,16 @@ def _bench_serve_turns(model, draft, turns, conversations, *, system_tokens, slo
         if not llama_server:
             backends = backends[:2]
         with labelled_progress(reps * len(backends), "bench-serve --turns") as (bar, progress):
-            rows = bt.run_turns(backends, systems, turns, max_tokens=max_tokens, reps=reps,
+            rows = bt.run_turns(backends, systems, turns, max_tokens=max_tokens, reps=reps, resend=resend,
                                 progress=progress, done=lambda: bar.update(1))
         summary = bt.summarize_turns(rows)
     result = {"mode": "turns", "model": path, "draft": draft_path or None, "threads": threads, "slots": slots,
-              "n_ctx": ctx, "conversations": conversations, "turns": turns, "system_tokens": system_tokens,
+              "n_ctx": ctx, "conversations": conversations, "turns": turns, "resend": resend,
+              "system_tokens": system_tokens,
               "max_tokens": max_tokens, "reps": reps,
               "backends": [{"name": b.name, "command": b.command} for b in backends], "summary": summary,
               "rows": rows}
-    result["table"] = bt.format_turns(summary, conversations, turns, system_tokens)
+    result["table"] = bt.format_turns(summary, conversations, turns, system_tokens, resend)
     write_report(result, json_path, plot_path, bt.plot_turns,
                  f"{path} (draft {draft_path or 'none'}), {threads} threads, {slots} slots, context {ctx}, "
                  f"{max_tokens} greedy tokens per answer, {reps} repetition{'s' if reps != 1 else ''}\n"

@@ -30,9 +30,9 @@ import secrets
 import threading
 import time
 import warnings
-from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Deque, Dict, List, Optional, Set, Tuple
 
 from .. import _core
@@ -52,6 +52,15 @@ DEFAULT_CACHE_RAM_MB = 1024
 DEFAULT_CACHE_SLOTS = 8
 #: Users whose length policies are kept (the least recently seen gives its own to a new user).
 POLICY_USERS = 64
+
+
+def _said_if_failed(done: Future) -> None:
+    """Work done after an answer (a memory add, a calibration write) that failed:
+    said, not silently lost; the answers were sent and the engine goes on."""
+    e = done.exception()
+    if e is not None:
+        warnings.warn(f"pyspec serve: work after an answer failed: {type(e).__name__}: {e}", RuntimeWarning,
+                      stacklevel=1)
 
 
 class SchedulerError(Exception):
@@ -406,9 +415,10 @@ class Scheduler:
                 self._release(c)
                 writes = self.decoder.record(c.setup, st, defer=True)
                 if writes is not None:
-                    self._after.submit(writes)
+                    self._after.submit(writes).add_done_callback(_said_if_failed)
                 if job.memory is not None:
-                    self._after.submit(job.memory.add, c.prompt + list(result.tokens))
+                    self._after.submit(job.memory.add, c.prompt + list(result.tokens)).add_done_callback(
+                        _said_if_failed)
                 self._send(job, ("done", c.index, result, c.seed))
                 if all(x.done for x in job.choices):
                     with self._lock:
