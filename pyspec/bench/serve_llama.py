@@ -163,7 +163,8 @@ def run_comparison(backends_: Sequence[Backend], prompts: Sequence[str], clients
     return rows
 
 
-def _names(rows: Sequence[dict]) -> List[str]:
+def backend_names(rows: Sequence[dict]) -> List[str]:
+    """The backends of a run's rows, in the order they first appear."""
     return list(dict.fromkeys(r["backend"] for r in rows))
 
 
@@ -171,7 +172,7 @@ def comparison_figures(rows: Sequence[dict]) -> List[dict]:
     """Per (backend, clients, wave): medians over repetitions of aggregate tok/s
     and of the slowest TTFT, TTFT p50 over every request."""
     out = []
-    for b in _names(rows):
+    for b in backend_names(rows):
         for c in sorted({r["clients"] for r in rows}):
             for wave in WAVES:
                 rs = [r for r in rows if r["backend"] == b and r["clients"] == c and r["wave"] == wave]
@@ -274,7 +275,7 @@ def summarize_comparison(rows: Sequence[dict], *, count: Optional[Callable[[str]
     per clients and wave, of aggregate tok/s and of the slowest TTFT) and
     identical answers (every backend against llama-server plain, and pyspec
     serve against pyspec serve --no-draft)."""
-    names = _names(rows)
+    names = backend_names(rows)
     ours, theirs = [n for n in names if not is_llama(n)], [n for n in names if is_llama(n)]
     ratios = [paired_ratio(rows, a, b, c, wave, metric, seed)
               for c in sorted({r["clients"] for r in rows}) for a in ours for b in theirs

@@ -30,6 +30,7 @@ import statistics
 from typing import Callable, Dict, List, Optional, Sequence
 
 from .paired import bootstrap_interval, run_order
+from .serve_llama import backend_names
 from .server_process import Backend, stream_completion
 from .suite import prompts as suite_prompts
 
@@ -91,15 +92,11 @@ def run_turns(backends_: Sequence[Backend], systems: Sequence[str], turns: int, 
     return rows
 
 
-def _names(rows: Sequence[dict]) -> List[str]:
-    return list(dict.fromkeys(r["backend"] for r in rows))
-
-
 def summarize_turns(rows: Sequence[dict], seed: int = 0) -> dict:
     """Per backend: median TTFT of first turns and of later turns, median cached
     share of later turns; ratios of later-turn TTFT, every backend over every
     other, paired by (repetition, round, conversation)."""
-    names = _names(rows)
+    names = backend_names(rows)
     figures = []
     for n in names:
         first = [r["ttft_s"] for r in rows if r["backend"] == n and r["round"] == 0]
@@ -152,7 +149,7 @@ def plot_turns(result: dict, path: str) -> None:
 
     plt = pyplot()
     rows = result["rows"]
-    names = _names(rows)
+    names = backend_names(rows)
     fig, ax = plt.subplots(figsize=(9, 4.5))
     for colour, n in zip(palette(len(names)), names):
         rs = [r for r in rows if r["backend"] == n and r["rep"] == 0]
