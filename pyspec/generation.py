@@ -209,7 +209,7 @@ class Generator:
     # ------------------------------------------------------------ saved prefixes
     def _prefix_models(self) -> List["_core.Model"]:
         """The contexts a saved prefix covers: the target's (and the draft model's)."""
-        return [self.target.native] + [m for m in self._draft_models()]
+        return [self.target.native, *self._draft_models()]
 
     def save_prefix(self, prefix: Prompt, path, *, chat: bool = False) -> int:
         """Process ``prefix`` once and save every model's cache of it (the draft

@@ -91,9 +91,9 @@ class SpeculativeDecoder(Generator):
                       svip_h: float = POLICY_DEFAULTS.h, key=0) -> "_core.LengthPolicy":
         """The live length-policy object that generations with these settings use
         (one per setting, kept across calls; each ``key`` has its own: sequence j
-        of a batch, a server's (user, index)). ``auto`` returns a :class:`_core.AutoPolicy`, which exposes its cost
-        model's estimates: ``verify_cost(n)``, ``draft_cost(source)``,
-        ``acceptance(source, match_len)``."""
+        of a batch, a server's (user, index)). ``auto`` returns a
+        :class:`_core.AutoPolicy`, which exposes its cost model's estimates:
+        ``verify_cost(n)``, ``draft_cost(source)``, ``acceptance(source, match_len)``."""
         draft_max = self.draft_max if draft_max is None else draft_max
         if draft_max is not None and draft_max < 0:  # the core reads -1 as "the policy's default"
             raise ValueError(f"draft_max must be >= 0, got {draft_max}")

@@ -149,7 +149,8 @@ void bind_model(py::module_& m) {
                  }
                  return py::bytes(s);
              },
-             py::arg("seq") = 0, "A sequence's cache as bytes (llama.cpp's per-sequence state; cached(seq) names its tokens).")
+             py::arg("seq") = 0,
+             "A sequence's cache as bytes (llama.cpp's per-sequence state; cached(seq) names its tokens).")
         .def("load_state",
              [](Model& m, int32_t seq, const py::bytes& state, const std::vector<int32_t>& tokens) {
                  std::string s = state;

@@ -182,7 +182,9 @@ void BatchSession::restore(int32_t slot, const std::vector<int32_t>& prompt) {
     if (!prompt_cache_) return;
     const size_t limit = prompt.size() - 1;  // the last prompt token is evaluated with the first round
     size_t have = 0;
-    for (int32_t j = 0; j < target_.n_seq(); ++j) have = std::max(have, common_prefix(target_.cached(j), prompt, limit));
+    for (int32_t j = 0; j < target_.n_seq(); ++j) {
+        have = std::max(have, common_prefix(target_.cached(j), prompt, limit));
+    }
     // A restore copies the whole entry: worth it for a real part of a prompt.
     if (prompt_cache_->best(target_, prompt, limit) < have + PromptCache::kMinTokens) return;
     const PromptCache::Entry e = prompt_cache_->fetch(target_, prompt, limit);

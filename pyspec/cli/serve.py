@@ -68,11 +68,9 @@ from .options import DEFAULT_DRAFT, DEFAULT_MODEL, chat_template_option, command
                    "negative control).")
 @click.option("--test-variant", type=click.Choice(VARIANTS), default="correct", hidden=True,
               help="TEST-ONLY: a wrong acceptance rule (e.g. residual_is_p) for the lossless test's negative control.")
-def serve(model, draft, no_draft, drafter, policy, draft_max, host, port, parallel, cache_slots, cache_ram, prompt_cache,
-          queue_size,
-          n_ctx, prefill_chunk,
-          api_key, model_alias, threads, n_gpu_layers, flash_attn, chat_template, memory, memory_mb, memory_users,
-          test_slot_choice, test_variant) -> None:
+def serve(model, draft, no_draft, drafter, policy, draft_max, host, port, parallel, cache_slots, cache_ram,
+          prompt_cache, queue_size, n_ctx, prefill_chunk, api_key, model_alias, threads, n_gpu_layers, flash_attn,
+          chat_template, memory, memory_mb, memory_users, test_slot_choice, test_variant) -> None:
     """Serve the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models),
     with /health and Prometheus /metrics.
 
