@@ -160,7 +160,7 @@ class Scheduler:
         if prompt_cache_dir is not None:
             if self.prompt_cache is None:
                 raise ValueError("a prompt cache folder needs host memory to load it into (--cache-ram > 0)")
-            self.loaded_prefixes = self._load_prefixes(prompt_cache_dir)
+            self._load_prefixes(prompt_cache_dir)
         self._by_handle: Dict[int, Tuple[Job, Choice]] = {}
         self._stopping = False
         self._seeds = itertools.count()
