@@ -74,6 +74,31 @@ def test_negative_control_a_cheap_draft_model_is_used():
     assert p.may_draft("model")
 
 
+# Rows a batch shares are dear on a CPU: two rows cost about one step, beyond that
+# each row adds half a step (cost in target steps).
+DEAR_ROWS = {1: 1.0, 2: 1.05, 4: 2.2, 8: 4.4, 16: 8.8, 32: 17.6}
+
+
+def test_a_draft_model_that_pays_alone_steps_aside_in_a_large_batch():
+    """Issue 34: `auto` that knows the batch. A draft model at a twentieth of a
+    step per token pays alone (a 2-token decode costs about one step), but beside
+    15 sequences its rows cost half a step each for 0.9 tokens at best: it may
+    not draft there, so the engine does not prefill it (may_draft is what the
+    session asks, BatchSession::draft_model_may_pay)."""
+    p = calibrated_policy(DEAR_ROWS)
+    p.recorded_draft_cost(0.05 * STEP)
+    p.set_batch(0, 0)
+    assert p.may_draft("model"), "control: alone the draft model pays"
+    for others in (3, 7, 15):
+        p.set_batch(others, others)
+        assert not p.may_draft("model"), f"beside {others} sequences the draft model was judged to pay"
+    # Control: where the batch's rows are nearly free (a GPU), it pays beside 15 too.
+    g = calibrated_policy(GPU_STEPS)
+    g.recorded_draft_cost(0.05 * STEP)
+    g.set_batch(15, 15)
+    assert g.may_draft("model")
+
+
 def test_gpu_costs_draft_long_with_a_good_draft_model():
     p = calibrated_policy(GPU_STEPS)
     rng = np.random.default_rng(0)

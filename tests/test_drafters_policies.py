@@ -265,6 +265,43 @@ def test_auto_keeps_the_draft_models_cost_across_processes(gemma_path, tmp_path,
     assert out.stats.drafted == 0 and draft.native.cached() == [], "the draft model was prefilled or probed again"
 
 
+def test_a_batch_spares_a_draft_model_that_cannot_pay_beside_the_others(gemma_path, load_model, tmp_path,
+                                                                         monkeypatch):
+    """Issue 34: at many clients the draft model steps aside. Each sequence's
+    policy judges the draft model in the batch the sequence joins (four
+    sequences: three others, one row each), on costs where a batch's rows are
+    dear (half a step each past two) and the draft costs a twentieth of a step
+    per token: it cannot pay there, so no sequence prefills or runs it, and the
+    answers are the plain batch's. Control: one sequence alone on the same
+    costs prefills it (it pays alone)."""
+    monkeypatch.setenv("PYSPEC_CACHE", str(tmp_path))  # the made-up costs stay out of the shared cache
+    step = 0.01
+    dear_rows = {1: 1.0, 2: 1.05, 4: 2.2, 8: 4.4, 16: 8.8, 32: 17.6, 64: 35.2}
+    prompts = ["The weather today is sunny and", "Once upon a time there was", "def fibonacci(n):",
+               "The capital of France is"]
+
+    def run(n):
+        target = load_model(gemma_path, n_ctx=1024, n_seq_max=4)
+        draft = load_model(gemma_path, "draft", n_ctx=1024, n_seq_max=4)
+        spec = pyspec.SpeculativeDecoder(target, draft, drafter="model", policy="auto")
+        for j in range(n):
+            policy = spec.policy_object(key=j)
+            sizes = policy.calibration_sizes(_core.calibration_rows(policy.draft_max, target.native.n_batch, 4))
+            policy.calibrated(sizes, [dear_rows[k] * step for k in sizes])
+            policy.recorded_draft_cost(0.05 * step)
+            policy.clock = False  # decisions from the costs alone, however the rounds' times fall
+            policy.learn_costs = False
+        out = spec.generate_batch(prompts[:n], chat=False, max_tokens=40, temperature=0)
+        plain = target.generate_batch(prompts[:n], chat=False, max_tokens=40, temperature=0)
+        assert [c.tokens for c in out.choices] == [c.tokens for c in plain.choices]
+        return out, [len(draft.native.cached(j)) for j in range(n)]
+
+    out, cached = run(4)
+    assert cached == [0] * 4 and out.stats.draft_decodes == 0, f"the draft model ran in the batch: {cached}"
+    alone, cached = run(1)
+    assert cached[0] > 0, "control: alone the draft model was not prefilled"
+
+
 @pytest.mark.pair
 def test_hybrid_uses_both_sources(target_path, draft_path, load_model):
     target = load_model(target_path, n_ctx=1024)

@@ -96,8 +96,7 @@ void BatchSession::add_prompt_rows(int32_t budget) {
         if (s.done || s.started || waits_for_prefix(s)) continue;
         if (!s.prompt_begun) {
             s.prompt_begun = true;
-            if (s.uses_drafter(shared_.draft_max) && shared_.parallel_prefill &&
-                (!s.policy || s.policy->may_draft(DraftSource::kModel))) {
+            if (s.uses_drafter(shared_.draft_max) && shared_.parallel_prefill && draft_model_may_pay(s)) {
                 Sequence* sp = &s;
                 s.drafter_prefill = std::thread([sp] {
                     try {

@@ -290,6 +290,16 @@ int32_t BatchSession::n_active() const {
     return n;
 }
 
+bool BatchSession::draft_model_may_pay(Sequence& s) {
+    if (!s.policy) return true;
+    // Rows a batch shares are dear on a CPU (16 cost ~7 steps), so a draft model
+    // that pays alone may not pay beside 15 others: the policy judges it in the
+    // batch this sequence joins, before its first round (which sets it anew).
+    const int32_t others = n_active() + n_waiting() - 1;  // s waits
+    s.policy->set_batch(others, others);
+    return s.policy->may_draft(DraftSource::kModel);
+}
+
 int32_t BatchSession::n_waiting() const {
     int32_t n = 0;
     for (const Sequence& s : seqs_) n += !s.done && !s.started;
@@ -367,9 +377,7 @@ void BatchSession::start(Sequence& s) {
         if (s.drafter_error) std::rethrow_exception(s.drafter_error);
     } else if (s.uses_drafter(draft_max)) {
         if (s.policy) s.policy->set_remaining(s.max_tokens);
-        // A policy that will not draft from the model soon spares it the prompt.
-        const bool prefill_draft = !s.policy || s.policy->may_draft(DraftSource::kModel);
-        s.drafter->begin(prompt, s.params.draft_sampling, prefill_draft);
+        s.drafter->begin(prompt, s.params.draft_sampling, draft_model_may_pay(s));
     }
     if (s.policy) s.policy->begin_generation();
     s.stats().prompt_s = since(s.t_start);
