@@ -100,7 +100,11 @@
 // (the interval then resets) or a probe fails. Sources that
 // could not pay even at 90 % acceptance per position with the measured costs are
 // not probed: a draft model that cannot break even on this hardware is not kept
-// in step (and its prompt is not processed) at the target's expense.
+// in step (and its prompt is not processed) at the target's expense. That is
+// judged in the batch a sequence joins (BatchSession::draft_model_may_pay tells
+// the policy every other unfinished sequence before asking may_draft): on a CPU
+// a draft model that pays alone cannot pay beside 15 others, whose decode
+// already costs ~7 steps, so the draft model steps aside and lookups stay.
 #pragma once
 
 #include <array>
