@@ -35,8 +35,8 @@ import pyspec
 from pyspec import _core
 
 from chisquare import assert_law, power, required_n
-from laws import (TARGET, draft_row, independent_pair, lookup_proposal, next_row, one_hot, residual_is_p_row,
-                  support_of, target_rows)
+from laws import (TARGET, draft_row, exact_distribution, independent_pair, lookup_proposal, next_row, one_hot,
+                  residual_is_p_row, support_of, target_rows)
 
 PROMPT = "one two three one two three one two"
 GREEDY_DRAFT = dict(draft_temperature=0.0)
@@ -240,3 +240,85 @@ def test_negative_control_broken_residual_with_sibling_drafts(sibling_case):
     assert fired >= 2 * n - 4
     assert_law(counts, exact, n, "sibling drafts, residual=p", control=True)
 
+
+
+# A draft model spared in a batch (issue 34, BatchSession::draft_model_may_pay):
+# on costs where a batch's rows are dear, sample B's policy judges the draft
+# model unable to pay beside sample A, so B's prompt is not processed on it.
+# A ends after one token; B, alone in round 2, drafts one token from the draft
+# model, which first catches up on the prompt and B's first token. The law of
+# B's two tokens must be the target's p0(a) p1(b | a); the control (residual =
+# p) then gives p0(a) [min(p1, q1) + (1 - beta) p1](b), q1 the greedy draft's
+# one-hot after a.
+DEAR_ROWS = {1: 1.0, 2: 1.05, 4: 2.2, 8: 4.4, 16: 8.8, 32: 17.6, 64: 35.2}  # batch cost in steps
+STEP_S = 0.01
+
+
+@pytest.fixture(scope="module")
+def spared_case(gemma_path, load_model, tmp_path_factory):
+    env = pytest.MonkeyPatch()
+    env.setenv("PYSPEC_CACHE", str(tmp_path_factory.mktemp("spared")))  # the made-up costs stay out of the shared cache
+    target = load_model(gemma_path, n_ctx=256, n_seq_max=2)
+    draft = load_model(gemma_path, "draft", n_ctx=256, n_seq_max=2)
+    lone = load_model(gemma_path, n_ctx=256)
+    tokens = target.tokenize(PROMPT)
+    p0, p1 = target_rows(lone, tokens)
+    exact = exact_distribution(lone, p0, p1)
+    wrong = {}
+    for a in support_of(p0):
+        q1 = draft_row(lone, list(tokens) + [a], GREEDY_DRAFT)
+        row = residual_is_p_row(p1[a], q1)
+        for b in support_of(row):
+            wrong[(a, b)] = float(p0[a] * row[b])
+    spec = pyspec.SpeculativeDecoder(target, draft, drafter="model", policy="auto", draft_max=1)
+    for j in (0, 1):
+        policy = spec.policy_object(key=j)
+        sizes = policy.calibration_sizes(_core.calibration_rows(policy.draft_max, target.native.n_batch, 2))
+        policy.calibrated(sizes, [DEAR_ROWS[k] * STEP_S for k in sizes])
+        policy.recorded_draft_cost(0.05 * STEP_S)
+        policy.clock = False  # decisions from the costs alone, however the rounds' times fall
+        policy.learn_costs = False
+    n = max(MIN_N, required_n(exact, wrong))
+    yield spec, draft, tokens, exact, wrong, n
+    env.undo()
+
+
+def spared_samples(spec, draft, tokens, n, variant="correct"):
+    """n trials of A (1 token) and B (3 tokens) in one session: B's first two
+    tokens; how many trials spared B's draft model its prompt, and drafted after."""
+    counts: dict = {}
+    spared = drafted = 0
+    for i in range(n):
+        spec.clear_cache()  # the draft model's sequence 1 holds the last trial's catch-up
+        with spec.open_session(lambda *a: True, draft_cap=1, _test=dict(variant=variant)) as s:
+            handles = []
+            for slot, max_tokens in ((0, 1), (1, 3)):
+                setup = spec.setup(max_tokens=max_tokens, seed=60_000 + i, slots=[slot], drafters="slots",
+                                   draft_max=1, **TARGET, **GREEDY_DRAFT)[0]
+                handles.append(s.add(tokens, setup.params, drafter=setup.drafter, policy=setup.policy,
+                                     stream=slot, slot=slot))
+            s.step()
+            spared += draft.native.cached(1) == []
+            while s.step():
+                pass
+            b = dict(s.take_finished())[handles[1]]
+        key = tuple(b.tokens[:2])
+        counts[key] = counts.get(key, 0) + 1
+        drafted += b.stats.drafted > 0
+    return counts, spared, drafted
+
+
+def test_a_spared_draft_model_that_drafts_later_keeps_the_law(spared_case):
+    spec, draft, tokens, exact, wrong, n = spared_case
+    assert power(exact, wrong, n) > 0.99
+    counts, spared, drafted = spared_samples(spec, draft, tokens, n)
+    assert spared == n, f"the draft model processed B's prompt beside A in {n - spared} of {n} trials"
+    assert drafted >= 0.9 * n, f"B drafted after catching up in only {drafted} of {n} trials"
+    assert_law(counts, exact, n, "spared draft model", note=f"spared={spared} drafted={drafted}/{n}")
+
+
+def test_negative_control_broken_residual_after_a_spared_draft_model(spared_case):
+    spec, draft, tokens, exact, _, n = spared_case
+    counts, _, drafted = spared_samples(spec, draft, tokens, n, variant="residual_is_p")
+    assert drafted >= 0.9 * n
+    assert_law(counts, exact, n, "spared draft model, residual=p", control=True)
