@@ -35,6 +35,7 @@ from .memory import Memory
 from .model import Model
 from .speculative import SpeculativeDecoder
 from .results import BatchStats, Completion, Completions, GenerationStats
+from .settings import Sampling
 
 #: Set from another thread to stop a generation (``generate(..., cancel=token)``).
 CancelToken = _core.CancelToken
@@ -50,6 +51,7 @@ __all__ = [
     "Memory",
     "Model",
     "SpeculativeDecoder",
+    "Sampling",
     "Completion",
     "Completions",
     "GenerationStats",

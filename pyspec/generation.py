@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, List, Mapping, Optional, S
 from . import _core
 from .memory import resolve as resolve_memory
 from .results import BatchStats, Completion, Completions, GenerationStats
+from .settings import MAX_TOKENS, Sampling, check_seed
 
 if TYPE_CHECKING:
     from .memory import Memory
@@ -34,18 +35,6 @@ TextCallback = Callable[[str], Optional[bool]]
 TokenTextCallback = Callable[[str, bool], Optional[bool]]
 #: For batches: (sequence index, text, drafted). Returning False stops that sequence.
 BatchTokenCallback = Callable[[int, str, bool], Optional[bool]]
-
-
-def sampling_params(temperature: float, top_k: int, top_p: float, min_p: float) -> "_core.SamplingParams":
-    """Sampling settings, validated by the core (ValueError with the reason otherwise)."""
-    return _core.SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
-
-
-#: Sampling settings of generate() and the CLI when none are given.
-SAMPLING_DEFAULTS = {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05}
-
-#: Seeds are drawn from [0, 2**63) so that they survive JSON and every language's integers.
-SEED_BITS = 63
 
 
 def run_interruptible(call: Callable[[], "_core.GenerateResult"], cancel: "_core.CancelToken") -> "_core.GenerateResult":
@@ -143,10 +132,7 @@ class Generator:
         self,
         *,
         max_tokens: int,
-        temperature: float,
-        top_k: int,
-        top_p: float,
-        min_p: float,
+        sampling: Sampling,
         seed: int,
         stop: Optional[Sequence[str]] = None,
         logprobs: Optional[int] = None,
@@ -166,14 +152,20 @@ class Generator:
         ``draft_kwargs`` are the drafting settings (subclasses); ``_test`` the
         TEST-ONLY negative controls (:func:`test_controls`). The core validates
         every setting (ValueError)."""
-        if not 0 <= seed < 2**64:  # Python's ints are unbounded; the core's seed is 64-bit
-            raise ValueError(f"seed must be in [0, 2**64), got {seed}")
-        sampling = sampling_params(temperature, top_k, top_p, min_p)
-        params = _core.GenerateParams(max_tokens=max_tokens, sampling=sampling, draft_sampling=sampling, seed=seed,
-                                      stop=list(stop or []), logprobs=-1 if logprobs is None else logprobs)
+        native = sampling.native()
+        params = _core.GenerateParams(max_tokens=max_tokens, sampling=native, draft_sampling=native,
+                                      seed=check_seed(seed), stop=list(stop or []),
+                                      logprobs=-1 if logprobs is None else logprobs)
         params.test = test_controls(_test)
         return [SequenceSetup(params, drafter, policy)
                 for drafter, policy in self._drafting(params, list(slots), drafters, **draft_kwargs)]
+
+    @staticmethod
+    def sampling(sampling: Optional[Sampling] = None, **changes) -> Sampling:
+        """The one :class:`~pyspec.Sampling` of a call: ``sampling`` (default
+        :attr:`Sampling.API`) with the fields given by name (``temperature=``,
+        ``top_k=``, ``top_p=``, ``min_p=``; None keeps the field)."""
+        return (Sampling.API if sampling is None else sampling).replace(**changes)
 
     def _drafting(self, params: "_core.GenerateParams", slots: List[int], drafters: str,
                   **kwargs) -> List[Tuple[Optional["_core.Drafter"], Optional["_core.LengthPolicy"]]]:
@@ -190,14 +182,13 @@ class Generator:
         to write), for a thread other than the round's."""
         return None
 
-    def open_session(self, on_token, *, prefill_chunk: int = 0, draft_cap: int = 0,
+    def open_session(self, on_token, *, prefill_chunk: int = 0,
                      prompt_cache: Optional["_core.PromptCache"] = None, _test=None) -> "_core.BatchSession":
         """A continuous-batching session on this generator's models (a server's):
         sequences set up with ``setup(drafters="slots")`` join and leave it
-        between rounds; no draft is longer than ``draft_cap``. Caches the
-        context gives up go to ``prompt_cache`` (host memory) and come back."""
-        shared = _core.GenerateParams(max_tokens=0, draft_max=draft_cap if self.speculative else 0,
-                                      prefill_chunk=prefill_chunk)
+        between rounds (each drafts as its own policy says, none: plain). Caches
+        the context gives up go to ``prompt_cache`` (host memory) and come back."""
+        shared = _core.GenerateParams(max_tokens=0, prefill_chunk=prefill_chunk)
         shared.test = test_controls(_test)
         return self._engine.session(shared, on_token=on_token, draft_models=self._draft_models(),
                                     prompt_cache=prompt_cache)
@@ -249,11 +240,12 @@ class Generator:
         self,
         prompt: Prompt,
         *,
-        max_tokens: int = 256,
-        temperature: float = SAMPLING_DEFAULTS["temperature"],
-        top_k: int = SAMPLING_DEFAULTS["top_k"],
-        top_p: float = SAMPLING_DEFAULTS["top_p"],
-        min_p: float = SAMPLING_DEFAULTS["min_p"],
+        max_tokens: int = MAX_TOKENS,
+        sampling: Optional[Sampling] = None,
+        temperature: Optional[float] = None,
+        top_k: Optional[int] = None,
+        top_p: Optional[float] = None,
+        min_p: Optional[float] = None,
         seed: Optional[int] = None,
         stop: Optional[Sequence[str]] = None,
         chat: bool = True,
@@ -274,8 +266,12 @@ class Generator:
 
         ``prompt`` is a string (wrapped as one user message in the model's chat
         template unless ``chat=False``), a list of ``{"role", "content"}``
-        messages, or token ids. Sampling: ``temperature`` 0 is greedy; top-k,
-        top-p and min-p truncate (0, 1.0 and 0.0 switch them off). Without a
+        messages, or token ids. Sampling: ``sampling`` (a
+        :class:`~pyspec.Sampling`, default ``Sampling.API``: temperature 0.8,
+        top-k 40, top-p 0.95, min-p 0.05) with any of ``temperature``,
+        ``top_k``, ``top_p``, ``min_p`` given by name changed; ``temperature`` 0
+        is greedy; top-k, top-p and min-p truncate (0, 1.0 and 0.0 switch them
+        off). Without a
         ``seed`` every call draws a fresh sample (or the next seed of the model's
         own ``seed`` sequence); the seed used is in ``stats.seed``, and passing it
         back gives the same output on the same build. ``stop`` strings end
@@ -286,12 +282,12 @@ class Generator:
         Ctrl-C stops it within about a graph node, even in a long prompt, and
         raises KeyboardInterrupt; the model stays usable.
         """
+        sampling = self.sampling(sampling, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
         if n != 1:
             if on_text is not None:
                 raise TypeError("with n > 1 use on_token(index, text, drafted): on_text cannot tell samples apart")
-            return self.generate_batch([prompt] * n, max_tokens=max_tokens, temperature=temperature, top_k=top_k,
-                                       top_p=top_p, min_p=min_p, seed=seed, stop=stop, chat=chat,
-                                       on_token=on_token, cancel=cancel, **draft_kwargs)
+            return self.generate_batch([prompt] * n, max_tokens=max_tokens, sampling=sampling, seed=seed, stop=stop,
+                                       chat=chat, on_token=on_token, cancel=cancel, **draft_kwargs)
         tokens = self.prompt_tokens(prompt, chat=chat)
         callback = None
         if on_text is not None or on_token is not None:
@@ -302,30 +298,26 @@ class Generator:
                 text = piece.decode("utf-8", errors="replace")
                 return on_token(text, drafted) if on_token is not None else on_text(text)
 
-        return self._run(tokens, max_tokens, temperature, top_k, top_p, min_p, seed, stop, callback, cancel,
-                         draft_kwargs)
+        return self._run(tokens, callback, cancel, max_tokens=max_tokens, sampling=sampling, seed=seed, stop=stop,
+                         **draft_kwargs)
 
     def generate_batch(
         self,
         prompts: Sequence[Prompt],
         *,
-        max_tokens: int = 256,
-        temperature: float = SAMPLING_DEFAULTS["temperature"],
-        top_k: int = SAMPLING_DEFAULTS["top_k"],
-        top_p: float = SAMPLING_DEFAULTS["top_p"],
-        min_p: float = SAMPLING_DEFAULTS["min_p"],
         seed: Optional[int] = None,
-        stop: Optional[Sequence[str]] = None,
         chat: bool = True,
         on_token: Optional[BatchTokenCallback] = None,
         cancel: Optional["_core.CancelToken"] = None,
-        **draft_kwargs,
+        sampling: Optional[Sampling] = None,
+        **settings,
     ) -> Completions:
         """Generate a continuation of every prompt together: each round is one
         target decode over all unfinished sequences. The target must be loaded
         with ``n_seq_max`` >= ``len(prompts)``. Sequence j samples from its own
         random stream (``stats.seed`` of choice j reproduces it alone); equal
-        prompts are processed once. Settings as in :meth:`generate`;
+        prompts are processed once. ``settings``: :meth:`generate`'s
+        (``max_tokens``, ``temperature`` ..., ``stop``, the drafting ones);
         ``on_token(index, text, drafted)`` streams every sequence, and returning
         False from it stops that sequence only."""
         if isinstance(prompts, (str, bytes)) or (prompts and all(isinstance(p, int) for p in prompts)):
@@ -346,8 +338,10 @@ class Generator:
 
         if seed is None:
             seed = self.target.next_seed()
-        seqs = self.setup(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-                          seed=seed, stop=stop, slots=range(len(token_lists)), drafters="batch", **draft_kwargs)
+        fields = {k: settings.pop(k, None) for k in ("temperature", "top_k", "top_p", "min_p")}
+        settings.setdefault("max_tokens", MAX_TOKENS)
+        seqs = self.setup(sampling=self.sampling(sampling, **fields), seed=seed, slots=range(len(token_lists)),
+                          drafters="batch", **settings)
         drafting = seqs[0].policy is not None
         cancel = cancel if cancel is not None else _core.CancelToken()
 
@@ -362,7 +356,7 @@ class Generator:
         choices = []
         for j, (seq, tokens, out) in enumerate(zip(seqs, token_lists, outs)):
             self.record(seq, out.stats)
-            self._remember(tokens, out.tokens, draft_kwargs.get("memory", True))
+            self._remember(tokens, out.tokens, settings.get("memory", True))
             choices.append(self._completion(tokens, out, _core.sequence_seed(seed, j)))
         return Completions(choices, BatchStats(batch, seed, tuple(o.stats.ttft_s for o in outs)))
 
@@ -414,12 +408,11 @@ class Generator:
             stats=GenerationStats(out.stats, seed=seed),
         )
 
-    def _run(self, tokens, max_tokens, temperature, top_k, top_p, min_p, seed, stop, callback, cancel,
-             draft_kwargs):
+    def _run(self, tokens, callback, cancel, *, seed: Optional[int], **settings):
+        """One generation of ``tokens`` with ``settings`` (:meth:`setup`'s)."""
         if seed is None:
             seed = self.target.next_seed()
-        seq = self.setup(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-                         seed=seed, stop=stop, **draft_kwargs)[0]
+        seq = self.setup(seed=seed, **settings)[0]
         cancel = cancel if cancel is not None else _core.CancelToken()
 
         def call() -> "_core.GenerateResult":
@@ -428,7 +421,7 @@ class Generator:
         on_main = threading.current_thread() is threading.main_thread()
         out = run_interruptible(call, cancel) if on_main else call()
         self.record(seq, out.stats)
-        self._remember(tokens, out.tokens, draft_kwargs.get("memory", True))
+        self._remember(tokens, out.tokens, settings.get("memory", True))
         return self._completion(tokens, out, seed)
 
     def _remember(self, prompt: Sequence[int], output: Sequence[int], memory=True) -> None:

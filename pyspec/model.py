@@ -14,8 +14,9 @@ from .chat import ChatTemplate
 from ._native import native_property
 from ._platform import physical_cores
 from .errors import GPUOffloadUnavailableError, ModelNotFoundError
-from .generation import SEED_BITS, Generator, Message, Prompt
+from .generation import Generator, Message, Prompt
 from .memory import DEFAULT_CAP_MB, Memory
+from .settings import SEED_BITS
 
 
 def resolve_path(model: Union[str, os.PathLike]) -> str:
@@ -79,7 +80,7 @@ class Model(Generator):
     the ``suffix`` drafter (docs/drafters.md#suffix).
 
     Chats are rendered by the file's own Jinja chat template, as llama-server
-    and transformers render it (pyspec/chat.py); ``chat_template`` (a file path
+    and transformers render it (pyspec/chat/templates.py); ``chat_template`` (a file path
     or Jinja source) overrides it.
     """
 
@@ -181,7 +182,7 @@ class Model(Generator):
                             variables: Optional[Mapping[str, Any]] = None) -> str:
         """Format ``messages`` ({"role", "content", ...} dicts) with the model's own
         chat template, rendered by Jinja as llama-server and transformers do
-        (pyspec/chat.py); ``add_assistant`` opens the assistant's turn (or, after
+        (pyspec/chat/templates.py); ``add_assistant`` opens the assistant's turn (or, after
         a final assistant message, continues it); ``tools`` and ``variables``
         (``chat_template_kwargs``) go to the template."""
         return self.chat_template.render(messages, add_generation_prompt=add_assistant, tools=tools,

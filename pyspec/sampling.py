@@ -30,6 +30,7 @@ from typing import Tuple
 import numpy as np
 
 from . import _core
+from .settings import check_seed
 
 __all__ = [
     "VARIANTS",
@@ -52,8 +53,6 @@ _core_sampling = _core.sampling
 #:   instead of the optimal ``sum min(p, q)``, so the acceptance-rate test rejects it.
 VARIANTS = tuple(_core_sampling.VARIANTS)
 
-_UINT64_MAX = (1 << 64) - 1
-
 
 def _as_real_array(x, name: str, dtype) -> np.ndarray:
     arr = np.asarray(x)
@@ -63,15 +62,6 @@ def _as_real_array(x, name: str, dtype) -> np.ndarray:
     ):
         raise ValueError(f"{name} must be an array of real numbers, got dtype {arr.dtype}")
     return np.ascontiguousarray(arr, dtype=dtype)
-
-
-def _check_seed(seed: int) -> int:
-    if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)):
-        raise ValueError(f"seed must be an integer in [0, 2**64), got {seed!r}")
-    seed = int(seed)
-    if not 0 <= seed <= _UINT64_MAX:
-        raise ValueError(f"seed must be in [0, 2**64), got {seed}")
-    return seed
 
 
 def distribution(
@@ -150,7 +140,7 @@ def verify(p, q, draft, seed: int, *, storage: str = "auto") -> Tuple[int, int]:
     if draft is None:
         raise ValueError("draft must be given; use verify_many(draft=None) to sample drafts")
     p, q, draft = _convert_verify_inputs(p, q, draft)
-    acc, nxt = _core_sampling.verify_many(p, q, draft, 1, _check_seed(seed), "correct",
+    acc, nxt = _core_sampling.verify_many(p, q, draft, 1, check_seed(seed), "correct",
                                           storage, False)
     return int(acc[0]), int(nxt[0])
 
@@ -191,5 +181,5 @@ def verify_many(
         ValueError: as :func:`verify`, plus an unknown variant or negative ``n_rounds``.
     """
     p, q, draft = _convert_verify_inputs(p, q, draft)
-    return _core_sampling.verify_many(p, q, draft, int(n_rounds), _check_seed(seed), variant,
+    return _core_sampling.verify_many(p, q, draft, int(n_rounds), check_seed(seed), variant,
                                       storage, bool(return_drafts))

@@ -12,9 +12,10 @@ from typing import Dict, List, Optional, Tuple, Union
 
 from . import _core, calibration
 from . import memory as memory_
-from .generation import Generator, sampling_params
+from .generation import Generator
 from .memory import Memory
 from .model import Model
+from .settings import Sampling
 
 #: name -> {"needs_draft_model", "summary"}, in the core's order.
 DRAFTERS: Dict[str, dict] = {d["name"]: d for d in _core.drafters()}
@@ -34,8 +35,8 @@ class SpeculativeDecoder(Generator):
     the draft length (``fixed``) or its cap (other policies), by default the
     policy's own (``POLICIES[name]["default_draft_max"]``); it and the policy can
     be changed per call. The draft model samples with its own settings
-    (``draft_temperature`` and friends, defaulting to the target's): any choice
-    stays lossless, it only changes how often drafts are accepted.
+    (``draft_sampling=``, a :class:`~pyspec.Sampling`; by default the target's):
+    any choice stays lossless, it only changes how often drafts are accepted.
 
     ``memory``: the :class:`~pyspec.Memory` that lookup drafters (``suffix``,
     and ``hybrid``'s lookup) copy from and that generations are added to; True
@@ -95,9 +96,9 @@ class SpeculativeDecoder(Generator):
         :class:`_core.AutoPolicy`, which exposes its cost model's estimates:
         ``verify_cost(n)``, ``draft_cost(source)``, ``acceptance(source, match_len)``."""
         draft_max = self.draft_max if draft_max is None else draft_max
-        if draft_max is not None and draft_max < 0:  # the core reads -1 as "the policy's default"
-            raise ValueError(f"draft_max must be >= 0, got {draft_max}")
-        params = _core.PolicyParams(name=policy or self.policy, draft_max=-1 if draft_max is None else draft_max,
+        # The user's cap goes in as given (None: the policy's default); the core
+        # resolves and checks it, and the engine reads it from the policy.
+        params = _core.PolicyParams(name=policy or self.policy, draft_max=draft_max,
                                     p_min=p_min, gamma=svip_gamma, h=svip_h)
         # One object per setting, kept across calls: adaptive policies remember.
         # Building it is where the core validates the settings (ValueError).
@@ -118,10 +119,7 @@ class SpeculativeDecoder(Generator):
         p_min: float = POLICY_DEFAULTS.p_min,
         svip_gamma: float = POLICY_DEFAULTS.gamma,
         svip_h: float = POLICY_DEFAULTS.h,
-        draft_temperature: Optional[float] = None,
-        draft_top_k: Optional[int] = None,
-        draft_top_p: Optional[float] = None,
-        draft_min_p: Optional[float] = None,
+        draft_sampling: Optional[Sampling] = None,
         memory: Union[bool, Memory] = True,
         policy_keys: Optional[List] = None,
     ) -> List[Tuple[Optional["_core.Drafter"], Optional["_core.LengthPolicy"]]]:
@@ -132,27 +130,17 @@ class SpeculativeDecoder(Generator):
         is what the drafters look up (True: the decoder's; a server passes
         each user's). ``policy_keys``: whose length policy each slot uses
         (default: the slot's own; a server's follow the user)."""
-        s = params.sampling
         keys = list(slots) if policy_keys is None else list(policy_keys)
-        params.draft_sampling = sampling_params(
-            s.temperature if draft_temperature is None else draft_temperature,
-            s.top_k if draft_top_k is None else draft_top_k,
-            s.top_p if draft_top_p is None else draft_top_p,
-            s.min_p if draft_min_p is None else draft_min_p,
-        )
+        if draft_sampling is not None:  # else setup() gave the draft the target's settings
+            params.draft_sampling = draft_sampling.native()
         # Prefill both models at once only when they do not share the CPU cores.
         on_gpu = [m.native.n_gpu_layers != 0 for m in (self.target, self.draft) if m is not None]
         params.parallel_prefill = len(on_gpu) == 2 and on_gpu[0] != on_gpu[1]
-        plain = (self.draft_max if draft_max is None else draft_max) == 0
-        if plain and drafters != "slots":
-            return [(None, None)] * len(slots)
-        if plain:  # a session's sequence drafts through its slot's drafter, with a policy that never drafts
-            policies = [self.policy_object("fixed", draft_max=0, key=k) for k in keys]
-        else:
-            policies = [self.policy_object(policy, draft_max=draft_max, p_min=p_min, svip_gamma=svip_gamma,
-                                           svip_h=svip_h, key=k) for k in keys]
-            calibration.prepare(policies, self.target.native, self._draft_native)
-            params.draft_max = policies[0].draft_max
+        if (self.draft_max if draft_max is None else draft_max) == 0:
+            return [(None, None)] * len(slots)  # plain: a sequence without a policy does not draft
+        policies = [self.policy_object(policy, draft_max=draft_max, p_min=p_min, svip_gamma=svip_gamma,
+                                       svip_h=svip_h, key=k) for k in keys]
+        calibration.prepare(policies, self.target.native, self._draft_native)
         if drafters == "engine":
             chosen: List[Optional["_core.Drafter"]] = [None] * len(slots)
         elif drafters == "batch":

@@ -5,7 +5,7 @@ rules the suite uses (a parameter), and the sample-size rule of the end-to-end
 tests: N must give the test power > 0.99 at ALPHA against a stated wrong law
 (`power`, `required_n`, `simulated_power`, `assert_power`).
 
-p-values come from pyspec.check (chi2_sf, and chi2_gof for the filled pool:
+p-values come from pyspec.tools.check (chi2_sf, and chi2_gof for the filled pool:
 the library's self-check and these tests run one implementation); the power
 calculation needs the noncentral chi-square, from SciPy.
 """
@@ -16,7 +16,7 @@ import math
 
 import numpy as np
 
-from pyspec import check
+from pyspec.tools import check
 
 #: Significance level of each end-to-end chi-square test (a correct
 #: configuration fails one by chance with probability 0.001).
@@ -39,7 +39,7 @@ def pooled_chisquare(counts, probs, n=None, *, fill_pool=False, min_expected=5.0
     * ``fill_pool=True`` (the verification rule's tests): the pool then takes
       further cells, smallest expected first, until it reaches ``min_expected``;
       expected counts are the total count times ``probs`` renormalised on its
-      support. This is :func:`pyspec.check.chi2_gof`, the self-check's test;
+      support. This is :func:`pyspec.tools.check.chi2_gof`, the self-check's test;
       with one cell left there is nothing to test (p = 1).
     """
     if isinstance(probs, dict):

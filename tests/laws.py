@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 import pyspec
-from pyspec import _core, sampling
+from pyspec import Sampling, _core, sampling
 
 PROMPT = "The weather today is"
 #: The target's sampling settings: top-k 3 keeps the outcome space small.
@@ -26,9 +26,9 @@ TARGET = dict(temperature=1.0, top_k=3, top_p=1.0, min_p=0.0)
 # Default tier: colder and wider. The broken residual's law is then far from p
 # (~620 samples give power 0.99), so N = 680 proves the same thing as N = 20,000
 # did with the hot draft, whose bug deviates little (~4,800 samples for 0.99).
-GEMMA_COLD_DRAFT = dict(draft_temperature=0.5, draft_top_k=8, draft_top_p=1.0, draft_min_p=0.0)
+GEMMA_COLD_DRAFT = dict(draft_sampling=Sampling(temperature=0.5, top_k=8, top_p=1.0, min_p=0.0))
 # Slow tier: the original hotter and wider draft.
-GEMMA_DRAFT = dict(draft_temperature=2.0, draft_top_k=8, draft_top_p=1.0, draft_min_p=0.0)
+GEMMA_DRAFT = dict(draft_sampling=Sampling(temperature=2.0, top_k=8, top_p=1.0, min_p=0.0))
 
 
 def next_row(model: pyspec.Model, tokens, **settings) -> np.ndarray:
@@ -102,10 +102,9 @@ def support_of(row) -> list:
 
 def draft_row(draft: pyspec.Model, prompt_tokens, draft_kwargs: dict):
     """q0: the draft's distribution at the first draft position under its sampling
-    settings (draft_temperature=... keys; absent ones follow TARGET, as in the engine)."""
-    settings = dict(TARGET)
-    settings.update({k[len("draft_"):]: v for k, v in draft_kwargs.items()})
-    return next_row(draft, prompt_tokens, **settings)
+    settings (``draft_sampling``; absent, the target's: TARGET, as in the engine)."""
+    settings = draft_kwargs.get("draft_sampling") or Sampling(**TARGET)
+    return next_row(draft, prompt_tokens, **settings.to_dict())
 
 
 def exact_law(target: pyspec.Model, prompt: str):

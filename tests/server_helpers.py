@@ -1,4 +1,4 @@
-"""A real `pyspec serve` process for the server tests (pyspec.bench.server_process),
+"""A real `pyspec serve` process for the server tests (pyspec.bench.serve.process),
 with the test's conveniences: httpx requests with the API key, /health polling
 and the process's RSS."""
 
@@ -11,7 +11,7 @@ from typing import List, Optional
 
 import httpx
 
-from pyspec.bench.server_process import ServerProcess as _Process, free_port
+from pyspec.bench.serve.process import ServerProcess as _Process, free_port
 
 
 class ServerProcess(_Process):

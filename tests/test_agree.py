@@ -21,7 +21,7 @@ from pyspec import _core
 from pyspec.agree import agree, builtin_streams
 from pyspec.agree.speculation import acceptance_by_position, expected_rounds
 from pyspec.agree.verdict import SAME_TYPE_FLOOR, judge
-from pyspec.generation import sampling_params
+from pyspec import Sampling
 
 from cli_helpers import pyspec_cmd
 from gguf_edit import scramble_q8_0_scales, zero_tensor
@@ -47,8 +47,8 @@ def test_a_model_against_itself_agrees_exactly(gemma_path, load_model):
     ref = load_model(gemma_path, n_ctx=1024)
     same = load_model(gemma_path, "second", n_ctx=1024)  # a second load: its own context, the same logits
     streams = builtin_streams(ref)[::2]  # one text of each category
-    for settings in (dict(temperature=1.0), dict(temperature=0.7, top_k=40, top_p=0.9, min_p=0.05)):
-        r = agree(ref, same, streams, costs=False, keep_rows=True, **settings)
+    for sampling in (Sampling.OPENAI, Sampling(temperature=0.7, top_k=40, top_p=0.9, min_p=0.05)):
+        r = agree(ref, same, streams, costs=False, keep_rows=True, sampling=sampling)
         assert r["n_positions"] == sum(s.n_rows for s in streams) > 300
         for rows in r["rows"]:
             assert np.all(rows["alpha"] == 1.0) and np.all(rows["kl"] == 0.0) and rows["top1"].all()
@@ -104,7 +104,8 @@ def test_rows_match_an_independent_numpy_computation(gemma_path, load_model, cop
     tokens = ref.tokenize("def area(r):\n    return 3.14159 * r * r\n\nThe circle's area grows with the square "
                           "of its radius, so doubling r makes it four times larger.")
     assert len(tokens) <= 64  # one chunk of the core: the same decode as _numpy_rows
-    got = _core.agreement(ref.native, cand.native, tokens, 0, sampling_params(temperature, top_k, 1.0, 0.0))
+    got = _core.agreement(ref.native, cand.native, tokens, 0,
+                           Sampling(temperature, top_k, 1.0, 0.0).native())
     want = _numpy_rows(ref, cand, tokens, temperature, top_k)
     assert got["nonfinite"] == 0
     for key in ("alpha", "kl", "logp_ref", "logp_cand"):

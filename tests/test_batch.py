@@ -126,8 +126,9 @@ def test_greedy_batch_drafting_with_a_draft_model(gemma_path, load_model, lone_m
     # Control: a batch cannot give two sequences one draft sequence.
     one = _core.make_batch_drafters(_core.DrafterParams(name="model"), target.native, draft.native, 1)[0]
     with pytest.raises(ValueError, match="same sequence"):
+        fixed = [_core.make_policy(_core.PolicyParams(name="fixed", draft_max=2)) for _ in range(2)]
         target.engine.generate_batch([target.tokenize("a"), target.tokenize("b")], _core.GenerateParams(
-            max_tokens=2, draft_max=2), drafters=[one, one])
+            max_tokens=2), drafters=[one, one], policies=fixed)
 
 
 def test_a_batch_needs_a_draft_sequence_per_sample(gemma_path, load_model):

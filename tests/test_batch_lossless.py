@@ -32,14 +32,14 @@ from __future__ import annotations
 import pytest
 
 import pyspec
-from pyspec import _core
+from pyspec import Sampling, _core
 
 from chisquare import assert_law, power, required_n
 from laws import (TARGET, draft_row, exact_distribution, independent_pair, lookup_proposal, next_row, one_hot,
                   residual_is_p_row, support_of, target_rows)
 
 PROMPT = "one two three one two three one two"
-GREEDY_DRAFT = dict(draft_temperature=0.0)
+GREEDY_DRAFT = dict(draft_sampling=Sampling(**{**TARGET, "temperature": 0.0}))
 MIN_N = 200
 
 
@@ -194,15 +194,16 @@ def joining_samples(target, tokens, n, variant="correct"):
     """n trials: two samples join a batch whose leader is ahead; their first tokens."""
     greedy = _core.SamplingParams(temperature=0)
     shared = _core.GenerateParams(max_tokens=1, sampling=greedy, draft_sampling=greedy, seed=0)
-    shared.draft_max = 1
     shared.test = _core.TestControls(variant=variant)
     pool = _core.ConsensusPool(3)
     drafters = [_core.ConsensusDrafter(pool, j, target.n_vocab, 1, 16) for j in range(3)]
+    # One token a round each (a sequence drafts through its policy; without one it is plain).
+    fixed1 = [_core.make_policy(_core.PolicyParams(name="fixed", draft_max=1)) for _ in range(3)]
     counts: dict = {}
     fired = 0
     with target.engine.session(shared) as s:
         leader = s.add(tokens, _core.GenerateParams(max_tokens=4000, sampling=greedy, draft_sampling=greedy),
-                       drafter=drafters[0])
+                       drafter=drafters[0], policy=fixed1[0])
         for _ in range(4):
             s.step()
         for i in range(n):
@@ -210,7 +211,7 @@ def joining_samples(target, tokens, n, variant="correct"):
             for j in (1, 2):
                 p = _core.GenerateParams(max_tokens=2, sampling=_core.SamplingParams(**SIBLING_SAMPLING),
                                          draft_sampling=greedy, seed=70_000 + i)
-                joined.append(s.add(tokens, p, drafter=drafters[j], stream=j))
+                joined.append(s.add(tokens, p, drafter=drafters[j], policy=fixed1[j], stream=j))
             s.step()  # both verify their first draft beside the leader's row
             for h in joined:
                 s.cancel(h)
@@ -290,11 +291,11 @@ def spared_samples(spec, draft, tokens, n, variant="correct"):
     spared = drafted = 0
     for i in range(n):
         spec.clear_cache()  # the draft model's sequence 1 holds the last trial's catch-up
-        with spec.open_session(lambda *a: True, draft_cap=1, _test=dict(variant=variant)) as s:
+        with spec.open_session(lambda *a: True, _test=dict(variant=variant)) as s:
             handles = []
             for slot, max_tokens in ((0, 1), (1, 3)):
                 setup = spec.setup(max_tokens=max_tokens, seed=60_000 + i, slots=[slot], drafters="slots",
-                                   draft_max=1, **TARGET, **GREEDY_DRAFT)[0]
+                                   draft_max=1, sampling=Sampling(**TARGET), **GREEDY_DRAFT)[0]
                 handles.append(s.add(tokens, setup.params, drafter=setup.drafter, policy=setup.policy,
                                      stream=slot, slot=slot))
             s.step()

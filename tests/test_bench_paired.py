@@ -20,9 +20,9 @@ import random
 
 import pytest
 
-from pyspec.bench.paired import (bootstrap_interval, comparisons, format_paired, pair_logs, parse_config,
-                                 run_order, summarize_pair)
-from pyspec.bench.backends import Sample
+from pyspec.bench.inprocess.backends import Sample
+from pyspec.bench.inprocess.paired import comparisons, format_paired, pair_logs, parse_config, summarize_pair
+from pyspec.bench.stats import bootstrap_interval, run_order
 
 PROMPTS = [f"{c}/{i}" for c in ("code", "math", "qa", "translation") for i in range(3)]
 

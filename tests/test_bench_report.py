@@ -7,8 +7,8 @@ from dataclasses import asdict
 
 import pytest
 
-from pyspec.bench.report import decode_rate, format_table, summarize
-from pyspec.bench.backends import Sample
+from pyspec.bench.inprocess.backends import Sample
+from pyspec.bench.inprocess.report import decode_rate, format_table, summarize
 
 
 def _s(runner, cat, n, secs, **extra):
@@ -49,7 +49,7 @@ def test_plot_writes_a_png(tmp_path):
         "summary": summarize(samples, "base"),
         "runners": ["base", "fast"],
         "baseline": "base",
-        "settings": {"temperature": 0.0},
+        "settings": {"sampling": {"temperature": 0.0}},
         "threads": 2,
         "samples": [asdict(s) for s in samples],
     }
@@ -77,7 +77,7 @@ class _FakeGenerator:
 def test_pyspec_runner_starts_every_run_from_empty_caches():
     """Runners share models: without a reset, later runners would reuse the
     prompt the previous one processed and report a shorter time to first token."""
-    from pyspec.bench.backends import PyspecRunner, Settings
+    from pyspec.bench.inprocess.backends import PyspecRunner, Settings
 
     gen = _FakeGenerator()
     PyspecRunner(gen, "r").run([5, 6, 7], Settings(max_tokens=2))
@@ -141,7 +141,7 @@ def test_simulator_replays_copying_and_finds_no_gain_without_it():
     to copy (the control) gains nothing under the oracle and loses little under auto."""
     import random
 
-    from pyspec.bench.simulate import simulate
+    from pyspec.bench.inprocess.simulate import simulate
 
     costs = {n: 1.0 + 0.05 * (n - 1) for n in range(1, 18)}
     source = list(range(10, 210))

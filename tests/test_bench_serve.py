@@ -1,8 +1,9 @@
 """`pyspec bench-serve --llama-server`: the summaries, paired ratios and answer
 comparisons on synthetic waves (no server), the orchestration on fake servers,
-option checks, and one end-to-end run on the test model when llama.cpp's
-llama-server is at hand (PYSPEC_LLAMA_SERVER or /tmp/llama-build/bin/llama-server;
-skipped otherwise, as in CI)."""
+option checks, an end-to-end run of pyspec's own two server backends (real
+`pyspec serve` processes, in CI), and one of the whole CLI with llama.cpp's
+llama-server on the test model when a build is at hand (PYSPEC_LLAMA_SERVER or
+/tmp/llama-build/bin/llama-server; skipped otherwise, as in CI)."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ import sys
 
 import pytest
 
-from pyspec.bench import serve_llama as bs
-from pyspec.bench.server_process import Backend
+from pyspec.bench.serve import llama_server as bs
+from pyspec.bench.serve.process import Backend
 
 PY, PLAIN, LS, NG = bs.PYSPEC, bs.PYSPEC_PLAIN, "llama-server", "llama-server ngram-mod"
 LLAMA_SERVER_BIN = os.environ.get("PYSPEC_LLAMA_SERVER", "/tmp/llama-build/bin/llama-server")
@@ -247,7 +248,46 @@ def test_bench_serve_option_errors(tmp_path, args, message):
     assert message in out.output
 
 
-@pytest.mark.skipif(not os.path.isfile(LLAMA_SERVER_BIN), reason="no llama-server (set PYSPEC_LLAMA_SERVER)")
+def check_waves(waves, names, clients):
+    """Every backend's two waves at ``clients``: an answer per client of at most
+    the 6 tokens asked (+1: a token may split), figures that are numbers."""
+    assert sorted((w["backend"], w["clients"], w["wave"]) for w in waves) == sorted(
+        (n, clients, w) for n in names for w in bs.WAVES)
+    for w in waves:
+        assert len(w["answers"]) == w["clients"] and w["aggregate_tok_s"] >= 0 and w["ttft_max_s"] > 0
+        assert all(n <= 7 for n in w["answer_tokens"]), w["answer_tokens"]
+        assert len(w["ttft_s"]) == w["clients"] and all(t > 0 for t in w["ttft_s"])
+    assert sum(w["tokens"] for w in waves) > 0
+
+
+def test_bench_serve_pyspec_backends_end_to_end(gemma_path):
+    """What needs no llama-server, in CI: real `pyspec serve` processes (with
+    lookup drafting, and --no-draft) on the test model, 2 clients, 6 raw tokens,
+    one repetition: a fresh server per backend, both waves, figures, and the two
+    backends' answers identical (greedy: the draft changes no token). The
+    llama-server backends and the CLI are the test below, where a build exists."""
+    from pyspec.bench.serve.process import token_counter
+
+    count = token_counter(gemma_path)
+    prompts = ["Count: one, two, three,", "The capital of France is", "def add(a, b):"]
+    backends = bs.comparison_backends(gemma_path, "", parallel=2, n_ctx=2 * bs.slot_ctx(16, 6), threads=1,
+                                      llama_server="unused", llama_specs=["none"])[:2]
+    assert [b.name for b in backends] == [PY, PLAIN]
+    waves = bs.run_comparison(backends, prompts, [2], max_tokens=6, reps=1, count=count, raw=True)
+    check_waves(waves, [PY, PLAIN], 2)
+    assert {w["backend"]: w["position"] for w in waves} in ({PY: 0, PLAIN: 1}, {PY: 1, PLAIN: 0})
+    summary = bs.summarize_comparison(waves, count=count)
+    assert summary["backends"] == [w["backend"] for w in waves][::2] and len(summary["figures"]) == 2 * 2
+    assert summary["ratios"] == []  # ratios are over llama-server backends only
+    (lossless,) = summary["identical"]
+    assert (lossless["backend"], lossless["reference"]) == (PY, PLAIN)
+    assert lossless["same"] == lossless["compared"] == 4, lossless["differences"]
+    table = bs.format_comparison(summary)
+    assert "4/4 identical" in table, table
+
+
+@pytest.mark.skipif(not os.path.isfile(LLAMA_SERVER_BIN), reason="no llama-server (set PYSPEC_LLAMA_SERVER); "
+                    "test_bench_serve_pyspec_backends_end_to_end runs the pyspec half in CI")
 def test_bench_serve_llama_server_end_to_end(gemma_path, tmp_path):
     """The test model (no chat template: --raw), 2 clients, 6 tokens: every
     backend's waves (4 fresh servers), figures, ratios and answer counts in the
@@ -265,12 +305,7 @@ def test_bench_serve_llama_server_end_to_end(gemma_path, tmp_path):
     assert [b["name"] for b in result["backends"]] == names
     assert result["parallel"] == 2 and result["n_ctx"] == 2 * result["n_ctx_per_slot"]
     waves = result["waves"]
-    assert sorted((w["backend"], w["clients"], w["wave"]) for w in waves) == sorted(
-        (n, 2, w) for n in names for w in bs.WAVES)
-    for w in waves:
-        assert len(w["answers"]) == w["clients"] and w["aggregate_tok_s"] >= 0 and w["ttft_max_s"] > 0
-        assert all(n <= 7 for n in w["answer_tokens"]), w["answer_tokens"]
-    assert sum(w["tokens"] for w in waves) > 0
+    check_waves(waves, names, 2)
     summary = result["summary"]
     assert len(summary["figures"]) == 4 * 2
     assert all(math.isfinite(r["ratio"]) and r["n_reps"] == 1 for r in summary["ratios"])
@@ -282,7 +317,7 @@ def test_bench_serve_llama_server_end_to_end(gemma_path, tmp_path):
 
 
 def test_llama_server_draft_variant_gets_the_draft_model():
-    from pyspec.bench.server_process import llama_server_backends
+    from pyspec.bench.serve.process import llama_server_backends
 
     plain, draft = llama_server_backends("llama-server", "t.gguf", parallel=2, n_ctx=1024, threads=2,
                                          specs=["none", "draft-simple"], draft="d.gguf")
@@ -297,7 +332,7 @@ def test_conversations_in_turn_on_fake_servers(monkeypatch, resend):
     conversation so far (answers included) or, with --resend, the first request
     again; no `user`; cached tokens read from usage (or timings); later-turn
     TTFT ratios paired by (repetition, turn)."""
-    from pyspec.bench import serve_turns as bt
+    from pyspec.bench.serve import turns as bt
 
     log, sent, seen = [], [], set()
 

@@ -10,9 +10,9 @@ import random
 import pytest
 
 from cli_helpers import pyspec_cmd
-from pyspec.bench.soak import parse_metrics
-from pyspec.bench.soak_load import USERS, Mix, draw_request
-from pyspec.bench.soak_report import MIB, Bounds, rss_growth, verdict
+from pyspec.bench.serve.soak import parse_metrics
+from pyspec.bench.serve.soak_load import USERS, Mix, draw_request
+from pyspec.bench.serve.soak_report import MIB, Bounds, rss_growth, verdict
 
 BASE = {"rss_kib": 500 * MIB, "fds": 9, "threads": 5, "kv_running": 0, "kv_cached": 100, "slots_busy": 0,
         "queue": 0, "server_5xx": 0}

@@ -17,9 +17,11 @@ adds a default system message that the approximation leaves out.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import warnings
+from pathlib import Path
 
 import pytest
 from llama_cpp import Llama
@@ -35,18 +37,12 @@ CHATML = ("{%- for message in messages -%}\n"
           "  {{- '<|im_start|>assistant\\n' -}}\n"
           "{%- endif -%}")
 
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city (°C) <b>&'",
-                                           "parameters": {"type": "object",
-                                                          "properties": {"city": {"type": "string"}}}}}]
-CHATS = {
-    "no system": ([{"role": "user", "content": "Write a haiku about rust."}], None),
-    "system": ([{"role": "system", "content": "Answer in French."}, {"role": "user", "content": "Hello?"}], None),
-    "multi-turn": ([{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"},
-                    {"role": "user", "content": "And times 3 <b>now</b>?"}], None),
-    "prefill": ([{"role": "user", "content": "List three colours."}, {"role": "assistant", "content": "1. Red\n2."}],
-                None),
-    "tools": ([{"role": "user", "content": "Weather in Zürich?"}], TOOLS),
-}
+# The chats, and llama-server's renderings of them: tests/fixtures/chat_renderings (capture.py made them).
+GOLDEN = Path(__file__).parent / "fixtures" / "chat_renderings"
+_spec = importlib.util.spec_from_file_location("chat_renderings_capture", GOLDEN / "capture.py")
+capture = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(capture)
+TOOLS, CHATS = capture.TOOLS, capture.CHATS
 
 
 class Reference:
@@ -217,32 +213,117 @@ def test_chat_template_override_from_the_cli(tmp_path, gemma_path):
     assert "Traceback" not in out.output
 
 
+# Golden renderings: llama-server's POST /apply-template of every chat, captured by
+# tests/fixtures/chat_renderings/capture.py (its docstring has the command), held here
+# byte for byte in CI, where no llama-server is built.
+PATH_FIXTURES = {"target": "target_path", "draft": "draft_path", "test": "gemma_path"}
+N_CTX = {"target": 1024, "draft": 1024, "test": 512}  # as the other tests load them: one load each
+
+
+#: Chats where pyspec's text is known to differ from llama-server's, by fixture
+#: (a fix makes the test fail until the entry goes). None now: the golden files
+#: found one (a file without a template kept the role "developer", where
+#: llama-server's ChatML fallback says "system"), and it was fixed.
+KNOWN_DIFFERENCES: dict = {}
+
+
+def golden(name: str) -> dict:
+    with open(GOLDEN / f"{name}.json", encoding="utf-8") as f:
+        return json.load(f)
+
+
+def golden_mismatches(render, data: dict) -> list:
+    """(chat, ours, llama-server's) for each chat whose text differs from the golden file's."""
+    bad = []
+    for r in data["renderings"]:
+        try:
+            ours = render(r["messages"], r["tools"])
+        except Exception as e:  # a naive renderer's error (the negative controls): a mismatch
+            ours = f"{type(e).__name__}: {e}"
+        if ours != r["prompt"]:
+            bad.append((r["chat"], ours, r["prompt"]))
+    return bad
+
+
+def pyspec_renderer(role, source, request, load_model):
+    """pyspec's rendering on the model of ``role``: the file's own template, or
+    ``source`` given as --chat-template / Model(chat_template=) gives it."""
+    model = load_model(request.getfixturevalue(PATH_FIXTURES[role]), n_ctx=N_CTX[role], seed=1)
+    template = ChatTemplate.of_model(model.native, override=source)  # what Model builds; its own warning state
+
+    def render(messages, tools):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the test model has no template: ChatML, with a warning
+            return template.render(messages, tools=tools)
+    return model, render
+
+
+def test_golden_files_are_what_capture_py_makes():
+    """One file per template of capture.py, holding its chats and template now
+    (a chat or template changed without recapturing fails here)."""
+    assert sorted(p.stem for p in GOLDEN.glob("*.json")) == sorted(capture.jobs())
+    for name, (role, source, chats) in capture.jobs().items():
+        data = golden(name)
+        assert data["model"] == capture.MODELS[role] and data["captured_by"] == capture.COMMAND
+        assert [(r["chat"], r["messages"], r["tools"]) for r in data["renderings"]] == \
+            [(chat, messages, tools) for chat, (messages, tools) in chats.items()], name
+        if source is not None:
+            assert data["template"] == source and data["template_sha256"] == capture.sha256(source), name
+
+
+@pytest.mark.parametrize("role", list(capture.MODELS))
+def test_model_templates_render_as_llama_server_did(role, request, load_model):
+    """The default pair's and the test model's own templates (the test model has
+    none: llama-server's ChatML) against the golden file, text for text."""
+    data = golden(role)
+    model, render = pyspec_renderer(role, None, request, load_model)
+    assert os.path.basename(model.path) == data["model"], "the catalog's model changed: recapture"
+    assert capture.sha256(model.chat_template.source) == data["template_sha256"], "its template changed: recapture"
+    assert [m[0] for m in golden_mismatches(render, data)] == KNOWN_DIFFERENCES.get(role, []), \
+        golden_mismatches(render, data)
+    if role != "test":  # Negative control: llama.cpp's built-in approximation fails the same files.
+        assert "no system" in [m[0] for m in golden_mismatches(builtin(model), data)]
+
+
+def _plain_jinja(source: str, bos: str, eos: str):
+    """A naive renderer: Jinja's defaults (no trim_blocks/lstrip_blocks, HTML-safe
+    tojson), BOS kept, tool-call arguments left as JSON strings."""
+    import jinja2.sandbox
+
+    template = jinja2.sandbox.ImmutableSandboxedEnvironment().from_string(source)
+    return lambda messages, tools: template.render(messages=messages, tools=tools, add_generation_prompt=True,
+                                                   bos_token=bos, eos_token=eos)
+
+
+@pytest.mark.parametrize("name", list(capture.HOSTILE))
+def test_hostile_templates_render_as_llama_server_did(name, request, load_model):
+    """Templates that a plain renderer gets wrong (BOS written by the template,
+    block whitespace, tojson, roles and tool-call arguments, namespaces and loops),
+    given as --chat-template on the test model, against the golden file."""
+    data = golden(f"hostile_{name}")
+    model, render = pyspec_renderer("test", data["template"], request, load_model)
+    assert golden_mismatches(render, data) == []
+    # Negative control: the golden file tells a naive renderer apart.
+    t = model.chat_template
+    assert golden_mismatches(_plain_jinja(data["template"], t.bos_token, t.eos_token), data) != []
+
+
 LLAMA_SERVER = os.environ.get("PYSPEC_LLAMA_SERVER", "/tmp/llama-build/bin/llama-server")
 
 
 @pytest.mark.skipif(not os.path.exists(LLAMA_SERVER), reason="llama.cpp's llama-server is not built "
-                    "(docs/server.md#building-llama-server; PYSPEC_LLAMA_SERVER names it)")
-@pytest.mark.parametrize("which", ["draft", "test"])
-def test_same_text_as_llama_servers_apply_template(which, draft_path, gemma_path, load_model):
-    """llama-server's own rendering (POST /apply-template) of every chat above,
-    tools and prefill included, against pyspec's: the same text."""
-    import http.client
-
-    from pyspec.bench.server_process import ServerProcess, free_port
-
-    path = draft_path if which == "draft" else gemma_path
-    model = load_model(path, n_ctx=1024, seed=1)
-    port = free_port()
-    server = ServerProcess([LLAMA_SERVER, "-m", path, "--port", str(port), "-np", "1", "-c", "1024", "-t", "1",
-                            "--no-webui"], port)
-    try:
-        for name, (messages, tools) in CHATS.items():
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-            conn.request("POST", "/apply-template", body=json.dumps({"messages": messages, "tools": tools or []}),
-                         headers={"Content-Type": "application/json"})
-            theirs = json.loads(conn.getresponse().read())["prompt"]
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # the test model has no template: ChatML, with a warning
-                assert model.apply_chat_template(messages, tools=tools) == theirs, name
-    finally:
-        server.stop()
+                    "(docs/server.md#building-llama-server; PYSPEC_LLAMA_SERVER names it); the golden files "
+                    "above hold its renderings")
+@pytest.mark.parametrize("name", list(capture.jobs()))
+def test_same_text_as_llama_servers_apply_template(name, request, load_model):
+    """A live llama-server's rendering (POST /apply-template) of every chat of a
+    golden file, tools and prefill included: the same text as pyspec's, and as the
+    golden file's (a file out of date with this build fails here)."""
+    role, source, chats = capture.jobs()[name]
+    model, render = pyspec_renderer(role, source, request, load_model)
+    with capture.LlamaServer(LLAMA_SERVER, model.path, source) as server:
+        for chat, (messages, tools) in chats.items():
+            theirs = server.render(messages, tools)
+            known = chat in KNOWN_DIFFERENCES.get(name, [])
+            assert (render(messages, tools) == theirs) != known, chat
+            assert [r["prompt"] for r in golden(name)["renderings"] if r["chat"] == chat] == [theirs], chat

@@ -258,10 +258,21 @@ def test_auto_keeps_the_draft_models_cost_across_processes(gemma_path, tmp_path,
     # The same model as its own draft costs a target step per token: it cannot pay on a CPU.
     assert not first.policy_object().may_draft("model")
 
+    # The record, not the clock, decides below: one measured decode on a loaded
+    # machine can come out cheaper than the target's step on record (this test
+    # failed so in CI), so the record is raised to ten target steps per token,
+    # which no load turns into a cost that pays.
+    step = calibration.load(target.native).get(1)
+    assert step and step > 0, "the target's step is not on record"
+    cost = max(calibration._entry(draft.native)[calibration.DRAFT_TOKEN], 10 * step)
+    calibration._update(draft.native, {calibration.DRAFT_TOKEN: cost})
+
+    # A new process: the cost comes from disk, and even an answer long enough to
+    # pay for measuring it (40 tokens, as the control above) neither prefills nor runs it.
     draft = pyspec.Model(gemma_path, n_ctx=512)
     again = pyspec.SpeculativeDecoder(target, draft, drafter="model", policy="auto")
-    out = again.generate(prompt, chat=False, max_tokens=8, temperature=0)
-    assert again.policy_object().draft_cost("model") > 0
+    out = again.generate(prompt, chat=False, max_tokens=40, temperature=0)
+    assert again.policy_object().draft_cost("model") == pytest.approx(cost), "the cost on disk was not read"
     assert out.stats.drafted == 0 and draft.native.cached() == [], "the draft model was prefilled or probed again"
 
 

@@ -72,7 +72,7 @@ def test_bench_runs_both_sides_with_one_flash_attn_setting(target_path, tmp_path
 def test_llama_cpp_runner_passes_flash_attn(gemma_path, on):
     import llama_cpp
 
-    from pyspec.bench.backends import LlamaCppRunner
+    from pyspec.bench.inprocess.backends import LlamaCppRunner
 
     r = LlamaCppRunner(gemma_path, n_ctx=256, n_threads=1, flash_attn=on)
     want = llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if on else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED

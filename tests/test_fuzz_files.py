@@ -7,7 +7,7 @@ values and duplicates, tensor shapes, types, offsets and names, general.alignmen
 byte flips and truncation in the header. Each file is loaded by pyspec.Model
 (which then generates), by agree (as the reference: its chat streams, then
 scores against the intact file) and by quantize (the core's llama_model_quantize
-as pyspec.quantize's child runs it), in a child process that reports one outcome
+as pyspec.tools.quantize's child runs it), in a child process that reports one outcome
 per job as JSON: a crash (segfault, abort) kills the child, not pytest, and is
 pinned on the job it was running; a job over LOAD_BOUND_S is a hang. Every
 outcome must be success or the documented exception whose message names the file.
@@ -58,7 +58,8 @@ warnings.simplefilter("ignore")
 report = os.fdopen(os.dup(1), "w")  # ours; whatever the libraries print goes to stderr
 os.dup2(2, 1)
 import pyspec
-from pyspec import _core, quantize
+from pyspec import _core
+from pyspec.tools import quantize
 from pyspec.agree import agree, builtin_streams, text_streams
 from pyspec.chat import ChatTemplate
 
@@ -83,7 +84,7 @@ def run(job):
         cand = pyspec.Model(job["intact"], n_ctx=64, n_threads=1)
         return agree(ref, cand, text_streams(ref, "hello world, the cat is in the hat " * 4, 32),
                      costs=False)["n_positions"]
-    if kind == "quantize":  # as pyspec.quantize's child runs it
+    if kind == "quantize":  # as pyspec.tools.quantize's child runs it
         _core.quantize(path, job["out"], "Q8_0", 1, False)
         return "quantized"
     if kind == "quantize_cli":  # the whole path: a child process, its report, the error
@@ -308,7 +309,7 @@ def draw_mutations(base: ge.Gguf, n: int) -> List[Mutation]:
 # ---------------------------------------------------------------- tests
 
 #: What each load path may raise for a damaged file (class names; the errors'
-#: hierarchy is in pyspec/errors.py and pyspec/chat.py).
+#: hierarchy is in pyspec/errors.py and pyspec/chat/sandbox.py).
 ALLOWED = {
     "model": {"InvalidModelError", "ChatTemplateError", "DecodeError"},
     "agree": {"InvalidModelError", "ChatTemplateError", "IncompatibleModelsError", "DecodeError"},

@@ -14,7 +14,7 @@ import pytest
 import pyspec
 from cli_helpers import pyspec_cmd
 from pyspec import _core
-from pyspec.info import KEYS, build_info
+from pyspec.tools.info import KEYS, build_info
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -111,7 +111,7 @@ def test_cli_gpu_layers_warn_and_strict(gemma_path):
 def test_info_sees_one_libllama_whatever_is_imported_first(first, tmp_path):
     """The extension calls the very libllama/libggml files llama_cpp loads, in either import order.
     (Run outside the checkout: `python -c` puts the current folder first on sys.path.)"""
-    code = (f"import json, {first}, llama_cpp, pyspec.info as i; d = i.build_info(); "
+    code = (f"import json, {first}, llama_cpp, pyspec.tools.info as i; d = i.build_info(); "
             "print(json.dumps({k: d[k] for k in ('libllama_path', 'libllama_shared_with_llama_cpp', 'libggml_path')}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                          cwd=str(tmp_path))

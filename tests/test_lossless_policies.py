@@ -39,6 +39,7 @@ import numpy as np
 import pytest
 
 import pyspec
+from pyspec import Sampling
 
 from chisquare import assert_law, power, required_n
 from draws import draw
@@ -48,7 +49,7 @@ from laws import PROMPT, TARGET, draft_row, exact_law, lookup_proposal, one_hot,
 # against p0 = 0.54/0.24/0.22), so that q != p and beliefs vary; top-k 3 keeps the
 # outcome space small. At 0.7 the discard rule's bias needs N = 288 (at 0.5, where
 # the rule discards less mass, 0.27 against 0.37: N = 556).
-DRAFT = dict(draft_temperature=0.7, draft_top_k=3, draft_top_p=1.0, draft_min_p=0.0)
+DRAFT = dict(draft_sampling=Sampling(temperature=0.7, top_k=3, top_p=1.0, min_p=0.0))
 THRESHOLD = 0.5           # confidence's p_min, and the discard control's threshold
 NGRAM_PROMPT = "one two three one two three one two"
 MIN_N = 200
@@ -338,7 +339,7 @@ def test_hybrid_model_rounds_accept_nearly_everything_when_q_equals_p(gemma_mode
 def test_pyspec_check_covers_the_stop_rule():
     """`pyspec check` runs the real confidence policy's stop-before decision and
     the discard-by-value control; the control must be rejected."""
-    from pyspec import check
+    from pyspec.tools import check
 
     raw: list = []
     seeds = iter(range(1, 100))

@@ -21,6 +21,7 @@ import pytest
 from pyspec import models as M
 from pyspec.models import catalog as C
 from pyspec.models import fetch as F
+from pyspec.models import wheels as W
 
 network = pytest.mark.skipif(
     os.environ.get("PYSPEC_NO_NETWORK") == "1", reason="PYSPEC_NO_NETWORK=1"
@@ -150,9 +151,9 @@ def test_cache_dir_precedence(monkeypatch, tmp_path):
 
 
 def test_glob_match_does_not_cross_directories():
-    assert F._glob_match("p/data/*.bin", "p/data/part01.bin")
-    assert not F._glob_match("p/data/*.bin", "p/data/sub/part01.bin")
-    assert not F._glob_match("p/data/*.bin", "p/__init__.py")
+    assert W.glob_match("p/data/*.bin", "p/data/part01.bin")
+    assert not W.glob_match("p/data/*.bin", "p/data/sub/part01.bin")
+    assert not W.glob_match("p/data/*.bin", "p/__init__.py")
 
 
 def test_resolve_file_path_and_unknown_name(tmp_path, models_dir):
@@ -200,7 +201,7 @@ HASH_ERR = "ERROR: THESE PACKAGES DO NOT MATCH THE HASHES FROM THE REQUIREMENTS 
     ],
 )
 def test_classify_pip_failure(err, cls, kind):
-    e = F._pip_failure(SLICE, 1, 1, "Looking in indexes: http://127.0.0.1:9/simple\n", err)
+    e = W.pip_failure(SLICE, 1, 1, "Looking in indexes: http://127.0.0.1:9/simple\n", err)
     assert type(e) is cls and e.kind == kind
     assert e.part == 1 and e.requirement == SMALL_PART.requirement
     assert SMALL_PART.requirement in str(e)

@@ -27,7 +27,7 @@ import httpx
 import pytest
 
 import pyspec
-from pyspec import _core
+from pyspec import Sampling, _core
 from pyspec import prefix as prefixes
 
 from chisquare import assert_law, required_n
@@ -56,15 +56,15 @@ class Conversations:
 
     def __init__(self, decoder, cache=None, choose="engine", _test=None):
         self.decoder = decoder
-        self.session = decoder.open_session(lambda *a: True, draft_cap=63, prompt_cache=cache, _test=_test)
+        self.session = decoder.open_session(lambda *a: True, prompt_cache=cache, _test=_test)
         self.choose = choose
 
-    def run(self, prompt, max_tokens=6, seed=1, **sampling):
+    def run(self, prompt, max_tokens=6, seed=1, **settings):
         s = self.session
         slot = s.pick_slot(prompt) if self.choose == "engine" else 0
-        settings = dict(GREEDY)
-        settings.update(sampling)
-        setup = self.decoder.setup(max_tokens=max_tokens, seed=seed, slots=[slot], drafters="slots", **settings)[0]
+        fields = {k: settings.pop(k) for k in GREEDY if k in settings}  # sampling given by field; the rest drafts
+        setup = self.decoder.setup(max_tokens=max_tokens, seed=seed, sampling=Sampling(**{**GREEDY, **fields}),
+                                   slots=[slot], drafters="slots", **settings)[0]
         s.add(prompt, setup.params, drafter=setup.drafter, policy=setup.policy, slot=slot)
         while s.step():
             pass
@@ -245,7 +245,8 @@ def test_law_after_a_restore(gemma_path, load_model):
         try:
             for i in range(n):
                 conv.session.release_cache()  # both models' cells go to host memory ...
-                r = conv.run(prompt, max_tokens=2, seed=50_000 + i, draft_temperature=0.0, **TARGET)  # ... and back
+                r = conv.run(prompt, max_tokens=2, seed=50_000 + i,
+                             draft_sampling=Sampling(**{**TARGET, "temperature": 0.0}), **TARGET)  # ... and back
                 counts[r.tokens[0]] = counts.get(r.tokens[0], 0) + 1
                 drafted += r.stats.drafted > 0
                 cached += r.stats.n_cached_tokens == len(prompt) - 1

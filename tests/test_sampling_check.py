@@ -1,4 +1,4 @@
-"""pyspec.check: its own p-value code against SciPy, and the suite itself."""
+"""pyspec.tools.check: its own p-value code against SciPy, and the suite itself."""
 
 import math
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from pyspec import check
+from pyspec.tools import check
 
 
 @pytest.mark.parametrize("df", [1, 2, 3, 5, 10, 33, 100, 1000])

@@ -26,7 +26,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from pyspec import check, sampling
+from pyspec import sampling
+from pyspec.tools import check
 from pyspec._core import sampling as core
 
 from chisquare import pooled_chisquare
@@ -38,7 +39,7 @@ FAMILY_ALPHA = 1e-3
 # ------------------------------------------------------------------ helpers
 
 def chi_p(counts, probs) -> float:
-    """p-value of the chi-square test of this module (pyspec.check's pooling:
+    """p-value of the chi-square test of this module (pyspec.tools.check's pooling:
     small cells pooled until the pool reaches 5; p = 0 cells must be empty)."""
     return pooled_chisquare(counts, probs, fill_pool=True)[2]
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import pyspec
-from pyspec import IncompatibleModelsError
+from pyspec import IncompatibleModelsError, Sampling
 
 # llama.cpp's CPU kernels for batches of >= 4 tokens round differently from the
 # single-token path; on the default target we measured logit differences up to
@@ -81,7 +81,8 @@ def test_greedy_equals_plain_exactly_with_small_batches(gemma_path, load_model):
     spec = _self_draft(target, load_model(gemma_path, "draft", n_ctx=512), 2)
     for prompt in ("The capital of France is", "def fibonacci(n):", "Roses are red,"):
         plain = target.generate(prompt, chat=False, max_tokens=40, temperature=0)
-        fast = spec.generate(prompt, chat=False, max_tokens=40, temperature=0, draft_temperature=1.0)
+        fast = spec.generate(prompt, chat=False, max_tokens=40, temperature=0,
+                             draft_sampling=Sampling(temperature=1.0))
         assert fast.tokens == plain.tokens
         assert fast.text == plain.text
 
@@ -96,7 +97,7 @@ def test_rollback_leaves_exactly_the_accepted_sequence(pair, target_path, load_m
     # Hot draft settings make rejections frequent; k = 2 keeps batches <= 3 tokens
     # so that the rolled-back cache can be compared bit for bit with a fresh one.
     out = spec.generate(tokens, max_tokens=40, temperature=0.9, top_k=20, seed=3, draft_max=2,
-                        draft_temperature=1.8, draft_top_k=50)
+                        draft_sampling=Sampling(temperature=1.8, top_k=50))
     assert out.stats.accepted < out.stats.drafted, "no rejection happened; the test would prove nothing"
     history = tokens + out.tokens
     core = target.native
@@ -200,6 +201,6 @@ def test_invalid_draft_settings(gemma_path, load_model):
     with pytest.raises(ValueError):
         spec.generate("Hi", chat=False, draft_max=-1)
     with pytest.raises(ValueError):
-        spec.generate("Hi", chat=False, draft_temperature=-0.5)
+        spec.generate("Hi", chat=False, draft_sampling=Sampling(temperature=-0.5))
     with pytest.raises(ValueError):
         pyspec.SpeculativeDecoder(target, load_model(gemma_path, "draft", n_ctx=256), draft_max=-2)

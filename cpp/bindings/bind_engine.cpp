@@ -144,8 +144,9 @@ void bind_engine(py::module_& m) {
 
     // One generation: parameters in, tokens, text and statistics out.
     Struct<TestControls>(m, "TestControls", "TEST-ONLY negative controls the lossless tests must catch (engine.h).")
-        .property("variant", [](const TestControls& t) { return verify_variant_names()[static_cast<size_t>(t.variant)]; },
-                  [](TestControls& t, const std::string& v) { t.variant = parse_verify_variant(v); })
+        .property("variant",
+                  [](const TestControls& t) { return accept_variant_names()[static_cast<size_t>(t.variant)]; },
+                  [](TestControls& t, const std::string& v) { t.variant = parse_accept_variant(v); })
         .field("discard_below", &TestControls::discard_below)
         .field("shared_stream", &TestControls::shared_stream)
         .done();
@@ -155,13 +156,11 @@ void bind_engine(py::module_& m) {
         .field("draft_sampling", &GenerateParams::draft_sampling)
         .field("seed", &GenerateParams::seed)
         .field("stop", &GenerateParams::stop)
-        .field("draft_max", &GenerateParams::draft_max)
         .field("test", &GenerateParams::test)
         .field("parallel_prefill", &GenerateParams::parallel_prefill)
         .field("prefill_chunk", &GenerateParams::prefill_chunk)
         .field("logprobs", &GenerateParams::logprobs)
-        .done()
-        .attr("NO_LIMIT") = GenerateParams::kNoLimit;
+        .done();
     m.def("calibration_rows", &calibration_rows, py::arg("draft_max"), py::arg("n_batch"), py::arg("n_seq"),
           "The largest target batch a policy with this draft_max wants timed: min(n_batch, (draft_max + 1) * "
           "n_seq). The engine and pyspec.calibration both go by it.");
@@ -241,9 +240,8 @@ void bind_engine(py::module_& m) {
              py::arg("params"), py::arg("on_token") = py::none(), py::arg("cancel") = nullptr,
              py::arg("draft_models") = std::vector<Model*>{}, py::arg("prompt_cache") = nullptr,
              py::keep_alive<0, 1>(), py::keep_alive<0, 4>(), py::keep_alive<0, 5>(), py::keep_alive<0, 6>(),
-             "A BatchSession on this engine's target: draft_max (its bound), test.variant and prefill_chunk come "
-             "from params; "
-             "each add() brings its own sampling settings. on_token(handle, token, text, drafted).");
+             "A BatchSession on this engine's target: test.variant and prefill_chunk come from params; each add() "
+             "brings its own settings, and drafts when it brings a policy. on_token(handle, token, text, drafted).");
     py::class_<PromptCache>(m, "PromptCache",
                             "Conversations no slot holds any more, kept in host memory within a byte bound, both "
                             "models' caches together (engine/prompt_cache.h). Give it to Engine.session().")
@@ -317,7 +315,8 @@ void bind_engine(py::module_& m) {
              },
              py::arg("prompt"), py::arg("params"), py::arg("drafter") = py::none(), py::arg("policy") = py::none(),
              py::arg("stream") = 0, py::arg("slot") = -1,
-             "Queue a sequence (its own max_tokens, sampling, seed, stop) in `slot` (-1: the session's choice, "
+             "Queue a sequence (its own max_tokens, sampling, seed, stop; a policy and drafter to draft, none: "
+             "plain) in `slot` (-1: the session's choice, "
              "pick_slot); returns its handle. ValueError when every slot is taken (see free_slots).")
         .def("pick_slot",
              [](PySession& ps, const std::vector<int32_t>& prompt) {

@@ -1,6 +1,6 @@
 // Facts about the llama.cpp build this extension runs against: which libllama
 // file is mapped, which ggml backends and devices it registered, whether it can
-// offload to a GPU, and its context defaults. `pyspec info` (pyspec/info.py)
+// offload to a GPU, and its context defaults. `pyspec info` (pyspec/tools/info.py)
 // reads them; nothing here touches a model.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>

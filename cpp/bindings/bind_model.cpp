@@ -18,6 +18,7 @@ using namespace pyspec;
 using pyspec_bind::Struct;
 
 void bind_model(py::module_& m) {
+    m.attr("MAX_SEQUENCES") = ModelParams::kMaxSequences;  // the most sequences one context holds
     Struct<ModelParams>(m, "ModelParams", "How to load a model and size its context (model.h documents each).")
         .field("path", &ModelParams::path)
         .field("n_ctx", &ModelParams::n_ctx)

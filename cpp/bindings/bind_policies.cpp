@@ -41,9 +41,10 @@ DraftPlan make_plan(const std::string& source, int32_t match_len, int32_t lag, b
 }  // namespace
 
 void bind_policies(py::module_& m) {
+    m.attr("MAX_DRAFT") = kMaxDraft;  // the longest draft, and the largest draft_max (policy.h)
     Struct<PolicyParams>(m, "PolicyParams", "Which length policy to build, and its settings.")
         .field("name", &PolicyParams::name)
-        .field("draft_max", &PolicyParams::draft_max)
+        .field("draft_max", &PolicyParams::draft_max)  // None: the policy's default
         .field("p_min", &PolicyParams::p_min)
         .field("gamma", &PolicyParams::gamma)
         .field("h", &PolicyParams::h)
@@ -51,10 +52,11 @@ void bind_policies(py::module_& m) {
     pyspec_bind::def_catalog(m, "policies", &policy_catalog, "default_draft_max", &PolicyInfo::default_draft_max,
                              "Every length policy: name, default draft_max, a one-line summary.");
     m.def("make_policy", &make_policy, py::arg("params"));
+    // The engine's side of the conversation, for tests and tools that drive a
+    // policy directly: LengthPolicy's hooks here, auto's joint planning below.
     py::class_<LengthPolicy>(m, "LengthPolicy")
         .def_property_readonly("name", &LengthPolicy::name)
         .def_property_readonly("draft_max", &LengthPolicy::draft_max)
-        // The engine's side of the conversation, for tests and tools that drive a policy directly.
         .def("next_length",
              [](LengthPolicy& p, int32_t round_max, const std::string& source, int32_t match_len, int32_t lag,
                 bool near_copy, int32_t next_guess, bool fresh) {
@@ -79,17 +81,32 @@ void bind_policies(py::module_& m) {
              py::arg("source") = "model", py::arg("match_len") = 0, py::arg("lag") = 1, py::arg("near_copy") = false,
              py::arg("next_guess") = -1, py::arg("guess_hit") = -1, py::arg("batch_rows") = 0,
              py::arg("round_s") = 0.0, py::arg("length") = -2,
-             "Report a round: round_s is its whole wall time (0: unknown, the clock ignores it); length the "
-             "length the policy chose (default: drafted).")
-        .def("set_remaining", &LengthPolicy::set_remaining, py::arg("tokens"),
+             "Report a round: verify_s is its target decode's seconds (the public name), round_s its whole wall "
+             "time (0: unknown, the clock ignores it); length the length the policy chose (default: drafted).")
+        // Calibrated (policy.h), as the engine asks for it: [] and no-op for a policy without one.
+        .def("calibration_sizes",
+             [](LengthPolicy& p, int32_t max_batch) {
+                 Calibrated* c = p.as_calibrated();
+                 return c ? c->calibration_sizes(max_batch) : std::vector<int32_t>{};
+             },
+             py::arg("max_batch"), "Target batch sizes to time before it drafts ([] for a policy that needs none).")
+        .def("calibrated",
+             [](LengthPolicy& p, const std::vector<int32_t>& sizes, const std::vector<double>& seconds) {
+                 if (Calibrated* c = p.as_calibrated()) c->calibrated(sizes, seconds);
+             },
+             py::arg("sizes"), py::arg("seconds"))
+        .def("begin_generation", &LengthPolicy::begin_generation);
+    py::class_<AutoPolicy, LengthPolicy>(m, "AutoPolicy", "The cost-aware policy; exposes its estimates.")
+        // JointPlanner (policy.h): what the engine tells and asks a batch-aware policy.
+        .def("set_remaining", &AutoPolicy::set_remaining, py::arg("tokens"),
              "At most this many tokens are left to generate in the current generation.")
-        .def("set_batch", &LengthPolicy::set_batch, py::arg("other_rows"), py::arg("other_seqs"),
+        .def("set_batch", &AutoPolicy::set_batch, py::arg("other_rows"), py::arg("other_seqs"),
              "The next round's decode also holds other_rows rows of other_seqs other sequences (0, 0: alone).")
-        .def("plans_jointly", &LengthPolicy::plans_jointly, py::arg("model") = false,
+        .def("plans_jointly", &AutoPolicy::plans_jointly, py::arg("model") = false,
              "Whether a batch may allot this policy's draft lengths jointly (model: its drafter may use a draft "
              "model).")
         .def("allot_lengths",
-             [](const LengthPolicy& p, const std::vector<std::tuple<double, double, int32_t>>& bids,
+             [](const AutoPolicy& p, const std::vector<std::tuple<double, double, int32_t>>& bids,
                 int32_t max_rows) {
                  std::vector<LengthBid> b;
                  for (const auto& [alpha, cost, longest] : bids) b.push_back({alpha, cost, longest});
@@ -98,14 +115,11 @@ void bind_policies(py::module_& m) {
              py::arg("bids"), py::arg("max_rows") = 512,
              "Joint planning of a shared decode: one draft length per (alpha, cost, longest) bid, each "
              "sequence also holding one row; [] when this policy cannot allot.")
-        .def("calibration_sizes", &LengthPolicy::calibration_sizes, py::arg("max_batch"))
-        .def("calibrated", &LengthPolicy::calibrated, py::arg("sizes"), py::arg("seconds"))
-        .def("may_draft", [](const LengthPolicy& p, const std::string& s) { return p.may_draft(parse_source(s)); },
+        .def("may_draft", [](const AutoPolicy& p, const std::string& s) { return p.may_draft(parse_source(s)); },
              py::arg("source"))
-        .def("begin_generation", &LengthPolicy::begin_generation);
-    py::class_<AutoPolicy, LengthPolicy>(m, "AutoPolicy", "The cost-aware policy; exposes its estimates.")
+        // Its estimates.
         .def("verify_cost", &AutoPolicy::verify_cost, py::arg("batch"),
-             "Estimated seconds for an n-token target batch (-1: not measured).")
+             "V(n): seconds of a target decode of n rows (-1: not measured).")
         .def("draft_cost", [](const AutoPolicy& p, const std::string& s) { return p.draft_cost(parse_source(s)); },
              py::arg("source"), "Estimated drafter seconds per token (-1: not measured).")
         .def("recorded_draft_cost", &AutoPolicy::recorded_draft_cost, py::arg("seconds"),
@@ -122,7 +136,7 @@ void bind_policies(py::module_& m) {
              },
              py::arg("source") = "model", py::arg("match_len") = 0)
         .def("host_cost", &AutoPolicy::host_cost, py::arg("rows"),
-             "Estimated host seconds (distributions, verification, emitting) of a round of n rows.")
+             "Estimated host seconds (distributions, the accept test, emitting) of a round of n rows.")
         .def_property_readonly("plain_round_cost", &AutoPolicy::plain_round_cost,
                                "Wall time of a plain round that ran alone (running average; -1 unknown).")
         .def("suspended",

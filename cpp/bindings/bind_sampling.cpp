@@ -25,7 +25,7 @@ using pyspec::Rng;
 using pyspec::SamplingParams;
 using pyspec::SamplingWorkspace;
 using pyspec::Storage;
-using pyspec::VerifyVariant;
+using pyspec::AcceptVariant;
 
 using F32Array = py::array_t<float, py::array::c_style | py::array::forcecast>;
 using F64Array = py::array_t<double, py::array::c_style | py::array::forcecast>;
@@ -96,7 +96,7 @@ double check_u(double u) {
 py::tuple verify_many(const F64Array& p, const F64Array& q, const py::object& draft_obj,
                       int64_t n_rounds, uint64_t seed, const std::string& variant_name,
                       const std::string& storage_name, bool return_drafts) {
-    const VerifyVariant variant = pyspec::parse_verify_variant(variant_name);
+    const AcceptVariant variant = pyspec::parse_accept_variant(variant_name);
     const Storage storage = parse_storage(storage_name);
     if (p.ndim() != 2) throw std::invalid_argument("p must be 2-D (n+1, n_vocab)");
     if (q.ndim() != 2) throw std::invalid_argument("q must be 2-D (n, n_vocab)");
@@ -154,8 +154,8 @@ py::tuple verify_many(const F64Array& p, const F64Array& q, const py::object& dr
                     std::copy(draft.begin(), draft.end(), dout + r * n);
                 }
             }
-            const pyspec::VerifyResult res =
-                pyspec::verify(pd.data(), qd.data(), draft.data(), n, rng, variant);
+            const pyspec::AcceptResult res =
+                pyspec::accept_drafts(pd.data(), qd.data(), draft.data(), n, rng, variant);
             acc[r] = res.n_accepted;
             nxt[r] = res.next_token;
         }
@@ -252,7 +252,7 @@ void bind_sampling(py::module_& m) {
         },
         py::arg("p"), py::arg("q"), py::arg("u"));
     sm.attr("RESIDUAL_MIN_MASS") = pyspec::kResidualMinMass;
-    sm.attr("VARIANTS") = py::tuple(py::cast(pyspec::verify_variant_names()));
+    sm.attr("VARIANTS") = py::tuple(py::cast(pyspec::accept_variant_names()));
 
     sm.def("verify_many", &verify_many, py::arg("p"), py::arg("q"), py::arg("draft"),
            py::arg("n_rounds"), py::arg("seed"), py::arg("variant") = "correct",

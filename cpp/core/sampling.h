@@ -1,5 +1,5 @@
 // Sampling math: the only place in pyspec that turns logits into probabilities,
-// and the lossless speculative verification rule (Leviathan et al. 2023, Alg. 1;
+// and the lossless accept test of speculative decoding (Leviathan et al. 2023, Alg. 1;
 // Chen et al. 2023, Alg. 2). Pure C++: no llama.cpp types, so it can be tested alone.
 //
 // Errors in arguments (bad settings, NaN logits, a drafted token with q(x) = 0, ...)
@@ -185,7 +185,7 @@ TokenLogprobs token_logprobs(const float* logits, int32_t n_vocab, int32_t token
 // Which acceptance rule to use. Only kCorrect is lossless and optimal. The other three
 // are TEST-ONLY negative controls for the statistical tests and `pyspec check`; the
 // engine must never use them.
-enum class VerifyVariant {
+enum class AcceptVariant {
     kCorrect,          // accept with min(1, p/q); on rejection sample max(0, p - q) normalised
     kResidualIsP,      // TEST-ONLY, WRONG: on rejection sample from p instead of the residual
     kAcceptAll,        // TEST-ONLY, WRONG: accept every draft (output follows q, not p)
@@ -194,16 +194,16 @@ enum class VerifyVariant {
 };
 
 // The variants by name ("correct", "residual_is_p", "accept_all", "sample_and_match"),
-// in the enum's order; parse_verify_variant throws std::invalid_argument for others.
-const std::vector<std::string>& verify_variant_names();
-VerifyVariant parse_verify_variant(const std::string& name);
+// in the enum's order; parse_accept_variant throws std::invalid_argument for others.
+const std::vector<std::string>& accept_variant_names();
+AcceptVariant parse_accept_variant(const std::string& name);
 
-struct VerifyResult {
+struct AcceptResult {
     int32_t n_accepted;   // drafts accepted, 0..n
     int32_t next_token;   // residual sample on rejection, bonus sample from p[n] if all accepted
 };
 
-// One verification round. p: n+1 target distributions, q: n draft distributions,
+// The accept test of one round. p: n+1 target distributions, q: n draft distributions,
 // draft: the n proposed tokens, draft[i] drawn from q[i]. The p[i] share one n_vocab;
 // a q may cover fewer or more ids (a draft model without the target's padding ids, or
 // with extra ones): q is 0 where it has no entry, p is 0 past its end, so a draft
@@ -211,10 +211,10 @@ struct VerifyResult {
 // before any random number is drawn. Random numbers used, in order, per position:
 // one uniform for the acceptance test, and on rejection one for the replacement; one
 // for the bonus token if all drafts are accepted.
-VerifyResult verify(const Distribution* p, const Distribution* q, const int32_t* draft, int32_t n,
-                    Rng& rng, VerifyVariant variant = VerifyVariant::kCorrect);
+AcceptResult accept_drafts(const Distribution* p, const Distribution* q, const int32_t* draft, int32_t n,
+                           Rng& rng, AcceptVariant variant = AcceptVariant::kCorrect);
 
-// Residual helpers (used by verify; exposed for the engine and tests).
+// Residual helpers (used by accept_drafts; exposed for the engine and tests).
 // residual_mass(p, q) = sum_x max(0, p(x) - q(x)), visiting only p's support (and q's
 // entries there); no pass over the whole vocabulary when both are sparse.
 double residual_mass(const Distribution& p, const Distribution& q);

@@ -1,5 +1,5 @@
 // Timing the target's batch sizes for a policy that asks (policy.h,
-// calibration_sizes), once per session and size.
+// Calibrated), once per session and size.
 #include <algorithm>
 
 #include "engine/sequence.h"
@@ -11,7 +11,7 @@ int32_t calibration_rows(int32_t draft_max, int32_t n_batch, int32_t n_seq) {
     return static_cast<int32_t>(std::min<int64_t>(n_batch, rows));
 }
 
-double BatchSession::calibrate(LengthPolicy& policy, int32_t max_batch, int32_t filler, int32_t seq) {
+double BatchSession::calibrate(Calibrated& policy, int32_t max_batch, int32_t filler, int32_t seq) {
     const std::vector<int32_t> sizes = policy.calibration_sizes(max_batch);
     if (sizes.empty()) return 0;
     // The sequences of a session share the target: its timings are measured once.
@@ -22,7 +22,7 @@ double BatchSession::calibrate(LengthPolicy& policy, int32_t max_batch, int32_t 
         return 0;
     }
     // Time each batch size twice (the faster run counts: noise only adds time)
-    // at the position the first verification batch will use, then drop it again.
+    // at the position the first target decode of drafts will use, then drop it again.
     const auto t0 = Clock::now();
     std::vector<double> best(sizes.size(), -1.0);
     const int32_t pos = static_cast<int32_t>(target_.cached(seq).size());

@@ -1,6 +1,6 @@
-// Step 2 of a round: the one target decode of every active sequence's
-// verification rows and a chunk of waiting prompts, and what a full cache
-// gives up to make it fit.
+// Step 2 of a round: the one target decode of every active sequence's draft
+// rows (its last committed token and its drafts) and a chunk of waiting
+// prompts, and what a full cache gives up to make it fit.
 #include <algorithm>
 #include <thread>
 
@@ -13,16 +13,16 @@ void BatchSession::run_target(std::vector<Sequence*>& active) {
     const int32_t n_batch = target_.n_batch();
     while (true) {
         rows_.clear();
-        const int32_t verify_rows = add_verification_rows(active);
-        int32_t budget = n_batch - verify_rows;
+        const int32_t draft_rows = add_draft_rows(active);
+        int32_t budget = n_batch - draft_rows;
         if (!active.empty() && shared_.prefill_chunk > 0) budget = std::min(budget, shared_.prefill_chunk);
         add_prompt_rows(budget);
         const int32_t n = static_cast<int32_t>(rows_.size());
         if (n == 0) return;
         try {
             target_.decode_rows(rows_.data(), n);
-            bs_.prompt_rows += n - verify_rows;
-            for (int32_t i = verify_rows; i < n; ++i) {
+            bs_.prompt_rows += n - draft_rows;
+            for (int32_t i = draft_rows; i < n; ++i) {
                 const int32_t owner = slot_owner_[static_cast<size_t>(rows_[static_cast<size_t>(i)].seq)];
                 if (Sequence* s = find(owner)) ++s->prompt_decoded;
             }
@@ -67,7 +67,7 @@ void BatchSession::run_target(std::vector<Sequence*>& active) {
     }
 }
 
-int32_t BatchSession::add_verification_rows(const std::vector<Sequence*>& active) {
+int32_t BatchSession::add_draft_rows(const std::vector<Sequence*>& active) {
     std::vector<Model::Row>& rows = rows_;
     int32_t n_logits = 0;
     for (Sequence* s : active) {
@@ -96,7 +96,7 @@ void BatchSession::add_prompt_rows(int32_t budget) {
         if (s.done || s.started || waits_for_prefix(s)) continue;
         if (!s.prompt_begun) {
             s.prompt_begun = true;
-            if (s.uses_drafter(shared_.draft_max) && shared_.parallel_prefill && draft_model_may_pay(s)) {
+            if (s.speculative() && shared_.parallel_prefill && draft_model_may_pay(s)) {
                 Sequence* sp = &s;
                 s.drafter_prefill = std::thread([sp] {
                     try {

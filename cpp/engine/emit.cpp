@@ -9,7 +9,7 @@ namespace pyspec {
 
 void BatchSession::emit(Sequence& s) {
     GenerateResult& r = s.result;
-    const VerifyResult& vr = s.vr;
+    const AcceptResult& vr = s.vr;
     for (int32_t i = 0; i <= vr.n_accepted && !s.done; ++i) {
         const bool drafted = i < vr.n_accepted;
         const int32_t token = drafted ? s.drafts[static_cast<size_t>(i)] : vr.next_token;

@@ -46,7 +46,8 @@ std::vector<GenerateResult> Engine::generate_batch(const std::vector<SequenceSpe
     }
     std::vector<Model*> draft_models;
     for (const SequenceSpec& spec : specs) {
-        if (spec.drafter && params.draft_max > 0 && spec.drafter->model()) draft_models.push_back(spec.drafter->model());
+        const Drafter* d = spec.policy ? spec.drafter : nullptr;  // only drafting sequences use theirs
+        if (d && d->model()) draft_models.push_back(d->model());
     }
     BatchSession session(*this, params, on_token, draft_models);
     for (int32_t j = 0; j < n_seq; ++j) {

@@ -1,14 +1,26 @@
 // The generation loop, plain and speculative alike, for one sequence or many:
 // prefill, then rounds (BatchSession::step, round.cpp) of
-//   1. draft:      each sequence's drafter proposes up to k tokens (k = 0: a plain step),
-//   2. run target: the target evaluates every sequence's [last committed token, drafts]
+//   1. draft:      each sequence's policy picks a length k (plan.cpp; k = 0: a plain
+//                  step) and its drafter proposes up to k tokens,
+//   2. run target: the target decode: every sequence's [last committed token, drafts]
 //                  in ONE llama_decode (rows tagged with the sequence's id; decode.cpp),
-//   3. accept:     per sequence, the sampling core accepts a prefix and draws the next token,
+//   3. accept:     per sequence, the accept test (core/accept.cpp) keeps a prefix of the
+//                  drafts and draws the next token,
 //   4. roll back:  per sequence, the target's KV cache drops the rejected tail,
 //   5. emit:       the new tokens are committed and streamed (emit.cpp).
 // A single generation is the batch of one: there is one loop. Runs without the
 // GIL; Python sees it through a per-token callback. session.cpp admits and
 // starts sequences; calibrate.cpp times batch sizes for the policies.
+// In this code and its docs "target decode" is step 2 and "accept" step 3;
+// "verify" survives only in public names kept for users (verify_s: seconds of
+// target decodes; AutoPolicy.verify_cost: V(n); verify_many, bench_verify: the
+// accept test's benchmark).
+//
+// Plain or speculative is per sequence: one with a length policy drafts (with
+// its drafter, or the engine's), one without decodes plainly. The draft length
+// is resolved once, in one direction (policy.h): the user's draft_max goes into
+// the policy (make_policy), each round's bound round_max comes from the session
+// (plan.cpp), and the policy picks k within both.
 //
 // Sequence j of a batch is sequence j of the target's context and draws from its
 // own random stream, derived from (seed, j) (j = 0 uses the seed itself, so a
@@ -21,7 +33,6 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
-#include <limits>
 #include <map>
 #include <mutex>
 #include <string>
@@ -39,31 +50,23 @@ namespace pyspec {
 
 // TEST-ONLY negative controls: each breaks losslessness on purpose, and the
 // lossless tests must catch it. Never set in the product.
-//   variant        the verification rule (sampling.h, VerifyVariant), for the whole session;
+//   variant        the verification rule (sampling.h, AcceptVariant), for the whole session;
 //   discard_below  > 0: a model draft ends by DISCARDING a drawn token whose belief is
 //                  below this, the biased rule drafter.h forbids (per sequence);
 //   shared_stream  every sequence draws from the one stream of `seed` (correlated
 //                  samples) instead of its own (per sequence).
 struct TestControls {
-    VerifyVariant variant = VerifyVariant::kCorrect;
+    AcceptVariant variant = AcceptVariant::kCorrect;
     double discard_below = 0;
     bool shared_stream = false;
 };
 
 struct GenerateParams {
-    // Passed as draft_max: no session bound, each sequence's policy caps its drafts.
-    static constexpr int32_t kNoLimit = std::numeric_limits<int32_t>::max();
-
     int32_t max_tokens = 256;
     SamplingParams sampling;           // the target's settings: define the output distribution
     SamplingParams draft_sampling;     // the drafter's own settings (q); any choice stays lossless
     uint64_t seed = 0;
     std::vector<std::string> stop;
-    // 0: plain decoding, no sequence drafts. > 0: the session drafts, and no draft
-    // is longer than this (a server's limit; kNoLimit: none). A sequence with a
-    // policy drafts at most the policy's own draft_max(), which the engine reads
-    // (callers do not copy it here); one without a policy drafts this many a round.
-    int32_t draft_max = 0;
     TestControls test;
     // Let the drafter process the prompt on its own thread while the target does.
     // Worth it when the models run on different devices (GPU target, CPU draft);
@@ -100,15 +103,16 @@ using TokenCallback = std::function<bool(int32_t token, const std::string& text,
 using BatchTokenCallback = std::function<bool(int32_t seq, int32_t token, const std::string& text, bool drafted)>;
 
 // One sequence of a batch. Drafters and adaptive policies keep per-sequence
-// state, so each sequence has its own (null: plain decoding / no policy).
+// state, so each sequence has its own. No policy: plain decoding (its drafter,
+// if any, is not used); a policy needs a drafter.
 struct SequenceSpec {
     std::vector<int32_t> prompt;
     Drafter* drafter = nullptr;
     LengthPolicy* policy = nullptr;
     // Its own settings (a server's requests differ): max_tokens, sampling,
     // draft_sampling, seed, stop, logprobs, test.discard_below and test.shared_stream
-    // are read from here; draft_max, test.variant, parallel_prefill, prefill_chunk
-    // and cancel are the session's.
+    // are read from here; test.variant, parallel_prefill, prefill_chunk and cancel
+    // are the session's.
     GenerateParams params;
     // Which random stream of `params.seed` it draws from (sequence_seed(seed, stream)):
     // sample j of an n-sample request uses stream j.
@@ -122,14 +126,14 @@ struct SequenceSpec {
 // Figures of a whole batch (each sequence's own are in its GenerateResult).
 struct BatchStats {
     int32_t n_seq = 0;           // sequences added
-    int32_t rounds = 0;          // target decodes that verified: one per round for all active sequences
-    int64_t rows = 0;            // verification rows in those decodes (prompt rows riding along not counted)
+    int32_t rounds = 0;          // target decodes of drafts: one per round for all active sequences
+    int64_t rows = 0;            // draft rows (committed token + drafts) in those decodes (prompt rows not counted)
     int32_t max_rows = 0;        // the largest of them
     int64_t prompt_rows = 0;     // prompt tokens decoded (copied prefixes not counted)
     int64_t cached_tokens = 0;   // prompt tokens found in the cache instead (slots, copies, host memory)
     int32_t cache_evictions = 0; // finished sequences' caches dropped (for room, or a slot reused)
     int64_t draft_decodes = 0;   // draft-model decodes (one per draft position for all sequences drafting)
-    int32_t joint_rounds = 0;    // rounds whose drafts were allotted jointly (policy.h, plans_jointly)
+    int32_t joint_rounds = 0;    // rounds whose drafts were allotted jointly (policy.h, JointPlanner)
     double prompt_s = 0;         // decodes that held only prompt rows
     double decode_s = 0;         // from the first emitted token of any sequence to the last
     int64_t n_generated = 0;     // tokens, all sequences
@@ -153,9 +157,8 @@ public:
     // the drafter decodes with the target's own context.
     Engine(Model& target, Drafter* drafter);
 
-    // policy may be null: then every round drafts params.draft_max tokens (which
-    // must then be finite); with one, at most policy->draft_max().
-    // Holds the locks of the target's and the draft model's contexts for the
+    // policy null: plain decoding; with one, the engine's drafter drafts at most
+    // policy->draft_max() tokens a round. Holds the locks of the target's and the draft model's contexts for the
     // whole call, so engines sharing a model take turns.
     GenerateResult generate(const std::vector<int32_t>& prompt, const GenerateParams& params,
                             const TokenCallback& on_token, LengthPolicy* policy = nullptr);
@@ -177,9 +180,9 @@ private:
 
 // A batch whose sequences join and leave between rounds: continuous batching.
 // Each step() is one round: every active sequence drafts, and ONE target
-// decode holds all their verification rows plus, where the batch has room, a
+// decode holds all their draft rows plus, where the batch has room, a
 // chunk of the prompts of sequences that are waiting to start; then each
-// active sequence is verified on its own rows and rolled back. A waiting
+// active sequence runs the accept test on its own rows and is rolled back. A waiting
 // sequence whose prompt shares a prefix with a cached one copies those cells
 // instead of computing them. Finished sequences free their slot at once; their
 // cells stay as a prefix cache until the slot is reused, the cells are needed,
@@ -267,18 +270,26 @@ private:
     // The sequences that generate this round (ends those cancelled or out of room).
     std::vector<Sequence*> generating();
     // The steps of a round (step(), in round.cpp), for the active sequences.
-    // 1. Each sequence's drafter picks a source, its policy a length (at most its
-    //    draft_max), and the drafter proposes up to that many tokens.
+    // 1. Plan (plan.cpp), then draft: each sequence drafts up to its plan's k
+    //    tokens, those from a draft model together (one decode per position).
     void draft(const std::vector<Sequence*>& active);
-    // Plans this round's draft lengths for all active sequences at once, when
-    // their policies allow (policy.h, plans_jointly); false: each plans alone.
-    bool plan_jointly(const std::vector<Sequence*>& active, int32_t draft_cap);
-    int32_t round_max(const Sequence& s, int32_t draft_cap) const;  // the longest draft s may make this round
-    // 2. The one target decode of the round (verification rows, then a chunk of
-    //    waiting prompts); on a full cache frees cells (prefix caches, then
-    //    drafts and prompt rows, then the longest sequence) and retries.
+    void draft_from_models(std::vector<Sequence*> seqs);
+    // Planning (plan.cpp). A sequence's plan: its drafter picks a source and its
+    // policy the length k (0: a plain step) within round_max; its rows join a
+    // decode that also holds `other_rows` rows of `other_seqs` other sequences.
+    void begin_round(Sequence& s);
+    void plan_alone(Sequence& s, int32_t round_max, int32_t other_rows, int32_t other_seqs);
+    // All active sequences at once, when their policies are joint planners that
+    // agree (policy.h, JointPlanner); false: each plans alone.
+    bool plan_jointly(const std::vector<Sequence*>& active, int32_t batch_room);
+    // round_max: the longest draft s may make this round (context room, tokens
+    // left, its share of the batch `batch_room`); its policy's draft_max is the policy's.
+    int32_t round_max(const Sequence& s, int32_t batch_room) const;
+    // 2. The round's target decode (draft rows, then a chunk of waiting
+    //    prompts); on a full cache frees cells (prefix caches, then drafts and
+    //    prompt rows, then the longest sequence) and retries.
     void run_target(std::vector<Sequence*>& active);
-    // 3. The sampling core (sampling.h, verify) accepts a prefix of s's drafts
+    // 3. The accept test (sampling.h, accept_drafts) keeps a prefix of s's drafts
     //    and draws the next token from the target's distributions.
     void accept(Sequence& s);
     // 4. s's cache drops the rejected drafts.
@@ -286,9 +297,9 @@ private:
     // 5. Commit and stream s's round, stopping at EOG, a stop string,
     //    max_tokens or the callback's word.
     void emit(Sequence& s);
-    int32_t add_verification_rows(const std::vector<Sequence*>& active);
+    int32_t add_draft_rows(const std::vector<Sequence*>& active);
     void target_distributions(int32_t first_row, int32_t n_rows, const SamplingParams& sampling);
-    double calibrate(LengthPolicy& policy, int32_t max_batch, int32_t filler, int32_t seq);
+    double calibrate(Calibrated& policy, int32_t max_batch, int32_t filler, int32_t seq);
     void finish(Sequence& s, const char* reason);
     void cancel_all();
 

@@ -47,10 +47,11 @@ private:
 };
 
 // One generation in flight: the committed sequence, what it produced, and the
-// round being verified.
+// round in flight.
 struct BatchSession::Sequence {
     Sequence(const SequenceSpec& spec, int32_t handle_, int32_t slot_)
-        : handle(handle_), id(slot_), drafter(spec.drafter), policy(spec.policy), params(spec.params),
+        : handle(handle_), id(slot_), drafter(spec.policy ? spec.drafter : nullptr), policy(spec.policy),
+          params(spec.params),
           history(spec.prompt),
           rng(spec.params.test.shared_stream ? spec.params.seed : sequence_seed(spec.params.seed, spec.stream)),
           stream(spec.params.stop), max_tokens(spec.params.max_tokens),
@@ -58,15 +59,14 @@ struct BatchSession::Sequence {
 
     int32_t handle;                // what the caller knows it by
     int32_t id;                    // its slot = sequence id in the target's context
-    Drafter* drafter;
-    LengthPolicy* policy;
+    Drafter* drafter;              // null: plain (a sequence without a policy does not draft)
+    LengthPolicy* policy;          // null exactly when drafter is
     GenerateParams params;
     std::vector<int32_t> history;  // prompt + emitted tokens
     GenerateResult result;
     Rng rng;
     TextStream stream;
     int32_t max_tokens;
-    int32_t draft_max = 0;         // its longest draft: the session's bound and its policy's cap
     bool started = false;          // its prompt is in the cache: it generates
     bool done = false;
     bool cancel_requested = false;
@@ -80,28 +80,22 @@ struct BatchSession::Sequence {
     std::exception_ptr drafter_error;
 
     // The round in flight.
-    DraftPlan plan;
+    DraftPlan plan;                // its drafter's source, and the length its policy chose
+    int32_t k = 0;                 // the draft length, within this round's round_max (plan.cpp)
     std::vector<int32_t> drafts;
     std::vector<Distribution> q;
     double draft_s = 0;
-    int32_t first_row = 0;         // its first logits row in the verification batch
-    VerifyResult vr{0, -1};
+    int32_t first_row = 0;         // its first logits row in the target decode
+    AcceptResult vr{0, -1};
     RoundReport report;            // what the round did, for its policy and statistics
 
     GenerationStats& stats() { return result.stats; }
     int32_t generated() const { return static_cast<int32_t>(result.tokens.size()); }
     int32_t n_prompt() const { return result.stats.n_prompt_tokens; }
     StopRule* stop() { return stop_rule.active() ? &stop_rule : nullptr; }
-    bool uses_drafter(int32_t session_draft_max) const { return drafter && session_draft_max > 0; }
+    bool speculative() const { return policy != nullptr; }  // drafts (else plain)
     void join_drafter() {
         if (drafter_prefill.joinable()) drafter_prefill.join();
-    }
-    // A new round: no drafts yet; the drafter picks a source and hears its
-    // length from `length_for` (the policy's next_length, or a joint plan's bid).
-    void start_round(int32_t round_max, const LengthFor& length_for) {
-        drafts.clear();
-        plan = DraftPlan{};
-        if (round_max > 0 && drafter) plan = drafter->choose(history, length_for);
     }
 };
 

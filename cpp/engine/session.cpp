@@ -14,12 +14,7 @@ BatchSession::BatchSession(Engine& engine, const GenerateParams& shared, BatchTo
                            std::vector<Model*> draft_models, bool hold_locks, PromptCache* prompt_cache)
     : target_(engine.target()), shared_(shared), on_token_(std::move(on_token)), hold_locks_(hold_locks),
       prompt_cache_(prompt_cache) {
-    if (shared_.draft_max < 0) throw std::invalid_argument("draft_max must be >= 0");
     if (shared_.prefill_chunk < 0) throw std::invalid_argument("prefill_chunk must be >= 0");
-    if (shared_.draft_max > 0 && target_.n_batch() < 2) {
-        throw std::invalid_argument("speculative decoding needs the target's n_batch >= 2 (one batch holds the "
-                                    "last token and the drafts); n_batch is " + std::to_string(target_.n_batch()));
-    }
     models_.push_back(&target_);
     for (Model* m : draft_models) {
         if (m == &target_) {
@@ -74,12 +69,13 @@ void BatchSession::check(const SequenceSpec& spec) const {
     if (p.max_tokens < 0) throw std::invalid_argument("max_tokens must be >= 0");
     if (spec.stream < 0) throw std::invalid_argument("stream must be >= 0");
     if (p.logprobs < -1) throw std::invalid_argument("logprobs must be -1 (none) or >= 0");
-    if (shared_.draft_max > 0 && !spec.drafter) throw std::invalid_argument("draft_max > 0 needs a drafter");
-    if (shared_.draft_max == GenerateParams::kNoLimit && !spec.policy) {
-        throw std::invalid_argument("a sequence without a policy drafts draft_max tokens a round: give it a "
-                                    "policy or the session a finite draft_max");
+    // A sequence with a policy drafts; one without is plain and its drafter is not used.
+    if (spec.policy && !spec.drafter) throw std::invalid_argument("a sequence with a length policy needs a drafter");
+    if (spec.policy && target_.n_batch() < 2) {
+        throw std::invalid_argument("speculative decoding needs the target's n_batch >= 2 (one batch holds the "
+                                    "last token and the drafts); n_batch is " + std::to_string(target_.n_batch()));
     }
-    if (spec.drafter && shared_.draft_max > 0) {
+    if (spec.policy) {
         Model* m = spec.drafter->model();
         if (m == &target_) {
             throw std::invalid_argument("the draft model must be a separate Model from the target (its own context)");
@@ -213,7 +209,7 @@ int32_t BatchSession::add(const SequenceSpec& spec) {
     const Locks held = hold();
     check(spec);
     int32_t slot = spec.slot;
-    if (slot < 0 && spec.drafter && shared_.draft_max > 0 && spec.drafter->model()) {
+    if (slot < 0 && spec.policy && spec.drafter->model()) {
         // The target's slot follows the draft model's sequence, so that the two
         // caches hold the same conversation (a free slot only; else any).
         const int32_t d = spec.drafter->model_seq();
@@ -238,8 +234,7 @@ int32_t BatchSession::add(const SequenceSpec& spec) {
     slot_used_[static_cast<size_t>(slot)] = ++tick_;
     GenerationStats& st = s.stats();
     st.n_prompt_tokens = static_cast<int32_t>(s.history.size());
-    s.draft_max = s.policy ? std::min(s.policy->draft_max(), shared_.draft_max) : shared_.draft_max;
-    st.reset_tables(s.draft_max);
+    st.reset_tables(s.policy ? s.policy->draft_max() : 0);
     s.history.reserve(static_cast<size_t>(std::min<int64_t>(
         static_cast<int64_t>(s.history.size()) + s.max_tokens, target_.n_ctx())) + 1);
     s.result.stop_reason = "max_tokens";
@@ -291,13 +286,14 @@ int32_t BatchSession::n_active() const {
 }
 
 bool BatchSession::draft_model_may_pay(Sequence& s) {
-    if (!s.policy) return true;
+    JointPlanner* planner = s.policy ? s.policy->as_planner() : nullptr;
+    if (!planner) return true;
     // Rows a batch shares are dear on a CPU (16 cost ~7 steps), so a draft model
     // that pays alone may not pay beside 15 others: the policy judges it in the
     // batch this sequence joins, before its first round (which sets it anew).
     const int32_t others = n_active() + n_waiting() - 1;  // s waits
-    s.policy->set_batch(others, others);
-    return s.policy->may_draft(DraftSource::kModel);
+    planner->set_batch(others, others);
+    return planner->may_draft(DraftSource::kModel);
 }
 
 int32_t BatchSession::n_waiting() const {
@@ -371,22 +367,21 @@ void BatchSession::start_ready() {
 
 void BatchSession::start(Sequence& s) {
     const std::vector<int32_t>& prompt = s.history;
-    const int32_t draft_max = shared_.draft_max;
     if (s.drafter_prefill.joinable()) {
         s.join_drafter();
         if (s.drafter_error) std::rethrow_exception(s.drafter_error);
-    } else if (s.uses_drafter(draft_max)) {
-        if (s.policy) s.policy->set_remaining(s.max_tokens);
+    } else if (s.speculative()) {
+        if (JointPlanner* planner = s.policy->as_planner()) planner->set_remaining(s.max_tokens);
         s.drafter->begin(prompt, s.params.draft_sampling, draft_model_may_pay(s));
     }
     if (s.policy) s.policy->begin_generation();
     s.stats().prompt_s = since(s.t_start);
     s.stats().n_cached_tokens = std::max(0, static_cast<int32_t>(prompt.size()) - 1 - s.prompt_decoded);
     bs_.cached_tokens += s.stats().n_cached_tokens;
-    if (s.uses_drafter(draft_max) && s.policy) {
+    if (Calibrated* c = s.policy ? s.policy->as_calibrated() : nullptr) {
         const int32_t room = target_.n_ctx() - static_cast<int32_t>(prompt.size()) + 1;
         const int32_t rows = calibration_rows(s.policy->draft_max(), target_.n_batch(), target_.n_seq());
-        s.stats().calibrate_s = calibrate(*s.policy, std::min(rows, room), prompt.back(), s.id);
+        s.stats().calibrate_s = calibrate(*c, std::min(rows, room), prompt.back(), s.id);
     }
     s.started = true;
 }

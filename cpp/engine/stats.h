@@ -18,12 +18,12 @@ struct GenerationStats {
     double ttft_s = 0;        // call start -> first token sampled
     double decode_s = 0;      // first token -> last token
     double decode_tok_s = 0;  // (n_generated - 1) / decode_s
-    int32_t rounds = 0;       // target passes (verification batches)
+    int32_t rounds = 0;       // rounds (target decodes of its drafts)
     int32_t drafted = 0;
     int32_t accepted = 0;
     double draft_s = 0;       // drafter time (its decodes and sampling)
-    double verify_s = 0;      // target decodes
-    double overhead_s = 0;    // host work: distributions, verification, text, callbacks
+    double verify_s = 0;      // target decodes (public name kept: users read it; "target time")
+    double overhead_s = 0;    // host work: distributions, the accept test, text, callbacks
     double calibrate_s = 0;   // timing the target's batch sizes for the policy (first use only)
     std::vector<int32_t> drafted_at;   // per draft position 1..k: rounds that drafted it
     std::vector<int32_t> accepted_at;  // ... and accepted it
@@ -57,7 +57,7 @@ struct GenerationStats {
         drafted += r.drafted;
         accepted += r.accepted;
         draft_s += r.draft_s;
-        verify_s += r.verify_s;
+        verify_s += r.target_s;
         if (r.drafted < static_cast<int32_t>(length_hist.size())) ++length_hist[static_cast<size_t>(r.drafted)];
         for (int32_t i = 0; i < r.drafted; ++i) {
             ++drafted_at[static_cast<size_t>(i)];

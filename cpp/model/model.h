@@ -66,10 +66,10 @@ public:
     std::vector<int32_t> tokenize(const std::string& text, bool add_special, bool parse_special) const;
     std::string token_to_piece(int32_t token, bool special = false) const;
     std::string detokenize(const std::vector<int32_t>& tokens, bool special = false) const;
-    // The file's chat template (Jinja source; pyspec/chat.py renders it), if any.
+    // The file's chat template (Jinja source; pyspec/chat/templates.py renders it), if any.
     std::optional<std::string> chat_template() const;
     // llama.cpp's built-in approximation of the template's family (ChatML for a
-    // file without one): pyspec/chat.py's fallback, llama_chat_apply_template.
+    // file without one): pyspec/chat/templates.py's fallback, llama_chat_apply_template.
     std::string apply_chat_template(const std::vector<std::pair<std::string, std::string>>& messages,
                                     bool add_assistant) const;
 

@@ -117,10 +117,14 @@
 
 namespace pyspec {
 
-class AutoPolicy : public LengthPolicy {
+// Its three models live in three files: auto_lengths.cpp (acceptance, the
+// length of each round, joint allotment, re-planning within a draft),
+// auto_costs.cpp (V(n), H(n), c_b, calibration, memory) and auto_clock.cpp.
+class AutoPolicy : public LengthPolicy, public JointPlanner, public Calibrated {
 public:
     explicit AutoPolicy(int32_t draft_max);
 
+    // LengthPolicy.
     std::string name() const override { return "auto"; }
     int32_t draft_max() const override { return draft_max_; }
     void begin_generation() override;
@@ -129,18 +133,22 @@ public:
     bool stop_before(int32_t i, const Distribution& belief, int32_t known) override;
     bool stop_after(int32_t i, const Distribution& belief, int32_t token) override;
     void observe(const RoundReport& round) override;
+    JointPlanner* as_planner() override { return this; }
+    Calibrated* as_calibrated() override { return this; }
+
+    // JointPlanner (policy.h). may_draft: whether drafting from `source` could
+    // pay at all (the probe condition above; true while its cost is unmeasured).
     void set_batch(int32_t other_rows, int32_t other_seqs) override;
     void set_remaining(int32_t tokens) override { remaining_ = tokens; }
+    bool may_draft(DraftSource source) const override;
     bool plans_jointly(bool model) const override;
     LengthBid bid(int32_t round_max, const DraftPlan& plan) const override;
     std::vector<int32_t> allot_lengths(const std::vector<LengthBid>& bids, int32_t max_rows) const override;
     void allotted(const DraftPlan& plan, int32_t k) override;
+
+    // Calibrated (policy.h): sizes 1, 2, 4, ... 64 up to max_batch, once.
     std::vector<int32_t> calibration_sizes(int32_t max_batch) override;
     void calibrated(const std::vector<int32_t>& sizes, const std::vector<double>& seconds) override;
-
-    // Whether drafting from `source` could pay at all (the probe condition above;
-    // true while its cost is unmeasured).
-    bool may_draft(DraftSource source) const override;
 
     // Introspection for tests and tools.
     double verify_cost(int32_t batch) const;    // V(n) in seconds, -1 if not measured
@@ -179,7 +187,6 @@ public:
     // The batch timings calibrated() was given (size, seconds): what is worth keeping on disk.
     const std::vector<std::pair<int32_t, double>>& calibration() const { return calibration_; }
 
-    static constexpr int32_t kMaxDraft = 63;   // longest draft the tables cover
     static constexpr int32_t kMaxBatch = 512;  // largest batch whose cost it tracks
     static constexpr int32_t kBuckets = 8;     // model + 6 n-gram match-length buckets + re-anchored copies
     static constexpr int kModelBucket = 0;
@@ -228,7 +235,7 @@ private:
     static int conf_bin(double c);
     int32_t longest_for(int32_t round_max, const DraftPlan& plan) const;  // draft_max, round_max, fresh/long caps
     static double lookup_alpha(const Bucket& b, const DraftPlan& plan);   // alpha_low, or a long copy's run
-    double verify_cost_estimate(int32_t batch) const;   // V(n), interpolated for unmeasured sizes
+    double target_cost_estimate(int32_t batch) const;   // V(n), interpolated for unmeasured sizes
     double rate(const Bucket& b, double alpha, int32_t k) const;
     double round_cost(int32_t own_rows) const;  // V(o + own_rows): the shared decode with this many own rows
     bool could_pay(const Bucket& b) const;
@@ -246,6 +253,8 @@ private:
     static int kind_of(int bucket, int32_t k);
     bool kind_suspended(int bucket, int32_t k) const;
     void judge(const RoundReport& r, int bucket);  // the clock's verdict on a round that ran alone
+    void clock_new_generation();  // begin_generation's part: the clock's evidence becomes a prior
+    void learn_target(const RoundReport& r, int32_t rows);  // V(n) from a round's target decode of n rows
     void learn_host(const RoundReport& r, int32_t rows);
 
     int32_t draft_max_;

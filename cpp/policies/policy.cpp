@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
+#include <string>
 
 #include "policies/auto_policy.h"
 
@@ -27,7 +28,7 @@ const std::vector<PolicyInfo>& policy_catalog() {
         {"heuristic", 16, "+2 after a fully accepted round, -1 otherwise (Hugging Face)"},
         {"confidence", 16, "stop before a token whose top draft probability is < p_min (llama.cpp)"},
         {"svip", 40, "stop after a token when sqrt(gamma * H) > h, H the draft's entropy (SVIP)"},
-        {"auto", 63, "cost-aware: the length (0 = plain step) with the most expected tokens per second"},
+        {"auto", kMaxDraft, "cost-aware: the length (0 = plain step) with the most expected tokens per second"},
     };
     return catalog;
 }
@@ -111,8 +112,12 @@ std::unique_ptr<LengthPolicy> make_policy(const PolicyParams& p) {
         names += (names.empty() ? "" : ", ") + std::string(i.name);
     }
     if (!info) throw std::invalid_argument("unknown policy '" + p.name + "'; choose from " + names);
-    if (p.draft_max < -1) throw std::invalid_argument("draft_max must be >= 0, got " + std::to_string(p.draft_max));
-    const int32_t k = p.draft_max < 0 ? info->default_draft_max : p.draft_max;
+    // The one place the user's cap is resolved: unset is the policy's default.
+    const int32_t k = p.draft_max.value_or(info->default_draft_max);
+    if (k < 0 || k > kMaxDraft) {
+        throw std::invalid_argument("draft_max must be in [0, " + std::to_string(kMaxDraft) + "], got " +
+                                    std::to_string(k));
+    }
     if (p.name == "fixed") return std::make_unique<FixedPolicy>(k);
     if (p.name == "heuristic") return std::make_unique<HeuristicPolicy>(k);
     if (p.name == "confidence") {

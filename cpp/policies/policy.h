@@ -1,11 +1,13 @@
 // Draft-length policies: how many tokens to draft each round (0 = a plain
 // decoding step), and whether to stop a draft early after a token. The engine
-// reports every round back so adaptive policies can learn, and times the
-// verification batch sizes a policy asks for before its first round.
+// reports every round back so adaptive policies can learn. The simple policies
+// implement LengthPolicy alone; auto also plans with the batch (JointPlanner)
+// and has the target's batch sizes timed before its first round (Calibrated).
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -19,7 +21,7 @@ struct RoundReport {
     int32_t drafted = 0;
     int32_t accepted = 0;
     double draft_s = 0;    // drafter time of this round (its catch-up on `plan.lag` tokens included)
-    double verify_s = 0;   // target time of this round's batch
+    double target_s = 0;   // seconds of the target decode that held this round's rows
     // Rows of that batch: drafted + 1, or more where other sequences (and prompt
     // chunks) shared the decode; 0 means drafted + 1.
     int32_t batch_rows = 0;
@@ -28,75 +30,114 @@ struct RoundReport {
     // shown (P = p(guess) either way); -1 otherwise.
     int32_t guess_hit = -1;
     // The round's whole wall time: drafting, the target decode, distributions,
-    // verification and emitting (shared with the other sequences of its decode);
+    // the accept test and emitting (shared with the other sequences of its decode);
     // 0 when unknown.
     double round_s = 0;
 };
 
-// What a sequence's draft would be worth this round (LengthPolicy::bid).
+// The longest draft any policy makes, and the largest draft_max any caller may
+// ask for: the auto policy's tables, the statistics' per-position tables and a
+// server's request limit are all sized by it. Python reads it as _core.MAX_DRAFT.
+constexpr int32_t kMaxDraft = 63;
+
+class JointPlanner;
+class Calibrated;
+
+// A length policy: how many tokens to draft each round, and (as a DraftStopRule,
+// drafter.h) whether to end a draft early. This is all the simple policies
+// implement. A policy that plans with the batch in view or wants the target
+// timed implements JointPlanner or Calibrated too, and says so through
+// as_planner() and as_calibrated(); the engine asks for them, never assumes them.
+//
+// The draft length, from the user to the round (engine.h, BatchSession::plan):
+//   draft_max   the user's cap (PolicyParams::draft_max, or the policy's default),
+//               which the policy keeps and never exceeds;
+//   round_max   this round's bound: context room, tokens left, batch rows;
+//   k           the length chosen, next_length(round_max, plan) in [0, round_max].
+class LengthPolicy : public DraftStopRule {
+public:
+    virtual ~LengthPolicy() = default;
+    virtual std::string name() const = 0;
+    // The longest draft this policy makes (its fixed length, or its cap), <= kMaxDraft.
+    virtual int32_t draft_max() const = 0;
+    // A new generation starts (adaptive policies may weigh its evidence apart).
+    virtual void begin_generation() {}
+    // Draft length for the next round, in [0, min(round_max, draft_max())], given
+    // where the draft comes from; 0 is a plain step.
+    virtual int32_t next_length(int32_t round_max, const DraftPlan& plan) = 0;
+    // Whether stop_before/stop_after can end a draft (drafters then compute a belief).
+    virtual bool stops_early() const { return false; }
+    // What the round did (after it was emitted).
+    virtual void observe(const RoundReport& /*round*/) {}
+
+    // The optional interfaces (null: this policy has none).
+    virtual JointPlanner* as_planner() { return nullptr; }
+    virtual Calibrated* as_calibrated() { return nullptr; }
+};
+
+// What a sequence's draft would be worth this round (JointPlanner::bid).
 struct LengthBid {
     double alpha = 0;      // acceptance of each drafted token, given the earlier ones were accepted
     double cost = 0;       // drafter seconds per drafted token
     int32_t longest = 0;   // the longest draft it may make this round
 };
 
-// A length policy is also the draft's stop rule (drafter.h says what a stop
-// rule may and may not do).
-class LengthPolicy : public DraftStopRule {
+// A policy that plans with the batch in view (auto): it hears who shares the
+// round's target decode and how much is left to generate, judges whether a
+// draft model may pay at all, and can have its lengths allotted jointly.
+//
+// Joint planning of a decode shared by several sequences (BatchSession::plan):
+// alone, a sequence beside seven others can only reach the next cheap batch
+// size (8 -> 16 rows on a CPU) by drafting eight tokens itself; eight sequences
+// drafting one each fill the same rows and can pay where that cannot. So the
+// session asks each planner for a bid (what each drafted token of its plan is
+// worth), lets one planner allot the free rows to the best bids, and tells each
+// its length (allotted) instead of asking next_length.
+class JointPlanner {
 public:
-    virtual ~LengthPolicy() = default;
-    virtual std::string name() const = 0;
-    // The longest draft this policy asks for (its fixed length, or its cap).
-    virtual int32_t draft_max() const = 0;
-    // A new generation starts (adaptive policies may weigh its evidence apart).
-    virtual void begin_generation() {}
-    // Draft length for the next round, in [0, round_max] (what fits this round: context,
-    // max_tokens, the engine's draft_max), given where the draft comes from.
-    virtual int32_t next_length(int32_t round_max, const DraftPlan& plan) = 0;
-    // Whether stop_before/stop_after can end a draft (drafters then compute a belief).
-    virtual bool stops_early() const { return false; }
-    virtual void observe(const RoundReport& /*round*/) {}
-    // Before next_length in a batch: the decode this sequence's rows join will
-    // also hold `other_rows` rows of `other_seqs` other sequences (0, 0: alone).
-    virtual void set_batch(int32_t /*other_rows*/, int32_t /*other_seqs*/) {}
+    virtual ~JointPlanner() = default;
+    // Before next_length or bid: the decode this sequence's rows join also holds
+    // `other_rows` rows of `other_seqs` other sequences (0, 0: alone).
+    virtual void set_batch(int32_t other_rows, int32_t other_seqs) = 0;
     // Before next_length: at most this many tokens are left to generate
     // (max_tokens less those emitted), so that exploration a short answer
     // cannot pay back is not started.
-    virtual void set_remaining(int32_t /*tokens*/) {}
-    // Joint planning of a decode shared by several sequences (BatchSession).
-    // Alone, a sequence beside seven others can only reach the next cheap batch
-    // size (8 -> 16 rows on a CPU) by drafting eight tokens itself; eight
-    // sequences drafting one each fill the same rows and can pay where that
-    // cannot. So the session asks each policy for a bid (what each drafted
-    // token of its plan is worth), lets one policy allot the free rows to the
-    // best bids (allot_lengths), and tells each its length (allotted) instead
-    // of asking next_length.
-    //   plans_jointly(model)  whether this policy's lengths may be allotted this
-    //       round (`model`: the sequence's drafter may draft from a draft model);
-    //   bid(round_max, plan)  acceptance per drafted token, cost per drafted
-    //       token, and the longest draft this round (0: it would not draft);
-    //   allot_lengths(bids, max_rows)  one length per bid, each sequence also
-    //       holding its one committed row; empty when this policy cannot allot.
-    virtual bool plans_jointly(bool /*model*/) const { return false; }
-    virtual LengthBid bid(int32_t /*round_max*/, const DraftPlan& /*plan*/) const { return {}; }
-    virtual std::vector<int32_t> allot_lengths(const std::vector<LengthBid>& /*bids*/, int32_t /*max_rows*/) const {
-        return {};
-    }
-    virtual void allotted(const DraftPlan& /*plan*/, int32_t /*k*/) {}
+    virtual void set_remaining(int32_t tokens) = 0;
     // Whether this policy may draft from `source` soon; when it says no for the
     // model, the drafter defers processing the prompt until it is asked to draft.
-    virtual bool may_draft(DraftSource /*source*/) const { return true; }
-    // Target batch sizes (<= max_batch: a batch of several sequences asks for more
-    // than one sequence's draft_max + 1) the policy wants timed before it drafts;
-    // the engine times each and reports the seconds through calibrated().
-    virtual std::vector<int32_t> calibration_sizes(int32_t /*max_batch*/) { return {}; }
-    virtual void calibrated(const std::vector<int32_t>& /*sizes*/, const std::vector<double>& /*seconds*/) {}
+    virtual bool may_draft(DraftSource source) const = 0;
+    // Whether this policy's lengths may be allotted this round (`model`: the
+    // sequence's drafter may draft from a draft model).
+    virtual bool plans_jointly(bool model) const = 0;
+    // Acceptance per drafted token, cost per drafted token, and the longest
+    // draft this round (0: it would not draft).
+    virtual LengthBid bid(int32_t round_max, const DraftPlan& plan) const = 0;
+    // One length per bid, each sequence also holding its one committed row;
+    // empty when this policy cannot allot.
+    virtual std::vector<int32_t> allot_lengths(const std::vector<LengthBid>& bids, int32_t max_rows) const = 0;
+    // The length allotted to this sequence's plan (in place of next_length).
+    virtual void allotted(const DraftPlan& plan, int32_t k) = 0;
 };
 
-// A policy's settings. The policies themselves are described once, in the README.
+// A policy that wants target batch sizes timed before it drafts (auto's cost
+// model). The engine times each size (engine/calibrate.cpp) and reports the
+// seconds back; the sizes a batch asks for may exceed one sequence's draft_max + 1.
+class Calibrated {
+public:
+    virtual ~Calibrated() = default;
+    // Sizes (<= max_batch) still to be timed; empty once calibrated.
+    virtual std::vector<int32_t> calibration_sizes(int32_t max_batch) = 0;
+    virtual void calibrated(const std::vector<int32_t>& sizes, const std::vector<double>& seconds) = 0;
+};
+
+// A policy's settings. The policies themselves are described once, in
+// docs/drafters.md (auto in docs/auto-policy.md).
 struct PolicyParams {
     std::string name = "auto";   // one of policy_catalog()
-    int32_t draft_max = -1;      // fixed length, or cap of the adaptive policies; -1: the policy's default
+    // The user's cap: the fixed length, or the adaptive policies' longest draft,
+    // in [0, kMaxDraft]. Unset (Python: None) is the policy's own default, the
+    // one sentinel for it; make_policy resolves it, once.
+    std::optional<int32_t> draft_max;
     double p_min = 0.75;         // confidence: stop before a token the draft believes in < p_min
     double gamma = 0.15;         // svip: stop when sqrt(gamma * H) > h (token kept)
     double h = 0.3;

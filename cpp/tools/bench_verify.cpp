@@ -25,7 +25,7 @@ VerifyBench bench_verify(const float* lp, const float* lq, int32_t n, int32_t n_
     };
     auto one_round = [&] {
         for (int32_t i = 0; i < n; ++i) draft[static_cast<size_t>(i)] = qd[static_cast<size_t>(i)].sample(rng.uniform());
-        return verify(pd.data(), qd.data(), draft.data(), n, rng).n_accepted;
+        return accept_drafts(pd.data(), qd.data(), draft.data(), n, rng).n_accepted;
     };
     VerifyBench b;
     int64_t accepted = 0;

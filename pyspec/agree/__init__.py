@@ -18,18 +18,20 @@ from typing import Callable, Dict, List, Optional, Sequence
 from .measure import Stream, builtin_streams, prompt_streams, score, summarize, text_streams
 from .speculation import acceptance_by_position, predict
 from .verdict import judge, type_name
+from ..settings import Sampling
 
 __all__ = ["Stream", "agree", "builtin_streams", "prompt_streams", "text_streams"]
 
 KS = tuple(range(1, 9))
 
 
-def agree(reference, candidate, streams: Optional[Sequence[Stream]] = None, *, temperature: float = 1.0,
-          top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, ks: Sequence[int] = KS, costs: bool = True,
+def agree(reference, candidate, streams: Optional[Sequence[Stream]] = None, *,
+          sampling: Sampling = Sampling.OPENAI, ks: Sequence[int] = KS, costs: bool = True,
           progress: Optional[Callable[[int], None]] = None, keep_rows: bool = False) -> Dict:
     """The agreement report of ``candidate`` against ``reference`` (both
     :class:`pyspec.Model`, sharing a vocabulary) over ``streams`` (default: the
-    built-in texts). ``costs``: time both models here for the speed-up
+    built-in texts), both models' distributions taken at ``sampling`` (default
+    the models' own: temperature 1, untruncated). ``costs``: time both models here for the speed-up
     prediction (False: tokens per pass only). ``progress(n)`` is called with
     rows scored. Keys: ``acceptance_mean``, ``kl_mean``, ``top1_agreement``,
     ``n_positions``, ``verdict`` and the rest of :func:`measure.summarize`, plus
@@ -48,8 +50,7 @@ def agree(reference, candidate, streams: Optional[Sequence[Stream]] = None, *, t
     streams = list(streams) if streams is not None else builtin_streams(reference)
     if not streams:
         raise ValueError("no token stream to score")
-    rows = score(reference, candidate, streams, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-                 progress=progress)
+    rows = score(reference, candidate, streams, sampling=sampling, progress=progress)
     report: Dict = summarize(rows)
     v = judge(kl_mean=report["kl_mean"], top1=report["top1_agreement"], nonfinite=report["nonfinite"],
               cand_type=candidate.native.file_type, cand_params=candidate.native.n_params,
@@ -64,8 +65,7 @@ def agree(reference, candidate, streams: Optional[Sequence[Stream]] = None, *, t
     report["models"] = {role: {"path": m.path, "description": m.native.description, "type": type_name(m.native.file_type),
                                "n_params": int(m.native.n_params)}
                         for role, m in (("reference", reference), ("candidate", candidate))}
-    report["settings"] = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p,
-                          "streams": len(streams)}
+    report["settings"] = {**sampling.to_dict(), "streams": len(streams)}
     if keep_rows:
         report["rows"] = rows
     return report
@@ -81,7 +81,7 @@ def speculation_view(reference, candidate, rows, ks: Sequence[int], costs: bool)
                   "acceptance_by_position_greedy": acceptance_by_position(greedy, k_max)}
     v, step = None, 0.0
     if costs:
-        from ..bench.simulate import batch_costs
+        from ..bench.inprocess.simulate import batch_costs
 
         v = batch_costs(reference, k_max + 1)
         step = batch_costs(candidate, 1)[1]

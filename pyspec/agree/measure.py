@@ -14,7 +14,8 @@ from typing import Callable, Dict, List, Optional, Sequence
 import numpy as np
 
 from .. import _core
-from ..generation import run_interruptible, sampling_params
+from ..generation import run_interruptible
+from ..settings import Sampling
 from .texts import TEXTS
 
 ROWS = ("alpha", "top1", "kl", "logp_ref", "logp_cand")
@@ -55,14 +56,14 @@ def text_streams(reference, text: str, window: int) -> List[Stream]:
 
 
 def prompt_streams(reference, prompts: Sequence[str], *, max_tokens: int, chat: bool, seed: int,
-                   progress: Optional[Callable[[int], None]] = None, **sampling) -> List[Stream]:
+                   sampling: Sampling, progress: Optional[Callable[[int], None]] = None) -> List[Stream]:
     """Each prompt followed by the reference's own continuation (at `sampling`,
     seeded seed, seed + 1, ...): only the continuation's rows are scored, the
     rows a speculative run of the reference would draft."""
     out = []
     for i, prompt in enumerate(prompts):
         tokens = reference.prompt_tokens(prompt, chat=chat)
-        result = reference.generate(tokens, max_tokens=max_tokens, seed=seed + i, **sampling)
+        result = reference.generate(tokens, max_tokens=max_tokens, seed=seed + i, sampling=sampling)
         if result.tokens:
             out.append(Stream("prompts", tokens + list(result.tokens), len(tokens) - 1))
         if progress:
@@ -70,11 +71,10 @@ def prompt_streams(reference, prompts: Sequence[str], *, max_tokens: int, chat: 
     return out
 
 
-def score(reference, candidate, streams: Sequence[Stream], *, temperature: float = 1.0, top_k: int = 0,
-          top_p: float = 1.0, min_p: float = 0.0,
+def score(reference, candidate, streams: Sequence[Stream], *, sampling: Sampling = Sampling.OPENAI,
           progress: Optional[Callable[[int], None]] = None) -> List[Dict[str, np.ndarray]]:
     """Per stream: the core's rows ({name: [n_rows]}, plus "nonfinite")."""
-    settings = sampling_params(temperature, top_k, top_p, min_p)
+    settings = sampling.native()
     out = []
     for s in streams:
         cancel = _core.CancelToken()

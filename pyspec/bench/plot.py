@@ -63,7 +63,7 @@ def plot(result: dict, path: str) -> None:
     ax1.set_xticks([x + 0.4 - width / 2 for x in range(len(cats))])
     ax1.set_xticklabels(cats, rotation=20)
     ax1.set_ylabel(f"decode tok/s ÷ {result['baseline']}")
-    ax1.set_title(f"speed ratio (temperature {result['settings']['temperature']}, {result['threads']} threads)")
+    ax1.set_title(f"speed ratio (temperature {result['settings']['sampling']['temperature']}, {result['threads']} threads)")
     ax1.legend(fontsize=7, ncol=2)
     for r, rates in acceptance_by_position(result["samples"]).items():
         ax2.plot(range(1, len(rates) + 1), rates, marker="o", label=r, color=colours[runners.index(r)])

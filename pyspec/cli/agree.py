@@ -11,8 +11,11 @@ import click
 from ..agree.plot import plot_agreement
 from ..agree.report import json_safe, format_report
 from ..errors import PyspecError
-from ..quantize import TYPES
-from .options import command_errors, load_model, report_options
+from ..tools.quantize import TYPES
+from ..settings import MAX_DRAFT, N_CTX_BENCH, SEED_BITS, Sampling
+from .._platform import physical_cores
+from .options import (command_errors, load_model, max_tokens_option, n_ctx_option, report_options, sampling_options,
+                      threads_option)
 
 
 @click.command()
@@ -24,29 +27,23 @@ from .options import command_errors, load_model, report_options
               help="One prompt per line (or a JSON string, or {\"prompt\": ...}, per line for prompts with "
                    "newlines): each is continued by the reference (--max-tokens, at the sampling settings) and "
                    "the continuation is scored: the tokens speculation would draft.")
-@click.option("--max-tokens", "-n", default=128, show_default=True, type=click.IntRange(min=1),
-              help="Continuation length of each --prompts prompt.")
+@max_tokens_option(128, minimum=1, help="Continuation length of each --prompts prompt.")
 @click.option("--raw", is_flag=True, help="Send --prompts as is, without the reference's chat template.")
 @click.option("--window", default=512, show_default=True, type=click.IntRange(min=2),
               help="Tokens per stream of a --text file.")
-@click.option("--temperature", "-t", default=1.0, show_default=True, type=float,
-              help="Sampling temperature of alpha (and of --prompts continuations); T = 0 is always reported too.")
-@click.option("--top-k", default=0, show_default=True, type=int, help="Top-k of both models' distributions; 0 = off.")
-@click.option("--top-p", default=1.0, show_default=True, type=float, help="Top-p; 1 = off.")
-@click.option("--min-p", default=0.0, show_default=True, type=float, help="Min-p; 0 = off.")
-@click.option("--seed", "-s", default=0, show_default=True, type=click.IntRange(0, 2**63 - 1),
+@sampling_options(Sampling.OPENAI, seed=False)
+@click.option("--seed", "-s", default=0, show_default=True, type=click.IntRange(0, 2**SEED_BITS - 1),
               help="Seed of the --prompts continuations (prompt i: seed + i).")
-@click.option("--draft-max", "-k", default=8, show_default=True, type=click.IntRange(1, 32),
+@click.option("--draft-max", "-k", default=8, show_default=True, type=click.IntRange(1, MAX_DRAFT),
               help="Predict speculation for k = 1..K draft tokens per round.")
 @click.option("--costs/--no-costs", default=True, show_default=True,
               help="Time both models here to predict speed-ups (--no-costs: tokens per pass only).")
-@click.option("--n-ctx", default=2048, show_default=True, type=click.IntRange(min=16),
-              help="Context of each model: the longest stream must fit.")
-@click.option("--threads", default=None, type=click.IntRange(min=1), help="CPU threads [default: physical cores].")
+@n_ctx_option(N_CTX_BENCH, help="Context of each model: the longest stream must fit.")
+@threads_option
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @report_options("the report (acceptance_mean, kl_mean, top1_agreement, n_positions, verdict, per_category, "
                 "speculation, ...)", "the CDFs of per-position acceptance and KL")
-def agree(reference, candidate, text_file, prompts_file, max_tokens, raw, window, temperature, top_k, top_p, min_p,
+def agree(reference, candidate, text_file, prompts_file, max_tokens, raw, window, sampling,
           seed, draft_max, costs, n_ctx, threads, quiet, json_path, plot_path) -> None:
     """How CANDIDATE agrees with REFERENCE (GGUF paths or default model names
     sharing one vocabulary), position by position over the same text.
@@ -81,10 +78,7 @@ def agree(reference, candidate, text_file, prompts_file, max_tokens, raw, window
     show = not quiet and json_path != "-"
     with command_errors():
         from ..agree import agree as run_agree, builtin_streams, prompt_streams, text_streams
-        from ..generation import sampling_params
-
-        sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
-        sampling_params(**sampling)  # bad settings fail now, not after the models load
+        sampling.native()  # bad settings fail now, not after the models load
         load = dict(n_ctx=n_ctx, n_threads=threads)
         ref = load_model(reference, **load)
         cand = load_model(candidate, **load)
@@ -92,7 +86,7 @@ def agree(reference, candidate, text_file, prompts_file, max_tokens, raw, window
             prompts = [_prompt(line) for line in prompts_file if line.strip()]
             with _bar(len(prompts), "continuing prompts", show) as bar:
                 streams = prompt_streams(ref, prompts, max_tokens=max_tokens, chat=not raw, seed=seed,
-                                         progress=bar.update, **sampling)
+                                         progress=bar.update, sampling=sampling)
         elif text_file:
             streams = text_streams(ref, text_file.read(), window)
         else:
@@ -102,7 +96,7 @@ def agree(reference, candidate, text_file, prompts_file, max_tokens, raw, window
                        f"streams", err=True)
         with _bar(sum(s.n_rows for s in streams), "scoring positions", show) as bar:
             report = run_agree(ref, cand, streams, ks=range(1, draft_max + 1), costs=costs, progress=bar.update,
-                               keep_rows=bool(plot_path), **sampling)
+                               keep_rows=bool(plot_path), sampling=sampling)
     rows = report.pop("rows", None)
     if plot_path:
         plot_agreement(rows, plot_path, f"{report['models']['candidate']['path']} vs its reference")
@@ -144,7 +138,7 @@ def _bar(length: int, label: str, show: bool):
               help="Accept an already quantised SOURCE (its rounding adds to the new one; an F16/BF16/F32 "
                    "source is better).")
 @click.option("--force", is_flag=True, help="Overwrite OUTPUT if it exists.")
-@click.option("--threads", default=None, type=click.IntRange(min=1), help="CPU threads [default: all].")
+@threads_option
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 def quantize(source, output, qtype, allow_requantize, force, threads, quiet) -> None:
     """Quantise SOURCE (a GGUF path or default model name) to OUTPUT with
@@ -154,7 +148,7 @@ def quantize(source, output, qtype, allow_requantize, force, threads, quiet) -> 
     it, then renamed); Ctrl-C or a failure leaves nothing behind. Check the
     result with `pyspec agree SOURCE OUTPUT`.
     """
-    from ..quantize import quantize as run_quantize
+    from ..tools.quantize import quantize as run_quantize
 
     state = {"bar": None}
 
@@ -169,7 +163,7 @@ def quantize(source, output, qtype, allow_requantize, force, threads, quiet) -> 
     with command_errors(errors=(PyspecError, ValueError, OSError)):
         try:
             path = run_quantize(source, output, qtype.upper(), allow_requantize=allow_requantize,
-                                n_threads=threads or 0, overwrite=force, progress=progress)
+                                n_threads=threads or physical_cores(), overwrite=force, progress=progress)
         finally:
             if state["bar"] is not None:
                 state["bar"].__exit__(None, None, None)

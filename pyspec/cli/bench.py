@@ -11,19 +11,20 @@ from dataclasses import asdict
 
 import click
 
+from ..settings import MAX_DRAFT, N_CTX_BENCH, Sampling
 from ..speculative import POLICIES
 from .options import (DEFAULT_DRAFT, DEFAULT_MODEL, IntList, command_errors, flash_attn_option, load_model,
-                      labelled_progress, report_options, suite_options, write_report)
+                      labelled_progress, max_tokens_option, n_ctx_option, report_options, sampling_options,
+                      suite_options, threads_option, write_report)
 
 
 @click.command()
 @suite_options
-@click.option("--max-tokens", "-n", default=128, show_default=True, type=click.IntRange(min=2))
-@click.option("--temperature", "-t", default=0.0, show_default=True, type=float,
-              help="0 = greedy (the default, so every runner produces comparable text).")
+@max_tokens_option(128, minimum=2)
+@sampling_options(Sampling.GREEDY, seed=False)
 @click.option("--reps", default=1, show_default=True, type=click.IntRange(min=1), help="Repetitions of the suite.")
-@click.option("--threads", default=None, type=click.IntRange(min=1), help="CPU threads [default: physical cores].")
-@click.option("--n-ctx", default=2048, show_default=True, type=click.IntRange(min=256))
+@threads_option
+@n_ctx_option(N_CTX_BENCH)
 @flash_attn_option
 @click.option("--draft", "-d", default=DEFAULT_DRAFT, show_default=True, help="Draft model (path or name).")
 @click.option("--draft-max", "-k", "k_values", default="1,2,4", show_default=True, type=IntList(0, unique=False),
@@ -58,7 +59,7 @@ from .options import (DEFAULT_DRAFT, DEFAULT_MODEL, IntList, command_errors, fla
 @report_options("every figure and sample", "ratios per category and runner, and acceptance by draft position "
                 "(--paired: each category's ratio with its interval, and every prompt's)")
 @click.pass_context
-def bench(ctx, model, categories, per_category, max_tokens, temperature, reps, threads, n_ctx, flash_attn, draft,
+def bench(ctx, model, categories, per_category, max_tokens, sampling, reps, threads, n_ctx, flash_attn, draft,
           k_values, policies, ngram_policies, hybrid_policies, cap, lookup, paired, memory_from, raw, seed, json_path,
           plot_path) -> None:
     """Measure decode speed side by side with llama-cpp-python.
@@ -78,8 +79,8 @@ def bench(ctx, model, categories, per_category, max_tokens, temperature, reps, t
     (whose own default is off) the same.
     """
     from .._platform import physical_cores
-    from ..bench.runner import run_bench
-    from ..bench.backends import LlamaCppRunner, PyspecRunner, Settings
+    from ..bench.inprocess.runner import run_bench
+    from ..bench.inprocess.backends import LlamaCppRunner, PyspecRunner, Settings
     from ..speculative import SpeculativeDecoder
 
     n_threads = threads or physical_cores()
@@ -91,7 +92,7 @@ def bench(ctx, model, categories, per_category, max_tokens, temperature, reps, t
                    if ctx.get_parameter_source(n) == ParameterSource.COMMANDLINE]
         if ignored:
             raise click.UsageError(f"--paired runs its own configurations; {', '.join(ignored)} would be ignored")
-        return _bench_paired(model, draft, paired, categories, per_category, max_tokens, temperature, reps, seed,
+        return _bench_paired(model, draft, paired, categories, per_category, max_tokens, sampling, reps, seed,
                              n_threads, n_ctx, flash_attn, raw, json_path, plot_path, memory_from)
     if memory_from:
         raise click.UsageError("--memory-from applies to --paired")
@@ -133,7 +134,7 @@ def bench(ctx, model, categories, per_category, max_tokens, temperature, reps, t
         result = run_bench(
             runners,
             lambda text: target.prompt_tokens(text, chat=not raw),
-            settings=Settings(max_tokens=max_tokens, temperature=temperature, seed=seed),
+            settings=Settings(max_tokens=max_tokens, sampling=sampling, seed=seed),
             categories=categories or None,
             per_category=per_category,
             reps=reps,
@@ -163,13 +164,13 @@ def _fixed_memory(target, paths):
     return memory
 
 
-def _bench_paired(model, draft, paired, categories, per_category, max_tokens, temperature, reps, seed, n_threads,
+def _bench_paired(model, draft, paired, categories, per_category, max_tokens, sampling, reps, seed, n_threads,
                   n_ctx, flash_attn, raw, json_path, plot_path, memory_from=()) -> None:
-    """`pyspec bench --paired`: see pyspec/bench/paired.py for the method."""
+    """`pyspec bench --paired`: see pyspec/bench/inprocess/paired.py for the method."""
     from ..errors import PyspecError
-    from ..bench.paired import format_paired, parse_config, plot_paired, run_paired, summarize_all
-    from ..bench.runner import progress_bar
-    from ..bench.backends import PyspecRunner, Settings
+    from ..bench.inprocess.paired import format_paired, parse_config, plot_paired, run_paired, summarize_all
+    from ..bench.inprocess.runner import progress_bar
+    from ..bench.inprocess.backends import PyspecRunner, Settings
     from ..bench.suite import prompts as suite_prompts
     from ..speculative import SpeculativeDecoder
 
@@ -199,10 +200,10 @@ def _bench_paired(model, draft, paired, categories, per_category, max_tokens, te
             gen = SpeculativeDecoder(target, draft_model if c.needs_draft_model else None, drafter=c.drafter,
                                      policy=c.policy, draft_max=c.draft_max, memory=memory or False, remember=False)
             runners.append(PyspecRunner(gen, c.name))
-        settings = Settings(max_tokens=max_tokens, temperature=temperature, seed=seed)
+        settings = Settings(max_tokens=max_tokens, sampling=sampling, seed=seed)
         tokenize = lambda text: target.prompt_tokens(text, chat=not raw)  # noqa: E731
         for r in runners:  # page in weights, warm caches and calibrations: the first run of a process is slow
-            r.run(tokenize(items[0].text), Settings(max_tokens=8, temperature=temperature))
+            r.run(tokenize(items[0].text), Settings(max_tokens=8, sampling=sampling))
         bar = progress_bar(reps * len(items) * len(runners), True)
         samples = run_paired(runners, items, tokenize, settings=settings, reps=reps, progress=bar)
         bar(None)
@@ -220,10 +221,10 @@ def _bench_paired(model, draft, paired, categories, per_category, max_tokens, te
 
 @click.command()
 @suite_options
-@click.option("--max-tokens", "-n", default=256, show_default=True, type=click.IntRange(min=2))
-@click.option("--draft-max", "-k", default=16, show_default=True, type=click.IntRange(1, 63),
+@max_tokens_option(minimum=2)
+@click.option("--draft-max", "-k", default=16, show_default=True, type=click.IntRange(1, MAX_DRAFT),
               help="Longest draft (auto's cap, and the oracle's).")
-@click.option("--threads", default=None, type=click.IntRange(min=1), help="CPU threads [default: physical cores].")
+@threads_option
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
 def simulate(model, categories, per_category, max_tokens, draft_max, threads, as_json) -> None:
     """The oracle gap of n-gram drafting on the bench prompts.
@@ -234,8 +235,8 @@ def simulate(model, categories, per_category, max_tokens, draft_max, threads, as
     batch costs are timed once, so the figures carry no timing noise. Prints
     the speed-up over plain decoding of both, per prompt and per category.
     """
-    from ..bench.simulate import batch_costs
-    from ..bench.simulate import simulate as replay
+    from ..bench.inprocess.simulate import batch_costs
+    from ..bench.inprocess.simulate import simulate as replay
     from ..bench.suite import prompts
 
     with command_errors():
@@ -246,7 +247,7 @@ def simulate(model, categories, per_category, max_tokens, draft_max, threads, as
         with click.progressbar(chosen, label="greedy outputs and replays", file=sys.stderr) as bar:
             for p in bar:
                 tokens = target.prompt_tokens(p.text)
-                out = target.generate(tokens, max_tokens=max_tokens, temperature=0)
+                out = target.generate(tokens, max_tokens=max_tokens, sampling=Sampling.GREEDY)
                 r = replay(tokens, out.tokens, costs, target.n_vocab, draft_max)
                 rows.append({"prompt": p.id, "category": p.category, "n_generated": len(out.tokens), **r})
     if as_json:
@@ -269,11 +270,10 @@ def simulate(model, categories, per_category, max_tokens, draft_max, threads, as
 @click.option("--model", "-m", default=DEFAULT_MODEL, show_default=True, help="Target model (path or default name).")
 @click.option("--n", "sizes", default="1,2,4,8,16", show_default=True, type=IntList(1),
               help="Comma-separated batch sizes (samples of one prompt decoded together).")
-@click.option("--max-tokens", default=64, show_default=True, type=click.IntRange(min=2))
-@click.option("--temperature", "-t", default=0.7, show_default=True, type=float,
-              help="Sampling temperature of every sample (> 0, so that the samples differ).")
+@max_tokens_option(64, minimum=2)
+@sampling_options(Sampling.API.replace(temperature=0.7), seed=False)  # > 0: the samples differ
 @click.option("--reps", default=2, show_default=True, type=click.IntRange(min=1), help="Repetitions.")
-@click.option("--threads", default=None, type=click.IntRange(min=1), help="CPU threads [default: physical cores].")
+@threads_option
 @click.option("--prompt", default=None, help="The prompt of the batch-size runs [default: the suite's qa/0].")
 @click.option("--consensus-n", default=8, show_default=True, type=click.IntRange(min=0),
               help="Samples per prompt of the consensus runs (math and code prompts); 0 = skip them.")
@@ -284,7 +284,7 @@ def simulate(model, categories, per_category, max_tokens, draft_max, threads, as
               help="Also run llama-cpp-python, generating the samples one after another.")
 @report_options("every figure", "speed-up against n beside the ceiling n/V(n), and consensus acceptance by draft "
                 "position")
-def bench_parallel(model, sizes, max_tokens, temperature, reps, threads, prompt, consensus_n, per_category, raw,
+def bench_parallel(model, sizes, max_tokens, sampling, reps, threads, prompt, consensus_n, per_category, raw,
                    with_llama, json_path, plot_path) -> None:
     """Many sequences in one batch against one at a time.
 
@@ -298,24 +298,24 @@ def bench_parallel(model, sizes, max_tokens, temperature, reps, threads, prompt,
     plain batched decoding on math and code prompts. Progress goes to stderr.
     """
     from .._platform import physical_cores
-    from ..bench.parallel import plot_parallel, run_consensus, run_parallel, summarize
-    from ..bench.backends import LlamaCppRunner, Settings
+    from ..bench.inprocess.parallel import plot_parallel, run_consensus, run_parallel, summarize
+    from ..bench.inprocess.backends import LlamaCppRunner, Settings
     from ..bench.suite import PROMPTS, prompts
 
     if 1 not in sizes:
         sizes = [1] + sizes  # V(n) is in units of V(1)
-    if temperature <= 0:
+    if sampling.temperature <= 0:
         raise click.BadParameter("--temperature must be > 0 (greedy samples would all be the same)")
     n_threads = threads or physical_cores()
-    settings = Settings(max_tokens=max_tokens, temperature=temperature)
+    settings = Settings(max_tokens=max_tokens, sampling=sampling)
     n_max = max(sizes + [consensus_n])
     consensus_prompts = prompts(["math", "code"], per_category) if consensus_n else []
     with command_errors():
         # Every sequence needs room for its prompt and its tokens in the shared cache.
         longest = max([len(t) for t in [prompt or PROMPTS["qa"][0]] + [p.text for p in consensus_prompts]])
-        n_ctx = max(2048, n_max * (longest + max_tokens + 64))
+        n_ctx = max(N_CTX_BENCH, n_max * (longest + max_tokens + 64))
         target = load_model(model, n_ctx=n_ctx, n_threads=n_threads, n_seq_max=n_max)
-        llama = (LlamaCppRunner(target.path, n_ctx=2048, n_threads=n_threads, flash_attn=target.flash_attn == "on")
+        llama = (LlamaCppRunner(target.path, n_ctx=N_CTX_BENCH, n_threads=n_threads, flash_attn=target.flash_attn == "on")
                  if with_llama else None)
         tokens = target.prompt_tokens(prompt or PROMPTS["qa"][0], chat=not raw)
         with labelled_progress(reps * (len(sizes) + len(consensus_prompts)), "bench-parallel") as (bar, progress):
@@ -335,7 +335,7 @@ def bench_parallel(model, sizes, max_tokens, temperature, reps, threads, prompt,
                         bar.update(1)
                     consensus += rows
     result = {"model": target.path, "threads": n_threads, "flash_attn": target.flash_attn,
-              "max_tokens": max_tokens, "temperature": temperature, "parallel": parallel, "consensus": consensus,
+              "max_tokens": max_tokens, "sampling": sampling.to_dict(), "parallel": parallel, "consensus": consensus,
               "table": summarize(parallel, consensus)}
     if json_path:
         with click.open_file(json_path, "w") as f:
@@ -344,7 +344,7 @@ def bench_parallel(model, sizes, max_tokens, temperature, reps, threads, prompt,
         plot_parallel(parallel, consensus, plot_path)
     if json_path != "-":
         click.echo(f"{target.path} ({n_threads} threads, flash attention {target.flash_attn}), "
-                   f"{max_tokens} tokens per sample at T={temperature}")
+                   f"{max_tokens} tokens per sample at T={sampling.temperature}")
         click.echo(result["table"])
 
 

@@ -11,19 +11,19 @@ import click
 
 from ..bench.conversations import CONVERSATIONS
 from ..memory import DEFAULT_CAP_MB
+from ..settings import N_CTX_SERVER, Sampling
 from .options import (DEFAULT_MODEL, command_errors, flash_attn_option, labelled_progress, load_model,
-                      report_options, write_report)
+                      max_tokens_option, n_ctx_option, report_options, threads_option, write_report)
 
 
 @click.command("bench-multiturn")
 @click.option("--model", "-m", default=DEFAULT_MODEL, show_default=True, help="Target model (path or default name).")
 @click.option("--conversations", "n_conversations", default=None, type=click.IntRange(1, len(CONVERSATIONS)),
               help="Run only the first N conversations [default: all 6].")
-@click.option("--max-tokens", "-n", default=512, show_default=True, type=click.IntRange(min=2),
-              help="Most tokens per answer (greedy); an answer cut short is still the next turn's history.")
-@click.option("--threads", default=None, type=click.IntRange(min=1), help="CPU threads [default: physical cores].")
-@click.option("--n-ctx", default=8192, show_default=True, type=click.IntRange(min=256),
-              help="Context window: a conversation's last prompt and answer must fit in it.")
+@max_tokens_option(512, minimum=2,
+                   help="Most tokens per answer (greedy); an answer cut short is still the next turn's history.")
+@threads_option
+@n_ctx_option(N_CTX_SERVER, help="Context window: a conversation's last prompt and answer must fit in it.")
 @flash_attn_option
 @click.option("--memory-mb", default=DEFAULT_CAP_MB, show_default=True, type=click.FloatRange(min=0.0625),
               help="Byte cap of the default side's memory (a fresh one per conversation).")
@@ -53,12 +53,12 @@ def bench_multiturn(model, n_conversations, max_tokens, threads, n_ctx, flash_at
     headline, the geometric mean over conversations of turns 2 onwards with a
     95 % bootstrap interval; then each side's pooled acceptance and the share
     of accepted drafts that came from memory. Progress goes to stderr;
-    pyspec/bench/multiturn.py states the method.
+    pyspec/bench/inprocess/multiturn.py states the method.
     """
     from .._platform import physical_cores
-    from ..bench import multiturn as mt
+    from ..bench.inprocess import multiturn as mt
     from ..bench.conversations import conversations
-    from ..bench.runner import progress_bar
+    from ..bench.inprocess.runner import progress_bar
     from ..errors import PyspecError
 
     n_threads = threads or physical_cores()
@@ -74,7 +74,7 @@ def bench_multiturn(model, n_conversations, max_tokens, threads, n_ctx, flash_at
         names = [n for n, _ in sides]
         warm = mt.prompt_tokens(target, convs[0].messages(0, []), raw)
         for _, gen in sides:  # page in weights, calibrate the auto policy: the first run of a process is slow
-            gen.generate(warm, max_tokens=8, temperature=0, seed=0)
+            gen.generate(warm, max_tokens=8, sampling=Sampling.GREEDY, seed=0)
         bar = progress_bar(sum(len(c.turns) for c in convs) * len(sides), True)
         records = mt.run_multiturn(target, sides, convs, max_tokens=max_tokens, raw=raw, progress=bar)
         bar(None)
@@ -83,7 +83,7 @@ def bench_multiturn(model, n_conversations, max_tokens, threads, n_ctx, flash_at
     totals = mt.side_totals(records, names)
     result = {
         "model": target.path, "threads": n_threads, "flash_attn": target.flash_attn, "n_ctx": n_ctx,
-        "max_tokens": max_tokens, "temperature": 0.0, "raw": raw, "memory_mb": memory_mb, "sides": names,
+        "max_tokens": max_tokens, "sampling": Sampling.GREEDY.to_dict(), "raw": raw, "memory_mb": memory_mb, "sides": names,
         "conversations": [c.id for c in convs], "summary": summary, "sides_turns_2plus": totals,
         "turns": records,
     }
@@ -96,11 +96,11 @@ def bench_multiturn(model, n_conversations, max_tokens, threads, n_ctx, flash_at
 def bench_serve_multiturn(model: str, *, n_conversations: Optional[int], max_tokens: int, reps: int, threads: int,
                           n_ctx: Optional[int], llama_server: Optional[str], llama_specs: Sequence[str],
                           llama_args: str, memory_off: bool, raw: bool, json_path, plot_path) -> None:
-    """`pyspec bench-serve --multiturn`: pyspec/bench/serve_multiturn.py states the method."""
+    """`pyspec bench-serve --multiturn`: pyspec/bench/serve/multiturn.py states the method."""
     import shlex
 
-    from ..bench import serve_multiturn as sm
-    from ..bench.server_process import token_counter
+    from ..bench.serve import multiturn as sm
+    from ..bench.serve.process import token_counter
     from ..bench.conversations import conversations
     from ..errors import PyspecError
     from ..model import resolve_path

@@ -1,6 +1,6 @@
 """`pyspec bench-serve`: pyspec's server against llama-cpp-python's or
-llama.cpp's, under concurrent clients (pyspec/bench/serve.py and
-serve_llama.py state the methods; --multiturn is bench_multiturn.py's)."""
+llama.cpp's, under concurrent clients (pyspec/bench/serve/concurrent.py and
+serve/llama_server.py state the methods; --multiturn is bench_multiturn.py's)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ import json
 import click
 
 from ..bench.conversations import CONVERSATIONS
+from ..settings import N_CTX_BENCH, N_CTX_SERVER
 from .options import (DEFAULT_DRAFT, DEFAULT_MODEL, IntList, command_errors, labelled_progress, load_model,
-                      report_options, write_report)
+                      max_tokens_option, n_ctx_option, report_options, threads_option, write_report)
 
 
 @click.command("bench-serve")
@@ -20,14 +21,13 @@ from .options import (DEFAULT_DRAFT, DEFAULT_MODEL, IntList, command_errors, lab
                    "llama-cpp-python's server has no draft model; with it: pyspec serve's own default, suffix).")
 @click.option("--clients", "counts", default=None, type=IntList(1),
               help="Comma-separated numbers of clients [default: 1,2,4,8; --llama-server: 1,4,8,16].")
-@click.option("--max-tokens", "-n", default=None, type=click.IntRange(min=2),
-              help="Tokens per answer (greedy) [default: 64; --llama-server: 128; --multiturn: at most 512].")
+@max_tokens_option(None, minimum=2,
+                   help="Tokens per answer (greedy) [default: 64; --llama-server: 128; --multiturn: at most 512].")
 @click.option("--reps", default=2, show_default=True, type=click.IntRange(min=1), help="Repetitions.")
-@click.option("--threads", default=None, type=click.IntRange(min=1), help="CPU threads [default: physical cores].")
-@click.option("--n-ctx", default=None, type=click.IntRange(min=512),
-              help="Context of each server (pyspec's is shared by its slots; llama-server splits -c among its "
-                   "slots) [default: 8192; --llama-server: what the longest prompt and answer need per slot, "
-                   "times the slots; --multiturn: 4096 per conversation].")
+@threads_option
+@n_ctx_option(None, help="Context of each server (pyspec's is shared by its slots; llama-server splits -c among "
+                        "its slots) [default: 8192; --llama-server: what the longest prompt and answer need per slot, "
+                        "times the slots; --multiturn: 4096 per conversation].")
 @click.option("--generate/--no-generate", "with_generate", default=True, show_default=True,
               help="At 1 client, also run the prompts through `pyspec generate`'s code in this process "
                    "(not with --llama-server or --multiturn).")
@@ -59,7 +59,7 @@ from .options import (DEFAULT_DRAFT, DEFAULT_MODEL, IntList, command_errors, lab
               help="Conversations-in-turn mode: --conversations chats (default 2), each with a long system prompt "
                    "of its own (--system-tokens), sent one request at a time in turn for this many rounds, each "
                    "request the whole conversation so far, with no `user`: the TTFT of every turn, against "
-                   "--llama-server if given (pyspec/bench/serve_turns.py).")
+                   "--llama-server if given (pyspec/bench/serve/turns.py).")
 @click.option("--resend", is_flag=True,
               help="--turns: every round sends each conversation's first request again (A, B, A, B, ...) instead "
                    "of continuing it.")
@@ -86,7 +86,7 @@ def bench_serve(ctx, model, draft, counts, max_tokens, reps, threads, n_ctx, wit
     aggregate tok/s and slowest TTFT of each wave, the paired ratios pyspec /
     llama-server with 95 % intervals over repetitions, and how many answers
     are identical to llama-server's (and pyspec's to pyspec --no-draft's).
-    pyspec/bench/serve_llama.py states the method.
+    pyspec/bench/serve/llama_server.py states the method.
 
     Without it: `pyspec serve` and `python -m llama_cpp.server` (needs the
     `bench` extra) on the same model and threads; for each number of clients,
@@ -102,7 +102,7 @@ def bench_serve(ctx, model, draft, counts, max_tokens, reps, threads, n_ctx, wit
     sent the same prompts.
     Prints each backend's aggregate tok/s, TTFT and drafts, and the ratio
     pyspec serve / each other backend with a 95 % interval over repetitions
-    (pyspec/bench/serve_multiturn.py states the method).
+    (pyspec/bench/serve/multiturn.py states the method).
 
     Progress goes to stderr.
     """
@@ -156,9 +156,9 @@ def bench_serve(ctx, model, draft, counts, max_tokens, reps, threads, n_ctx, wit
                                   json_path=json_path,
                                   plot_path=plot_path)
     counts = counts or [1, 2, 4, 8]
-    n_ctx, max_tokens = n_ctx or 8192, max_tokens or 64
-    from ..bench import serve as bs
-    from ..bench.server_process import token_counter
+    n_ctx, max_tokens = n_ctx or N_CTX_SERVER, max_tokens or 64
+    from ..bench.serve import concurrent as bs
+    from ..bench.serve.process import token_counter
     from ..bench.suite import prompts as suite_prompts
     from ..speculative import SpeculativeDecoder
 
@@ -169,10 +169,10 @@ def bench_serve(ctx, model, draft, counts, max_tokens, reps, threads, n_ctx, wit
                                    f"'pyspec-llama[bench]' ({e})") from e
     n_threads = threads or physical_cores()
     with command_errors():
-        target = load_model(model, n_ctx=2048, n_threads=n_threads)
+        target = load_model(model, n_ctx=N_CTX_BENCH, n_threads=n_threads)
         decoder = None
         if with_generate and 1 in counts:
-            decoder = SpeculativeDecoder(target, load_model(draft, n_ctx=2048, n_threads=n_threads) if draft else None)
+            decoder = SpeculativeDecoder(target, load_model(draft, n_ctx=N_CTX_BENCH, n_threads=n_threads) if draft else None)
         texts = [p.text for p in suite_prompts(per_category=1)]
 
         def render(text: str) -> str:
@@ -204,11 +204,11 @@ COUNTING = ("every answer tokenized with the model's own vocabulary (llama-cpp-p
 
 def _bench_serve_llama(model, draft, counts, *, max_tokens, reps, threads, n_ctx, raw, llama_server, llama_specs,
                        llama_args, same_user, local_user, json_path, plot_path) -> None:
-    """`pyspec bench-serve --llama-server PATH`: pyspec/bench/serve_llama.py states the method."""
+    """`pyspec bench-serve --llama-server PATH`: pyspec/bench/serve/llama_server.py states the method."""
     import shlex
 
-    from ..bench import serve_llama as bs
-    from ..bench.server_process import token_counter
+    from ..bench.serve import llama_server as bs
+    from ..bench.serve.process import token_counter
     from ..bench.suite import prompts as suite_prompts
     from ..errors import PyspecError
     from ..model import resolve_path
@@ -250,11 +250,11 @@ def _bench_serve_llama(model, draft, counts, *, max_tokens, reps, threads, n_ctx
 
 def _bench_serve_turns(model, draft, turns, conversations, *, resend, system_tokens, slots, max_tokens, reps,
                        threads, n_ctx, llama_server, llama_specs, llama_args, json_path, plot_path) -> None:
-    """`pyspec bench-serve --turns N`: pyspec/bench/serve_turns.py states the method."""
+    """`pyspec bench-serve --turns N`: pyspec/bench/serve/turns.py states the method."""
     import shlex
 
-    from ..bench import serve_llama, serve_turns as bt
-    from ..bench.server_process import token_counter
+    from ..bench.serve import llama_server as serve_llama, turns as bt
+    from ..bench.serve.process import token_counter
     from ..errors import PyspecError
     from ..model import resolve_path
 

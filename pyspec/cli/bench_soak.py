@@ -1,6 +1,6 @@
 """`pyspec bench-soak`: a long run of `pyspec serve` under mixed concurrent load,
 failing when its memory, file descriptors, threads or KV cells do not stay
-bounded (pyspec/bench/soak.py states the method)."""
+bounded (pyspec/bench/serve/soak.py states the method)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,10 @@ import sys
 
 import click
 
-from ..bench.soak_report import Bounds
-from .options import DEFAULT_DRAFT, DEFAULT_MODEL, command_errors, report_options, write_report
+from ..bench.serve.soak_report import Bounds
+from ..settings import MAX_SEQUENCES, MAX_TOKENS, N_CTX_SERVER, PARALLEL
+from .options import (DEFAULT_DRAFT, DEFAULT_MODEL, command_errors, max_tokens_option, n_ctx_option, report_options,
+                      threads_option, write_report)
 
 _B = Bounds()
 
@@ -38,15 +40,14 @@ _B = Bounds()
               help="Seconds the server may take to go idle after the clients stop (requests they dropped "
                    "must end); past it, the idle checks judge it as it is.")
 @click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0), help="Seed of the request mix.")
-@click.option("--parallel", default=8, show_default=True, type=click.IntRange(1, 256),
+@click.option("--parallel", default=PARALLEL, show_default=True, type=click.IntRange(1, MAX_SEQUENCES),
               help="The server's slots (`pyspec serve --parallel`).")
-@click.option("--n-ctx", default=8192, show_default=True, type=click.IntRange(min=512),
+@n_ctx_option(N_CTX_SERVER,
               help="The server's context cells (`pyspec serve --n-ctx`); long requests are sized to fit it.")
-@click.option("--threads", default=None, type=click.IntRange(min=1),
-              help="The server's CPU threads [default: `pyspec serve`'s, the physical cores].")
-@click.option("--max-tokens", "-n", default=256, show_default=True, type=click.IntRange(min=32),
-              help="Longest answer of the mix (long answers ask for a quarter of it up to all of it; short ones 1-16 "
-                   "tokens); at most a quarter of a slot's share of --n-ctx.")
+@threads_option
+@max_tokens_option(MAX_TOKENS, minimum=32,
+                   help="Longest answer of the mix (long answers ask for a quarter of it up to all of it; short ones "
+                        "1-16 tokens); at most a quarter of a slot's share of --n-ctx.")
 @click.option("--serve-args", default="", help="More `pyspec serve` arguments, e.g. '--memory-users 4'.")
 @click.option("--rss-growth-mib", default=_B.rss_growth_mib, show_default=True, type=click.FloatRange(min=0),
               help="RSS growth allowed (with --rss-growth-pct: the larger of the two).")
@@ -83,8 +84,8 @@ def bench_soak(model, draft, no_draft, clients, minutes, warmup_s, fill, interva
     sequence, and SIGTERM stops the server with exit status 0. Linux only
     (/proc).
     """
-    from ..bench import soak, soak_load, soak_report
-    from ..bench.server_process import ServerProcess, free_port
+    from ..bench.serve import soak, soak_load, soak_report
+    from ..bench.serve.process import ServerProcess, free_port
 
     bounds = Bounds(rss_growth_mib=rss_growth_mib, rss_growth_pct=rss_growth_pct, fd_slack=fd_slack,
                     thread_slack=thread_slack)

@@ -10,8 +10,9 @@ from typing import Optional
 import click
 
 from ..speculative import DRAFTERS, POLICIES, POLICY_DEFAULTS
-from .options import (DEFAULT_DRAFT, DEFAULT_MODEL, chat_template_option, command_errors, load_pair, model_options,
-                      sampling_options)
+from ..settings import MAX_SEQUENCES
+from .options import (DEFAULT_DRAFT, DEFAULT_MODEL, chat_template_option, command_errors, load_pair,
+                      max_tokens_option, model_options, sampling_options)
 
 
 @click.command()
@@ -45,7 +46,7 @@ from .options import (DEFAULT_DRAFT, DEFAULT_MODEL, chat_template_option, comman
 @click.option("--stats", "show_stats", is_flag=True, help="Print a summary of speed and acceptance on stderr.")
 @click.option("--show-drafts", is_flag=True,
               help="On a terminal, colour accepted draft tokens (green) apart from tokens the target sampled.")
-@click.option("--n", "n_samples", default=1, show_default=True, type=click.IntRange(1, 256),
+@click.option("--n", "n_samples", default=1, show_default=True, type=click.IntRange(1, MAX_SEQUENCES),
               help="Independent samples of PROMPT, generated together (one target pass per round for all; "
                    "drafted by consensus among them, without a draft model). Printed one after another; "
                    "--json gives a `choices` list and batch `stats`.")
@@ -56,10 +57,11 @@ from .options import (DEFAULT_DRAFT, DEFAULT_MODEL, chat_template_option, comman
               help="A memory file: earlier prompts and answers to draft from (suffix drafter); created if "
                    "missing, and this run's prompt and answer are added to it.")
 @chat_template_option
-@sampling_options
+@max_tokens_option()
+@sampling_options()
 @model_options
 def generate(prompt, model, draft, no_draft, draft_max, drafter, policy, p_min, svip_h, svip_gamma, raw, stop,
-             as_json, show_stats, show_drafts, n_samples, strict, max_tokens, temperature, top_k, top_p, min_p, seed, n_ctx,
+             as_json, show_stats, show_drafts, n_samples, strict, max_tokens, sampling, seed, n_ctx,
              threads, n_gpu_layers, flash_attn, memory_file, chat_template) -> None:
     """Generate a continuation of PROMPT and stream it to stdout.
 
@@ -89,8 +91,8 @@ def generate(prompt, model, draft, no_draft, draft_max, drafter, policy, p_min, 
             sys.stdout.flush()
 
         if n_samples > 1:
-            batch = gen.generate(prompt, n=n_samples, max_tokens=max_tokens, temperature=temperature, top_k=top_k,
-                                 top_p=top_p, min_p=min_p, seed=seed, stop=list(stop), chat=not raw, **kwargs)
+            batch = gen.generate(prompt, n=n_samples, max_tokens=max_tokens, sampling=sampling, seed=seed,
+                                 stop=list(stop), chat=not raw, **kwargs)
             _save_memory(memory, memory_file, target)
     if n_samples > 1:
         _print_samples(batch, as_json, show_stats, target.flash_attn)
@@ -99,10 +101,7 @@ def generate(prompt, model, draft, no_draft, draft_max, drafter, policy, p_min, 
         out = gen.generate(
             prompt,
             max_tokens=max_tokens,
-            temperature=temperature,
-            top_k=top_k,
-            top_p=top_p,
-            min_p=min_p,
+            sampling=sampling,
             seed=seed,
             stop=list(stop),
             chat=not raw,

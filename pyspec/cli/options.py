@@ -3,20 +3,22 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import sys
 import warnings
 from contextlib import contextmanager
+from typing import Optional
 
 import click
 
 from ..errors import PyspecError
-from ..generation import SAMPLING_DEFAULTS
-from ..model import MODEL_DEFAULTS
+from ..settings import MAX_TOKENS, N_CTX, N_CTX_MIN, SEED_MAX, Sampling
 from ..models import DEFAULT_DRAFT, DEFAULT_TARGET as DEFAULT_MODEL
 
 __all__ = ["DEFAULT_DRAFT", "DEFAULT_MODEL", "IntList", "command_errors", "flash_attn_option", "load_model",
-           "load_pair", "model_options", "report_options", "sampling_options", "suite_options"]
+           "load_pair", "max_tokens_option", "model_options", "n_ctx_option", "report_options", "sampling_options",
+           "suite_options", "threads_option"]
 
 
 @contextmanager
@@ -104,34 +106,55 @@ def write_report(result: dict, json_path, plot_path, draw, text: str) -> None:
         click.echo(text)
 
 
-def sampling_options(f):
-    """Sampling flags shared by the commands that generate."""
-    opts = [
-        click.option("--max-tokens", "-n", default=256, show_default=True, type=click.IntRange(min=0),
-                     help="Maximum number of tokens to generate."),
-        click.option("--temperature", "-t", default=SAMPLING_DEFAULTS["temperature"], show_default=True, type=float,
-                     help="Sampling temperature; 0 means greedy (deterministic)."),
-        click.option("--top-k", default=SAMPLING_DEFAULTS["top_k"], show_default=True, type=int,
-                     help="Keep the k most likely tokens; 0 = off."),
-        click.option("--top-p", default=SAMPLING_DEFAULTS["top_p"], show_default=True, type=float,
-                     help="Keep the smallest set of tokens whose mass reaches p; 1 = off."),
-        click.option("--min-p", default=SAMPLING_DEFAULTS["min_p"], show_default=True, type=float,
-                     help="Drop tokens less likely than min-p times the most likely one; 0 = off."),
-        click.option("--seed", "-s", default=None, type=click.IntRange(0, 2**64 - 1),
-                     help="Random seed: the same seed gives the same output on the same build "
-                          "[default: a fresh one each run, printed by --stats and --json]."),
-    ]
-    for opt in reversed(opts):
-        f = opt(f)
-    return f
+def sampling_options(preset: Sampling = Sampling.API, *, seed: bool = True):
+    """--temperature, --top-k, --top-p and --min-p (defaults: ``preset``), handed
+    to the command as one ``sampling`` (a :class:`~pyspec.Sampling`), and --seed."""
+    def decorate(f):
+        @functools.wraps(f)
+        def command(*args, temperature, top_k, top_p, min_p, **kwargs):
+            return f(*args, sampling=Sampling(temperature, top_k, top_p, min_p), **kwargs)
+
+        opts = [
+            click.option("--temperature", "-t", default=preset.temperature, show_default=True, type=float,
+                         help="Sampling temperature; 0 means greedy (deterministic)."),
+            click.option("--top-k", default=preset.top_k, show_default=True, type=int,
+                         help="Keep the k most likely tokens; 0 = off."),
+            click.option("--top-p", default=preset.top_p, show_default=True, type=float,
+                         help="Keep the smallest set of tokens whose mass reaches p; 1 = off."),
+            click.option("--min-p", default=preset.min_p, show_default=True, type=float,
+                         help="Drop tokens less likely than min-p times the most likely one; 0 = off."),
+        ]
+        if seed:
+            opts.append(click.option(
+                "--seed", "-s", default=None, type=click.IntRange(0, SEED_MAX),
+                help="Random seed: the same seed gives the same output on the same build "
+                     "[default: a fresh one each run, printed by --stats and --json]."))
+        for opt in reversed(opts):
+            command = opt(command)
+        return command
+    return decorate
+
+
+def max_tokens_option(default: Optional[int] = MAX_TOKENS, minimum: int = 0,
+                      help: str = "Maximum number of tokens to generate."):
+    return click.option("--max-tokens", "-n", default=default, show_default=default is not None,
+                        type=click.IntRange(min=minimum), help=help)
+
+
+def threads_option(f):
+    return click.option("--threads", default=None, type=click.IntRange(min=1),
+                        help="CPU threads [default: physical cores].")(f)
+
+
+def n_ctx_option(default: Optional[int] = N_CTX, help: str = "Context window in tokens (prompt + generation)."):
+    return click.option("--n-ctx", default=default, show_default=default is not None,
+                        type=click.IntRange(min=N_CTX_MIN), help=help)
 
 
 def model_options(f):
     opts = [
-        click.option("--n-ctx", default=MODEL_DEFAULTS.n_ctx, show_default=True, type=click.IntRange(min=16),
-                     help="Context window in tokens (prompt + generation)."),
-        click.option("--threads", default=None, type=click.IntRange(min=1),
-                     help="CPU threads [default: physical cores]."),
+        n_ctx_option(),
+        threads_option,
         click.option("--n-gpu-layers", default=0, show_default=True, type=int,
                      help="Layers to offload on Metal/CUDA builds of llama.cpp (-1 = all); on a build "
                           "without a GPU backend this warns (see `pyspec info`)."),

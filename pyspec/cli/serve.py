@@ -7,10 +7,13 @@ import sys
 
 import click
 
+from ..memory import DEFAULT_CAP_MB
 from ..sampling import VARIANTS
 from ..speculative import DRAFTERS, POLICIES
 from ..server.scheduler import DEFAULT_CACHE_RAM_MB, DEFAULT_CACHE_SLOTS
-from .options import DEFAULT_DRAFT, DEFAULT_MODEL, chat_template_option, command_errors, flash_attn_option, load_pair
+from ..settings import MAX_SEQUENCES, N_CTX_SERVER, PARALLEL, PREFILL_CHUNK
+from .options import (DEFAULT_DRAFT, DEFAULT_MODEL, chat_template_option, command_errors, flash_attn_option, load_pair,
+                      n_ctx_option, threads_option)
 
 
 @click.command()
@@ -29,9 +32,9 @@ from .options import DEFAULT_DRAFT, DEFAULT_MODEL, chat_template_option, command
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address to listen on (the default admits this machine only).")
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535), help="TCP port.")
-@click.option("--parallel", "-np", default=8, show_default=True, type=click.IntRange(1, 256),
+@click.option("--parallel", "-np", default=PARALLEL, show_default=True, type=click.IntRange(1, MAX_SEQUENCES),
               help="Sequences generated together (slots); more requests wait in the queue.")
-@click.option("--cache-slots", default=DEFAULT_CACHE_SLOTS, show_default=True, type=click.IntRange(0, 255),
+@click.option("--cache-slots", default=DEFAULT_CACHE_SLOTS, show_default=True, type=click.IntRange(0, MAX_SEQUENCES - 1),
               help="Finished conversations kept cached in the context beside the --parallel running ones "
                    "(they share its --n-ctx cells; the least recently used gives way). A request goes to the "
                    "slot that holds its conversation, so alternating chats prefill only their new tokens.")
@@ -43,15 +46,14 @@ from .options import DEFAULT_DRAFT, DEFAULT_MODEL, chat_template_option, command
                    "at startup, so a restarted server answers them without a prefill (within --cache-ram).")
 @click.option("--queue-size", default=None, type=click.IntRange(min=0),
               help="Requests that may wait for a slot; past it, 503 with Retry-After [default: 4 x --parallel].")
-@click.option("--n-ctx", default=8192, show_default=True, type=click.IntRange(min=16),
-              help="Context cells, shared by all slots (one unified cache); a prompt must fit in it.")
-@click.option("--prefill-chunk", default=256, show_default=True, type=click.IntRange(min=0),
+@n_ctx_option(N_CTX_SERVER, help="Context cells, shared by all slots (one unified cache); a prompt must fit in it.")
+@click.option("--prefill-chunk", default=PREFILL_CHUNK, show_default=True, type=click.IntRange(min=0),
               help="Most prompt tokens a round prefills beside running sequences (0: no limit): bounds how "
                    "long a new long prompt holds up the others.")
 @click.option("--api-key", default=None, envvar="PYSPEC_API_KEY", show_envvar=True,
               help="Require `Authorization: Bearer KEY` on the /v1 routes.")
 @click.option("--model-alias", default=None, help="The model name clients use [default: the target's name].")
-@click.option("--threads", default=None, type=click.IntRange(min=1), help="CPU threads [default: physical cores].")
+@threads_option
 @click.option("--n-gpu-layers", default=0, show_default=True, type=int,
               help="Layers to offload on Metal/CUDA builds of llama.cpp (-1 = all).")
 @flash_attn_option
@@ -59,7 +61,7 @@ from .options import DEFAULT_DRAFT, DEFAULT_MODEL, chat_template_option, command
 @click.option("--memory/--no-memory", default=True, show_default=True,
               help="Keep each user's earlier prompts and answers for suffix drafting (per request field `user`; "
                    "requests without one share one memory). Off: a request drafts from its own text only.")
-@click.option("--memory-mb", default=64.0, show_default=True, type=click.FloatRange(min=0.0625),
+@click.option("--memory-mb", default=DEFAULT_CAP_MB, show_default=True, type=click.FloatRange(min=0.0625),
               help="Byte cap of each user's memory (least recently used text goes first).")
 @click.option("--memory-users", default=8, show_default=True, type=click.IntRange(min=1),
               help="Users whose memories are kept (the least recently active is dropped first).")
@@ -94,7 +96,7 @@ def serve(model, draft, no_draft, drafter, policy, draft_max, host, port, parall
     with command_errors():
         _, decoder = load_pair(model, draft, no_draft=no_draft, drafter=drafter, policy=policy, draft_max=draft_max,
                                n_ctx=n_ctx, n_threads=threads, n_gpu_layers=n_gpu_layers, flash_attn=flash_attn,
-                               n_seq_max=min(parallel + cache_slots, 256), chat_template=chat_template)
+                               n_seq_max=min(parallel + cache_slots, MAX_SEQUENCES), chat_template=chat_template)
         decoder.target.chat_template.check()  # a template that does not compile: say so now, not per request
     app = create_app(decoder, model_name=name, parallel=parallel,
                      queue_size=4 * parallel if queue_size is None else queue_size, api_key=api_key,

@@ -23,7 +23,7 @@ def check(full, seed, as_json) -> None:
     """
     from dataclasses import asdict
 
-    from ..check import format_table, run_checks
+    from ..tools.check import format_table, run_checks
 
     rows = run_checks(fast=not full, seed=seed)
     if as_json:
@@ -42,7 +42,7 @@ def check(full, seed, as_json) -> None:
 @click.option("--json", "as_json", is_flag=True)
 def bench_verify_cmd(n_vocab, top_k, draft_max, seconds, as_json) -> None:
     """Measure verification rounds per second of the sampling core (no model)."""
-    from ..check import bench_verify
+    from ..tools.check import bench_verify
 
     res = bench_verify(n_vocab=n_vocab, top_k=top_k, n_draft=draft_max, seconds=seconds)
     if as_json:
@@ -72,7 +72,7 @@ def info(as_json) -> None:
     supports_mlock, flash_attn_default, llama_cpp_flash_attn_default,
     llama_cpp_python_flash_attn_default, threads.
     """
-    from ..info import build_info, format_info
+    from ..tools.info import build_info, format_info
 
     data = build_info()
     click.echo(json.dumps(data, indent=2) if as_json else format_info(data))

@@ -25,11 +25,8 @@ from .catalog import (
     known_names,
     lookup,
 )
+from .errors import ModelFetchError, ModelIntegrityError, PackageIndexUnreachable, PackageNotFound
 from .fetch import (
-    ModelFetchError,
-    ModelIntegrityError,
-    PackageIndexUnreachable,
-    PackageNotFound,
     cache_dir,
     ensure,
     list_models,

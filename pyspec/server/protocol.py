@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from ..chat import RESERVED
+from ..settings import SEED_BITS, Sampling
 
 #: OpenAI's limit on top_logprobs (and on the legacy completions' logprobs).
 MAX_TOP_LOGPROBS = 20
@@ -42,14 +43,11 @@ class APIError(Exception):
 
 
 @dataclass
-class Sampling:
+class RequestSettings:
     """One request's settings for every choice it asks for."""
 
     max_tokens: Optional[int]  # None: until the context is full
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    min_p: float = 0.0
+    sampling: Sampling = Sampling.OPENAI
     seed: Optional[int] = None
     stop: List[str] = field(default_factory=list)
     n: int = 1
@@ -64,7 +62,7 @@ class ParsedRequest:
     kind: str                                  # "completion" or "chat"
     model: Optional[str]
     prompts: List[Union[str, List[int], List[Dict[str, str]]]]  # one per prompt (chat: one message list)
-    sampling: Sampling
+    settings: RequestSettings
     stream: bool = False
     include_usage: bool = False
     user: str = ""                             # the end user (memory is kept per user: memories.py)
@@ -304,13 +302,19 @@ def parse(kind: str, body: Any, *, max_n: int, policies: Sequence[str], drafters
     if n * len(prompts) > max_n:
         raise APIError(400, f"{len(prompts)} prompts x n={n} choices exceed the server's {max_n} parallel "
                             f"sequences (pyspec serve --parallel)", param="n")
+    openai = Sampling.OPENAI  # what a request that names nothing gets
     sampling = Sampling(
+        temperature=_float(body, "temperature", 0.0, 2.0, openai.temperature),
+        top_p=_float(body, "top_p", 0.0, 1.0, openai.top_p),
+        top_k=_int(body, "top_k", 0, default=openai.top_k),
+        min_p=_float(body, "min_p", 0.0, 1.0, openai.min_p),
+    )
+    if sampling.top_p == 0:
+        raise APIError(400, "'top_p' must be > 0", param="top_p")
+    settings = RequestSettings(
         max_tokens=max_tokens,
-        temperature=_float(body, "temperature", 0.0, 2.0, 1.0),
-        top_p=_float(body, "top_p", 0.0, 1.0, 1.0),
-        top_k=_int(body, "top_k", 0, default=0),
-        min_p=_float(body, "min_p", 0.0, 1.0, 0.0),
-        seed=_int(body, "seed", 0, 2**63 - 1),
+        sampling=sampling,
+        seed=_int(body, "seed", 0, 2**SEED_BITS - 1),
         stop=_stop(body),
         n=n,
         logprobs=k,
@@ -318,16 +322,14 @@ def parse(kind: str, body: Any, *, max_n: int, policies: Sequence[str], drafters
         policy=_choice(body, "policy", policies),
         drafter=_choice(body, "drafter", drafters),
     )
-    if sampling.top_p == 0:
-        raise APIError(400, "'top_p' must be > 0", param="top_p")
     user = body.get("user")
     user = "" if user is None else user  # some clients send null
     if not isinstance(user, str):
         raise APIError(400, "'user' must be a string", param="user")
     if kind == "chat":
-        return ParsedRequest(kind, model, prompts, sampling, stream, include_usage, user, tools=_tools(body),
+        return ParsedRequest(kind, model, prompts, settings, stream, include_usage, user, tools=_tools(body),
                              template_vars=_template_vars(body))
-    return ParsedRequest(kind, model, prompts, sampling, stream, include_usage, user)
+    return ParsedRequest(kind, model, prompts, settings, stream, include_usage, user)
 
 
 # ------------------------------------------------------------------ responses

@@ -36,14 +36,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Deque, Dict, List, Optional, Set, Tuple
 
 from .. import _core
-from ..generation import SEED_BITS, SequenceSetup
-from .protocol import Sampling
+from ..generation import SequenceSetup
+from ..settings import PREFILL_CHUNK, SEED_BITS
+from .protocol import RequestSettings
 
 if TYPE_CHECKING:
     from ..memory import Memory
 
-#: Largest draft a request may ask for (draft_max); the session's cap.
-MAX_DRAFT = 63
+#: Largest draft a request may ask for (draft_max): the core's bound (policy.h).
+MAX_DRAFT = _core.MAX_DRAFT
 #: Host memory for the conversations the context gives up (pyspec serve --cache-ram), in MiB.
 DEFAULT_CACHE_RAM_MB = 1024
 #: Finished conversations the context keeps cached beside the running ones
@@ -110,7 +111,7 @@ class Job:
     ("delta", index, text, tokens, logprobs), ("done", index, result, seed),
     ("error", SchedulerError)."""
 
-    sampling: Sampling
+    settings: RequestSettings
     prompts: List[List[int]]          # token ids, one per prompt
     loop: asyncio.AbstractEventLoop
     events: "asyncio.Queue[Tuple]" = field(default_factory=asyncio.Queue)
@@ -123,7 +124,7 @@ class Job:
     @property
     def need(self) -> int:
         """Sequence slots it takes: one per choice."""
-        return len(self.prompts) * self.sampling.n
+        return len(self.prompts) * self.settings.n
 
     def cancel(self) -> None:
         """The client is gone: its sequences end at the next round (thread-safe)."""
@@ -133,7 +134,7 @@ class Job:
 class Scheduler:
     """Owns ``decoder``'s contexts on one thread; see the module docstring."""
 
-    def __init__(self, decoder, *, parallel: int, queue_size: int, prefill_chunk: int = 256,
+    def __init__(self, decoder, *, parallel: int, queue_size: int, prefill_chunk: int = PREFILL_CHUNK,
                  cache_ram_mb: float = 0, prompt_cache_dir: Optional[str] = None,
                  memories: Optional[Callable[[str], Optional["Memory"]]] = None,
                  _test=None, _slot_choice: str = "engine") -> None:
@@ -171,7 +172,7 @@ class Scheduler:
         self.accepted_per_pos = [0] * MAX_DRAFT  # ... and accepted there
         self.kv_cells = (0, 0)
         # _test: TEST-ONLY negative controls (a wrong acceptance rule), for the server's lossless test.
-        self._session = decoder.open_session(self._on_token, prefill_chunk=prefill_chunk, draft_cap=MAX_DRAFT,
+        self._session = decoder.open_session(self._on_token, prefill_chunk=prefill_chunk,
                                              prompt_cache=self.prompt_cache, _test=_test)
         self._thread = threading.Thread(target=self._run, name="pyspec-scheduler", daemon=True)
         self._thread.start()
@@ -332,7 +333,7 @@ class Scheduler:
             self._running.append(job)
 
     def _start(self, job: Job) -> None:
-        s = job.sampling
+        s = job.settings
         base = s.seed if s.seed is not None else secrets.randbits(SEED_BITS)
         if self.memories is not None and self.decoder.speculative:
             job.memory = self.memories(job.user)  # only now: a refused request evicts nobody's memory
@@ -345,13 +346,11 @@ class Scheduler:
                 # Drafting settings only where the decoder drafts (a plain server ignores them).
                 drafting = (dict(drafter=s.drafter, policy=s.policy, draft_max=s.draft_max, memory=job.memory,
                                  policy_keys=[key]) if self.decoder.speculative else {})
-                # No answer outgrows the context, and a top_k past the vocabulary keeps it
-                # all: clamped, since the core's ints are 32-bit (protocol.py bounds neither).
+                # No answer outgrows the context.
                 n_ctx = self.target.n_ctx
                 c.setup = self.decoder.setup(
                     max_tokens=n_ctx if s.max_tokens is None else min(s.max_tokens, n_ctx),
-                    temperature=s.temperature, top_k=min(s.top_k, self.target.n_vocab), top_p=s.top_p,
-                    min_p=s.min_p, seed=base,
+                    sampling=s.sampling, seed=base,
                     stop=s.stop, logprobs=s.logprobs, slots=[slot], drafters="slots", **drafting)[0]
                 c.handle = self._session.add(prompt, c.setup.params, drafter=c.setup.drafter,
                                              policy=c.setup.policy, stream=index, slot=slot)
@@ -394,7 +393,7 @@ class Scheduler:
             result = finished.get(handle)
             if c.tokens or c.text:
                 logprobs = None
-                if job.sampling.logprobs is not None and c.tokens:
+                if job.settings.logprobs is not None and c.tokens:
                     logprobs = (result.logprobs[c.delivered:] if result is not None
                                 else self._session.logprobs(handle, c.delivered))
                 self._send(job, ("delta", c.index, b"".join(c.text).decode("utf-8", errors="replace"),

@@ -27,17 +27,18 @@ G = dict(temperature=0.0, top_k=40, top_p=1.0, min_p=0.0)
 
 def run(sess, p, n=16):
     slot = sess.pick_slot(p)
-    st = dec.setup(max_tokens=n, seed=1, slots=[slot], drafters="slots", logprobs=8, **G)[0]
+    st = dec.setup(max_tokens=n, seed=1, slots=[slot], drafters="slots", logprobs=8,
+                   sampling=pyspec.Sampling(**G))[0]
     sess.add(p, st.params, drafter=st.drafter, policy=st.policy, slot=slot)
     while sess.step():
         pass
     (_, r), = sess.take_finished()
     return r
 
-s = dec.open_session(lambda *x: True, draft_cap=63)
+s = dec.open_session(lambda *x: True)
 fresh_r = run(s, a); fresh = list(fresh_r.tokens); s.release_cache(); s.close()
 cache = _core.PromptCache(1 << 30)
-s = dec.open_session(lambda *x: True, draft_cap=63, prompt_cache=cache)
+s = dec.open_session(lambda *x: True, prompt_cache=cache)
 run(s, a); run(s, b)
 t = time.perf_counter(); r = run(s, a); out["restore_run_s"] = time.perf_counter() - t
 out["restored"] = cache.stats["restored"]; out["cached"] = r.stats.n_cached_tokens
