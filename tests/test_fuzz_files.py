@@ -379,6 +379,12 @@ def _retyped(base: ge.Gguf, name: str, ggml_type: int) -> ge.Gguf:
     return g
 
 
+def _empty_key(base: ge.Gguf) -> ge.Gguf:
+    g = deepcopy(base)
+    g.kvs["\x00name"] = (ge.STRING, "read as a C string: an empty key")  # as fuzzing made it (header byte 303)
+    return g
+
+
 def _reshaped(base: ge.Gguf, name: str, shape: tuple) -> ge.Gguf:
     g = deepcopy(base)
     next(t for t in g.tensors if t.name == name).shape = shape
@@ -409,6 +415,11 @@ def test_findings_stay_fixed(tmp_path):
         # llama_model_quantize aborted (GGML_ASSERT): it sizes a tensor by three dimensions
         "quantize: a 4-D weight": (_reshaped(base, "blk.0.ffn_down.weight", (64, 2, 2, 2)), "quantize_cli",
                                    "InvalidModelError", "4 dimensions"),
+        # llama_model_quantize divided by a row of length 0 (SIGFPE; issue 35's CI under ASan)
+        "quantize: an empty weight": (_reshaped(base, "blk.0.ffn_down.weight", (0, 16)), "quantize_cli",
+                                      "InvalidModelError", "dimension of 0"),
+        # ggml's GGUF writer asserted on a metadata key that reads as empty (an abort)
+        "quantize: an empty key": (_empty_key(base), "quantize_cli", "InvalidModelError", "is empty"),
         # the error message quoting it failed to build (UnicodeDecodeError)
         "token not UTF-8": (_token(base, 262, b"\xff\xfe"), "agree", "InvalidModelError", "not UTF-8"),
         # llama.cpp's reason alone ("unknown model architecture: ''") named no file

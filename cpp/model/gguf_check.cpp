@@ -105,16 +105,23 @@ void check_gguf_metadata(const std::string& path, bool for_quantize) {
         if (type == GGML_TYPE_Q8_1 || type == GGML_TYPE_Q8_K || (type >= GGML_TYPE_I8 && type <= GGML_TYPE_F64)) {
             refuse(path, "tensor '" + name + "' has type " + ggml_type_name(type) + ", which is not a weight type");
         }
-        // llama_model_quantize sizes a tensor by its first three dimensions only.
+        // llama_model_quantize sizes a tensor by its first three dimensions only,
+        // and divides by the first (a row's length): an empty one is a SIGFPE.
         const ggml_tensor* t = shapes ? ggml_get_tensor(shapes, gguf_get_tensor_name(g, i)) : nullptr;
         if (for_quantize && t != nullptr && t->ne[3] > 1) {
             refuse(path, "tensor '" + name + "' has 4 dimensions, which llama_model_quantize cannot quantize");
+        }
+        if (for_quantize && t != nullptr && ggml_nelements(t) == 0) {
+            refuse(path, "tensor '" + name + "' has a dimension of 0 (no elements)");
         }
     }
     // Norm epsilons (layer_norm_epsilon, layer_norm_rms_epsilon, ...): ggml's CPU
     // norms assert eps >= 0 at the first decode, so a negative or NaN one aborts.
     for (int64_t k = 0; k < gguf_get_n_kv(g); ++k) {
         const std::string key = gguf_get_key(g, k);
+        // llama_model_quantize copies every key into the new file, and ggml's
+        // GGUF writer asserts that none is empty (an abort).
+        if (for_quantize && key.empty()) refuse(path, "metadata key " + std::to_string(k) + " is empty");
         if (key.size() < 7 || key.compare(key.size() - 7, 7, "epsilon") != 0) continue;
         double eps = 0.0;
         if (gguf_get_kv_type(g, k) == GGUF_TYPE_FLOAT32) eps = gguf_get_val_f32(g, k);

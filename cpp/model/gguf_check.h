@@ -12,7 +12,8 @@ void check_gguf_file(const std::string& path);
 // Metadata llama.cpp asserts on (an abort) or crashes on later: tensor
 // alignment and types, layer and expert counts, norm epsilons, repeated tokens;
 // read with ggml's own bounds-checked GGUF reader (the header only).
-// for_quantize: also what llama_model_quantize asserts on (4-D tensors).
+// for_quantize: also what llama_model_quantize asserts or crashes on (4-D tensors,
+// tensors with a dimension of 0, an empty metadata key).
 void check_gguf_metadata(const std::string& path, bool for_quantize);
 
 }  // namespace pyspec
