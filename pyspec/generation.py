@@ -12,6 +12,7 @@ models and decoders; they take turns.
 
 from __future__ import annotations
 
+import dataclasses
 import queue
 import threading
 from dataclasses import dataclass
@@ -338,7 +339,7 @@ class Generator:
 
         if seed is None:
             seed = self.target.next_seed()
-        fields = {k: settings.pop(k, None) for k in ("temperature", "top_k", "top_p", "min_p")}
+        fields = {f.name: settings.pop(f.name, None) for f in dataclasses.fields(Sampling)}
         settings.setdefault("max_tokens", MAX_TOKENS)
         seqs = self.setup(sampling=self.sampling(sampling, **fields), seed=seed, slots=range(len(token_lists)),
                           drafters="batch", **settings)
