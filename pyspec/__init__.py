@@ -21,7 +21,9 @@ except ImportError:  # pragma: no cover - depends on how Python was started
             "development with `pip install -e .` (which builds the core in place)."
         ) from None
     raise
+from .constraints import Constraint
 from .errors import (
+    ConstraintError,
     ContextOverflowError,
     DecodeError,
     GPUOffloadUnavailableError,
@@ -52,6 +54,7 @@ __all__ = [
     "Model",
     "SpeculativeDecoder",
     "Sampling",
+    "Constraint",
     "Completion",
     "Completions",
     "GenerationStats",
@@ -62,6 +65,7 @@ __all__ = [
     "ModelNotFoundError",
     "InvalidModelError",
     "ContextOverflowError",
+    "ConstraintError",
     "DecodeError",
     "GPUOffloadUnavailableError",
     "IncompatibleModelsError",

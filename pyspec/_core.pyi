@@ -27,8 +27,22 @@ class TestControls:  # TEST-ONLY negative controls the lossless tests must catch
     variant: str  # "correct", or one of sampling.VARIANTS' wrong rules (the session's)
     discard_below: float  # > 0: a draft discards a drawn token believed below this (per sequence)
     shared_stream: bool  # every sequence draws from the one stream of seed (per sequence)
+    grammar: str  # "unmasked" or "stale": the target's rows under a wrong grammar mask (per sequence)
     def __init__(self, **fields: Any) -> None: ...
     def to_dict(self) -> Dict[str, Any]: ...
+
+class GrammarVocab:  # a model's vocabulary as llguidance sees it (constraint/grammar.h)
+    def __init__(self, model: Model, library: str) -> None: ...
+    n_vocab: int
+    version: str
+
+class Grammar:  # a compiled grammar; ConstraintError if it does not compile
+    def __init__(self, vocab: GrammarVocab, kind: str, text: str) -> None: ...
+    kind: str
+    def valid_prefix(self, tokens: Sequence[int]) -> int: ...
+    def allowed(self, prefix: Sequence[int] = ...) -> np.ndarray: ...
+    def forced(self, prefix: Sequence[int] = ..., max_n: int = ...) -> List[int]: ...
+    def time_masks(self, tokens: Sequence[int]) -> List[float]: ...
 
 class GenerateParams:
     FIELDS: ClassVar[Tuple[str, ...]]
@@ -41,6 +55,7 @@ class GenerateParams:
     parallel_prefill: bool
     prefill_chunk: int
     logprobs: int  # -1 none; k >= 0: each token's and the k most likely (the target's, at T = 1)
+    grammar: Optional[Grammar]  # the constraint the output follows (constraint/grammar.h)
     def __init__(self, **fields: Any) -> None: ...
     def to_dict(self) -> Dict[str, Any]: ...
 
@@ -93,6 +108,12 @@ class GenerationStats:
     ngram_guess_hits: int
     stops_before: int
     stops_after: int
+    forced_rounds: int  # rounds that drafted text the grammar forces
+    forced_drafted: int
+    forced_accepted: int
+    grammar_cuts: int  # lookup drafts cut before a token the grammar refuses
+    masks: int  # grammar masks computed
+    mask_s: float  # ... and their seconds
     def __init__(self, **fields: Any) -> None: ...
     def to_dict(self) -> Dict[str, Any]: ...
 

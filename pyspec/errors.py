@@ -33,5 +33,10 @@ class QuantizeError(PyspecError, RuntimeError):
     """llama.cpp could not quantize the model (its reason is the message)."""
 
 
+class ConstraintError(PyspecError, ValueError):
+    """A JSON schema, grammar or regex is invalid or unsupported (llguidance's
+    reason in the message), or a tool definition or ``tool_choice`` is."""
+
+
 class GPUOffloadUnavailableError(PyspecError, ValueError):
     """GPU layers were asked for (``strict``), but this llama.cpp build has no GPU backend."""

@@ -18,7 +18,8 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
-from . import _core
+from . import _core, constraints
+from .constraints import Constraint
 from .memory import resolve as resolve_memory
 from .results import BatchStats, Completion, Completions, GenerationStats
 from .settings import MAX_TOKENS, Sampling, check_seed
@@ -86,7 +87,7 @@ def _wait_through_interrupts(finished: threading.Event) -> None:
 def test_controls(spec: Union[None, Mapping[str, object], "_core.TestControls"]) -> "_core.TestControls":
     """The TEST-ONLY negative controls of a generation (``_test=``): None (off),
     a :class:`pyspec._core.TestControls`, or a dict of its fields (``variant``,
-    ``discard_below``, ``shared_stream``). They break losslessness on purpose, so
+    ``discard_below``, ``shared_stream``, ``grammar``). They break losslessness on purpose, so
     that the statistical tests can show they would catch such a bug."""
     if spec is None:
         return _core.TestControls()
@@ -139,6 +140,10 @@ class Generator:
         logprobs: Optional[int] = None,
         slots: Sequence[int] = (0,),
         drafters: str = "engine",
+        constraint: Optional[Constraint] = None,
+        json_schema=None,
+        grammar: Optional[str] = None,
+        regex: Optional[str] = None,
         _test=None,
         **draft_kwargs,
     ) -> List[SequenceSetup]:
@@ -150,7 +155,9 @@ class Generator:
         ``drafters`` says whose drafters the sequences use: ``"engine"`` (the
         engine's own: a single generation), ``"batch"`` (new ones for this
         batch) or ``"slots"`` (each slot's, kept across calls: a server).
-        ``draft_kwargs`` are the drafting settings (subclasses); ``_test`` the
+        The output follows at most one constraint: ``constraint`` (a
+        :class:`~pyspec.Constraint`), ``json_schema``, ``grammar`` or ``regex``
+        (pyspec/constraints.py). ``draft_kwargs`` are the drafting settings (subclasses); ``_test`` the
         TEST-ONLY negative controls (:func:`test_controls`). The core validates
         every setting (ValueError)."""
         native = sampling.native()
@@ -158,6 +165,9 @@ class Generator:
                                       seed=check_seed(seed), stop=list(stop or []),
                                       logprobs=-1 if logprobs is None else logprobs)
         params.test = test_controls(_test)
+        constraint = constraints.resolve(constraint, json_schema=json_schema, grammar=grammar, regex=regex)
+        if constraint is not None:
+            params.grammar = self.target.grammars.compile(constraint)
         return [SequenceSetup(params, drafter, policy)
                 for drafter, policy in self._drafting(params, list(slots), drafters, **draft_kwargs)]
 
@@ -254,6 +264,10 @@ class Generator:
         on_token: Optional[TokenTextCallback] = None,
         cancel: Optional["_core.CancelToken"] = None,
         n: int = 1,
+        json_schema=None,
+        grammar: Optional[str] = None,
+        regex: Optional[str] = None,
+        constraint: Optional[Constraint] = None,
         **draft_kwargs,
     ) -> Union[Completion, Completions]:
         """Generate a continuation of ``prompt``.
@@ -282,13 +296,23 @@ class Generator:
         :class:`pyspec.CancelToken`) stops the generation from another thread.
         Ctrl-C stops it within about a graph node, even in a long prompt, and
         raises KeyboardInterrupt; the model stays usable.
+
+        Structured output (docs/structured.md): ``json_schema`` (a dict or its
+        JSON text; the answer is JSON that follows it, on one line),
+        ``grammar`` (llguidance Lark or llama.cpp GBNF text) or ``regex``; or
+        one :class:`~pyspec.Constraint`. The output then follows the target's
+        distribution restricted to what the constraint allows, exactly
+        (speculation included); an invalid one raises
+        :class:`~pyspec.ConstraintError`.
         """
         sampling = self.sampling(sampling, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
+        constraint = constraints.resolve(constraint, json_schema=json_schema, grammar=grammar, regex=regex)
         if n != 1:
             if on_text is not None:
                 raise TypeError("with n > 1 use on_token(index, text, drafted): on_text cannot tell samples apart")
             return self.generate_batch([prompt] * n, max_tokens=max_tokens, sampling=sampling, seed=seed, stop=stop,
-                                       chat=chat, on_token=on_token, cancel=cancel, **draft_kwargs)
+                                       chat=chat, on_token=on_token, cancel=cancel, constraint=constraint,
+                                       **draft_kwargs)
         tokens = self.prompt_tokens(prompt, chat=chat)
         callback = None
         if on_text is not None or on_token is not None:
@@ -300,7 +324,7 @@ class Generator:
                 return on_token(text, drafted) if on_token is not None else on_text(text)
 
         return self._run(tokens, callback, cancel, max_tokens=max_tokens, sampling=sampling, seed=seed, stop=stop,
-                         **draft_kwargs)
+                         constraint=constraint, **draft_kwargs)
 
     def generate_batch(
         self,
@@ -318,7 +342,9 @@ class Generator:
         with ``n_seq_max`` >= ``len(prompts)``. Sequence j samples from its own
         random stream (``stats.seed`` of choice j reproduces it alone); equal
         prompts are processed once. ``settings``: :meth:`generate`'s
-        (``max_tokens``, ``temperature`` ..., ``stop``, the drafting ones);
+        (``max_tokens``, ``temperature`` ..., ``stop``, ``json_schema``,
+        ``grammar``, ``regex``, the drafting ones; a constraint applies to
+        every sequence, each following it on its own);
         ``on_token(index, text, drafted)`` streams every sequence, and returning
         False from it stops that sequence only."""
         if isinstance(prompts, (str, bytes)) or (prompts and all(isinstance(p, int) for p in prompts)):

@@ -11,6 +11,7 @@ from typing import Any, List, Mapping, Optional, Sequence, Union
 
 from . import _core
 from .chat import ChatTemplate
+from .constraints import Grammars
 from ._native import native_property
 from ._platform import physical_cores
 from .errors import GPUOffloadUnavailableError, ModelNotFoundError
@@ -118,6 +119,8 @@ class Model(Generator):
             n_seq_max=n_seq_max,
         ))
         self._engine = _core.Engine(self._core)
+        #: Its compiled constraints (JSON schemas, grammars, regexes) and the vocabulary they need.
+        self.grammars = Grammars(self._core)
         # Seeds of generations that pass none: fresh entropy, or with `seed` a
         # reproducible sequence (a new sample each call, the same run each time).
         self._seeds = random.Random(seed) if seed is not None else None

@@ -126,3 +126,44 @@ def lookup_proposal(target: pyspec.Model, drafter: str, tokens, k: int) -> list:
     """The draft that a fresh `drafter` ("ngram", or "consensus" alone: its own
     lookup) of a SpeculativeDecoder with default settings proposes after `tokens`."""
     return _core.make_drafter(_core.DrafterParams(name=drafter), target.native).propose(tokens, k)
+
+
+def masked_row(logits, allowed, settings=TARGET) -> np.ndarray:
+    """The distribution under `settings` of `logits` restricted to the `allowed`
+    tokens (cpp/constraint/grammar.h, "The constrained target")."""
+    logits = np.asarray(logits, dtype=np.float32)
+    return sampling.distribution(np.where(allowed[:len(logits)], logits, -np.inf), **settings)
+
+
+def constrained_law(target: pyspec.Model, prompt_tokens, grammar, *, row1_prefix=None, settings=TARGET) -> dict:
+    """The exact two-token law under `grammar` (a compiled _core.Grammar):
+    P(a, b) = p0'(a) p1'(b | a), each row masked with the grammar's state after
+    the tokens before it. `row1_prefix(a)`: the prefix whose state masks the
+    second row instead (a wrong law: lambda a: [] is a stale mask). Rows are
+    split like the engine's (target_rows); `settings`: the target's sampling."""
+    core = target.native
+    core.truncate(0)
+    core.decode(prompt_tokens[:-1], 0, 0)
+    core.decode(prompt_tokens[-1:], len(prompt_tokens) - 1, 1)
+    p0 = masked_row(core.logits(0), grammar.allowed([]), settings)
+    p1 = {}
+    for a in np.flatnonzero(p0):
+        a = int(a)
+        core.truncate(len(prompt_tokens))
+        core.decode([a], len(prompt_tokens), 1)
+        prefix = [a] if row1_prefix is None else row1_prefix(a)
+        p1[a] = masked_row(core.logits(0), grammar.allowed(prefix), settings)
+    core.truncate(0)
+    return p0, p1, exact_distribution(target, p0, p1)
+
+
+def constrained_draft_row(draft: pyspec.Model, prompt_tokens, grammar, draft_kwargs: dict) -> np.ndarray:
+    """q0 under the grammar: the draft's first row, masked, under its own settings."""
+    settings = draft_kwargs.get("draft_sampling") or Sampling(**TARGET)
+    core = draft.native
+    core.truncate(0)
+    core.decode(list(prompt_tokens), 0, 1)
+    logits = np.asarray(core.logits(0), dtype=np.float32)
+    core.truncate(0)
+    allowed = grammar.allowed([])
+    return sampling.distribution(np.where(allowed[:len(logits)], logits, -np.inf), **settings.to_dict())

@@ -161,6 +161,22 @@ junk = json_values(any_text)
 clean_junk = json_values(clean_text)
 
 
+#: Valid tool definitions (names unique), and constraints of each kind.
+tool_defs = st.lists(st.fixed_dictionaries({
+    "type": st.just("function"),
+    "function": st.fixed_dictionaries({
+        "name": st.from_regex(r"[a-z_]{1,12}", fullmatch=True),
+        "parameters": st.sampled_from([{"type": "object", "properties": {"x": {"type": "integer"}}},
+                                       {"type": "object"}]),
+    }),
+}), min_size=1, max_size=2, unique_by=lambda t: t["function"]["name"])
+RESPONSE_FORMATS = [{"type": "text"}, {"type": "json_object"},
+                    {"type": "json_schema", "json_schema": {"name": "n", "schema": {
+                        "type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}}}]
+CONSTRAINTS = {"json_schema": st.sampled_from([{"type": "integer"}, {"type": "object"}, True]),
+               "grammar": st.sampled_from(['root ::= "yes" | "no"', 'start: /[a-z]{1,8}/'])}
+
+
 def maybe(valid, wrong=None):
     """A field's value: valid, or (on a fuzzed body) also out of range or of another type."""
     return valid if wrong is None else st.one_of(valid, wrong, junk)
@@ -196,6 +212,10 @@ def sampling_fields(draw, loose: bool, kind: str, n_vocab: int) -> Dict[str, Any
     for name, strategy in fields.items():
         if draw(st.booleans()):
             body[name] = draw(strategy)
+    # At most one constraint on a valid body (two are a 400).
+    name = draw(st.sampled_from([None, *CONSTRAINTS]))
+    if name is not None:
+        body[name] = draw(w(CONSTRAINTS[name], junk | st.just('root ::= "unclosed')))
     if draw(st.booleans()):
         body["stream"] = draw(w(st.booleans(), junk))
     if draw(st.booleans()) and (loose or body.get("stream") is True):
@@ -268,13 +288,17 @@ def bodies(draw, kind: str, live: "Live", loose: Optional[bool] = None) -> Tuple
             body["logprobs"] = draw(maybe(st.booleans(), junk) if loose else st.booleans())
             if draw(st.booleans()) and (loose or body["logprobs"]):
                 body["top_logprobs"] = draw(maybe(st.integers(0, 20), any_int) if loose else st.integers(0, 20))
-        extras = {"tools": st.lists(st.dictionaries(clean_text, clean_junk, max_size=3), max_size=2),
+        extras = {"tools": tool_defs,
                   "chat_template_kwargs": st.dictionaries(clean_text.filter(lambda k: k not in RESERVED),
                                                           clean_junk, max_size=2),
-                  "response_format": st.just({"type": "text"})}
+                  "response_format": st.sampled_from(RESPONSE_FORMATS[:1] if any(n in body for n in CONSTRAINTS)
+                                                     else RESPONSE_FORMATS),
+                  "parallel_tool_calls": st.booleans()}
         for name, valid in extras.items():
             if draw(st.booleans()):
-                body[name] = draw(maybe(valid, st.just({"type": "json_object"})) if loose else valid)
+                wrong = st.just({"type": "json_schema"}) | st.lists(st.dictionaries(clean_text, clean_junk,
+                                                                                      max_size=3), max_size=2)
+                body[name] = draw(maybe(valid, wrong) if loose else valid)
         budget = ["max_tokens", "max_completion_tokens"]
     for name in budget:
         if draw(st.integers(0, 7)):
@@ -377,10 +401,18 @@ def check_whole(body: Dict[str, Any], kind: str, answer: Dict[str, Any], where: 
     k = _logprobs_k(body, kind)
     for c in choices:
         if kind == "chat":
-            assert c["message"]["role"] == "assistant" and isinstance(c["message"]["content"], str), where
+            m = c["message"]
+            assert m["role"] == "assistant", where
+            if m.get("tool_calls"):  # content null with calls; each call's arguments a JSON object's text
+                assert m["content"] is None or isinstance(m["content"], str), where
+                for call in m["tool_calls"]:
+                    assert call["type"] == "function" and call["id"].startswith("call_"), where
+                    assert isinstance(json.loads(call["function"]["arguments"]), dict), where
+            else:
+                assert isinstance(m["content"], str), where
         else:
             assert isinstance(c["text"], str), where
-        assert c["finish_reason"] in ("stop", "length"), where
+        assert c["finish_reason"] in ("stop", "length", "tool_calls"), where
         if k is None:
             assert c["logprobs"] is None, where
         else:
@@ -418,7 +450,7 @@ def check_stream(body: Dict[str, Any], kind: str, lines: List[str], where: str, 
             i = c["index"]
             assert finished[i] == 0, (where, "a chunk after the choice's finish", ch)
             if c["finish_reason"] is not None:
-                assert c["finish_reason"] in ("stop", "length"), where
+                assert c["finish_reason"] in ("stop", "length", "tool_calls"), where
                 finished[i] += 1
             elif c["logprobs"] is not None:
                 assert k is not None, where

@@ -8,6 +8,7 @@ void bind_sampling(pybind11::module_& m);  // core/: the sampling maths (_core.s
 void bind_model(pybind11::module_& m);     // model/: ModelParams, Model
 void bind_drafters(pybind11::module_& m);  // drafters/
 void bind_policies(pybind11::module_& m);  // policies/
+void bind_constraint(pybind11::module_& m);  // constraint/: grammars (llguidance)
 void bind_engine(pybind11::module_& m);    // engine/: parameters, results, Engine, BatchSession
 void bind_info(pybind11::module_& m);      // llama.cpp's build facts
 void bind_tools(pybind11::module_& m);     // tools/: agreement, quantize

@@ -131,6 +131,12 @@ void bind_stats(py::module_& m) {
         .field("ngram_guess_hits", &GenerationStats::ngram_guess_hits)
         .field("stops_before", &GenerationStats::stops_before)
         .field("stops_after", &GenerationStats::stops_after)
+        .field("forced_rounds", &GenerationStats::forced_rounds)
+        .field("forced_drafted", &GenerationStats::forced_drafted)
+        .field("forced_accepted", &GenerationStats::forced_accepted)
+        .field("grammar_cuts", &GenerationStats::grammar_cuts)
+        .field("masks", &GenerationStats::masks)
+        .field("mask_s", &GenerationStats::mask_s)
         .done();
 }
 
@@ -149,6 +155,7 @@ void bind_engine(py::module_& m) {
                   [](TestControls& t, const std::string& v) { t.variant = parse_accept_variant(v); })
         .field("discard_below", &TestControls::discard_below)
         .field("shared_stream", &TestControls::shared_stream)
+        .field("grammar", &TestControls::grammar)
         .done();
     Struct<GenerateParams>(m, "GenerateParams", "Settings of one generation (engine.h documents each).")
         .field("max_tokens", &GenerateParams::max_tokens)
@@ -160,6 +167,7 @@ void bind_engine(py::module_& m) {
         .field("parallel_prefill", &GenerateParams::parallel_prefill)
         .field("prefill_chunk", &GenerateParams::prefill_chunk)
         .field("logprobs", &GenerateParams::logprobs)
+        .field("grammar", &GenerateParams::grammar)
         .done();
     m.def("calibration_rows", &calibration_rows, py::arg("draft_max"), py::arg("n_batch"), py::arg("n_seq"),
           "The largest target batch a policy with this draft_max wants timed: min(n_batch, (draft_max + 1) * "

@@ -61,7 +61,8 @@ void translate_errors(std::exception_ptr p) {
                        Translated<ContextOverflowError>{"ContextOverflowError"},
                        Translated<DecodeError>{"DecodeError"},
                        Translated<IncompatibleModelsError>{"IncompatibleModelsError"},
-                       Translated<QuantizeError>{"QuantizeError"});
+                       Translated<QuantizeError>{"QuantizeError"},
+                       Translated<ConstraintError>{"ConstraintError"});
 }
 
 }  // namespace
@@ -84,6 +85,7 @@ PYBIND11_MODULE(_core, m) {
     bind_model(m);
     bind_drafters(m);
     bind_policies(m);
+    bind_constraint(m);
     bind_engine(m);
     bind_info(m);
     bind_tools(m);

@@ -14,6 +14,9 @@ struct DecodeError : std::runtime_error { using std::runtime_error::runtime_erro
 struct IncompatibleModelsError : std::runtime_error { using std::runtime_error::runtime_error; };
 // llama_model_quantize failed (its reason in the message).
 struct QuantizeError : std::runtime_error { using std::runtime_error::runtime_error; };
+// A JSON schema, grammar or regex that does not compile, or a grammar that
+// failed during generation (llguidance's reason in the message).
+struct ConstraintError : std::runtime_error { using std::runtime_error::runtime_error; };
 // A decode stopped by the caller's cancel flag (Ctrl-C); the cache is left as before the call.
 struct Cancelled : std::runtime_error { using std::runtime_error::runtime_error; };
 

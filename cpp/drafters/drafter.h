@@ -69,6 +69,9 @@ struct DraftPlan {
     // still learns, for free, whether the draft would have been accepted.
     int32_t next_guess = -1;
     bool from_memory = false;  // the draft copies earlier text from memory (suffix_store.h)
+    // The draft is text the grammar forces (constraint/grammar.h): no drafter
+    // ran and no policy chose it; it costs nothing to make.
+    bool forced = false;
 };
 
 // Asked by a drafter for the length of a draft from a given plan.

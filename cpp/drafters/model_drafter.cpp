@@ -49,8 +49,13 @@ bool ModelDrafter::next(ModelDraftJob& job, int32_t row, int32_t i) {
     const bool greedy = sampling_.greedy();
     DraftStopRule* stop = job.stop;
     Distribution& qi = (*job.q)[static_cast<size_t>(i)];
+    const float* logits = model_.logits(row);
+    if (job.constraint) {  // q under the grammar's mask: the masks are the target's anyway
+        mask_logits(logits, n_vocab, job.constraint->mask(i), job.constraint->n_vocab(), masked_);
+        logits = masked_.data();
+    }
     try {
-        compute_distribution(model_.logits(row), n_vocab, sampling_, qi, ws_);
+        compute_distribution(logits, n_vocab, sampling_, qi, ws_);
     } catch (const std::invalid_argument& e) {
         throw DecodeError(std::string("the draft model produced invalid logits: ") + e.what());
     }
@@ -58,17 +63,19 @@ bool ModelDrafter::next(ModelDraftJob& job, int32_t row, int32_t i) {
     // its T = 1 distribution, with the token it will propose known in advance.
     const Distribution* belief = &qi;
     if (stop && greedy) {
-        compute_distribution(model_.logits(row), n_vocab, belief_sampling_, belief_, ws_);
+        compute_distribution(logits, n_vocab, belief_sampling_, belief_, ws_);
         belief = &belief_;
     }
     if (stop && stop->stop_before(i, *belief, greedy ? qi.argmax() : -1)) return false;
     const int32_t tok = greedy ? qi.argmax() : qi.sample(job.rng->uniform());
     job.tokens->push_back(tok);
-    if (stop && stop->stop_after(i, *belief, tok)) {
-        if (stop->discards_test_only()) job.tokens->pop_back();
+    const bool ends = stop && stop->stop_after(i, *belief, tok);
+    if (ends && stop->discards_test_only()) {
+        job.tokens->pop_back();
         return false;
     }
-    return i + 1 < job.max_n;
+    if (job.constraint) job.constraint->push(tok);
+    return !ends && i + 1 < job.max_n;
 }
 
 int32_t draft_together(std::vector<ModelDraftJob>& jobs) {

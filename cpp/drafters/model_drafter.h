@@ -9,6 +9,7 @@
 // llama_decode per draft position for all of them.
 #pragma once
 
+#include "constraint/grammar.h"
 #include "drafters/drafter.h"
 #include "model/model.h"
 
@@ -25,6 +26,9 @@ struct ModelDraftJob {
     std::vector<int32_t>* tokens;
     std::vector<Distribution>* q;
     DraftStopRule* stop;
+    // The sequence's grammar (null: none): q is drawn under its mask and each
+    // drawn token is pushed (constraint/grammar.h).
+    Constraint* constraint = nullptr;
 };
 
 // Draft for several sequences of one draft model at once: each job as its
@@ -58,6 +62,7 @@ private:
     SamplingParams belief_sampling_;  // sampling_ at T = 1: the stop rules' view of a greedy draft
     Distribution belief_;
     SamplingWorkspace ws_;
+    std::vector<float> masked_;  // a row's logits under the grammar's mask
 };
 
 // Throws IncompatibleModelsError unless the draft's vocabulary matches the

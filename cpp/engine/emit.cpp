@@ -63,6 +63,10 @@ void BatchSession::finish(Sequence& s, const char* reason) {
     s.result.text = s.stream.text();
     GenerationStats& st = s.stats();
     st.n_generated = s.generated();
+    if (s.constraint) {
+        st.masks = s.constraint->masks();
+        st.mask_s = s.constraint->mask_s();
+    }
     if (!s.started) st.prompt_s = since(s.t_start);
     if (st.n_generated > 0) {
         st.decode_s = since(s.t_first);

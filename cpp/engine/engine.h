@@ -34,11 +34,13 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "constraint/grammar.h"
 #include "drafters/drafter.h"
 #include "model/model.h"
 #include "policies/policy.h"
@@ -54,11 +56,17 @@ namespace pyspec {
 //   discard_below  > 0: a model draft ends by DISCARDING a drawn token whose belief is
 //                  below this, the biased rule drafter.h forbids (per sequence);
 //   shared_stream  every sequence draws from the one stream of `seed` (correlated
-//                  samples) instead of its own (per sequence).
+//                  samples) instead of its own (per sequence);
+//   grammar        under a grammar (constraint/grammar.h), the target's rows are
+//                  "unmasked" (the draft's q alone is masked) or masked with the
+//                  "stale" mask of the round's start instead of the state after
+//                  the drafts before each row (per sequence). Its grammar then
+//                  tolerates the tokens it refuses instead of failing.
 struct TestControls {
     AcceptVariant variant = AcceptVariant::kCorrect;
     double discard_below = 0;
     bool shared_stream = false;
+    std::string grammar;
 };
 
 struct GenerateParams {
@@ -81,6 +89,9 @@ struct GenerateParams {
     // the target's (token_logprobs in sampling.h), from the verification row that
     // decided the token: plain decoding at the same prefix reports the same.
     int32_t logprobs = -1;
+    // The grammar the output must follow (constraint/grammar.h: the constrained
+    // target); null: none. Each sequence keeps its own place in it.
+    std::shared_ptr<Grammar> grammar;
     // Checked between tokens and inside every llama_decode; set from another
     // thread to stop (stop_reason "cancelled", caches left consistent).
     const std::atomic<bool>* cancel = nullptr;
@@ -298,7 +309,12 @@ private:
     //    max_tokens or the callback's word.
     void emit(Sequence& s);
     int32_t add_draft_rows(const std::vector<Sequence*>& active);
-    void target_distributions(int32_t first_row, int32_t n_rows, const SamplingParams& sampling);
+    void target_distributions(int32_t first_row, int32_t n_rows, const SamplingParams& sampling,
+                              Constraint* constraint, const std::string& control);
+    // Constrained sequences: the grammar's forced text as s's draft (true), and
+    // the grammar's cut and masks over whatever s drafted (grammar.h).
+    bool draft_forced(Sequence& s, int32_t round_max);
+    void constrain_drafts(Sequence& s);
     double calibrate(Calibrated& policy, int32_t max_batch, int32_t filler, int32_t seq);
     void finish(Sequence& s, const char* reason);
     void cancel_all();
@@ -329,6 +345,7 @@ private:
     std::vector<int32_t> batch_;       // calibration batches
     std::vector<Distribution> p_;      // the target's distributions of one sequence's rows
     SamplingWorkspace ws_;
+    std::vector<float> masked_;      // a row's logits under its grammar mask
 };
 
 }  // namespace pyspec

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "core/errors.h"
+#include <stdexcept>
 #include "drafters/model_drafter.h"
 #include "engine/sequence.h"
 
@@ -48,7 +49,7 @@ public:
         const double round_s = since(t0_);
         for (Sequence* s : active) {
             s->report.round_s = round_s;
-            if (s->policy) s->policy->observe(s->report);
+            if (s->policy && !s->report.plan.forced) s->policy->observe(s->report);  // forced: not its choice
         }
         if (active.empty()) return;
         const double overhead = since(t0_) - (timed(active) - timed_before_) / static_cast<double>(active.size());
@@ -125,7 +126,12 @@ void BatchSession::draft(const std::vector<Sequence*>& active) {
     // Every sequence's rows must fit one target batch.
     const int32_t n_active = static_cast<int32_t>(active.size());
     const int32_t batch_room = n_active ? target_.n_batch() / n_active - 2 : 0;
-    const bool joint = plan_jointly(active, batch_room);  // plan.cpp
+    // Text a grammar forces is the draft as it is: no drafter, no policy.
+    std::vector<Sequence*> planned;
+    for (Sequence* s : active) {
+        if (!draft_forced(*s, round_max(*s, batch_room))) planned.push_back(s);
+    }
+    const bool joint = plan_jointly(planned, batch_room);  // plan.cpp
     // Plan, then draft, one sequence after the other: lookup drafters of a batch
     // read each other's texts as they plan (consensus), so planning all before
     // drafting any would change what they see. Drafts from a draft model wait
@@ -134,6 +140,10 @@ void BatchSession::draft(const std::vector<Sequence*>& active) {
     const int32_t others = n_active - 1;
     int32_t planned_rows = 0;  // drafts of the sequences planned so far this round
     for (Sequence* s : active) {
+        if (s->plan.forced) {
+            planned_rows += s->k;
+            continue;
+        }
         const auto t = Clock::now();
         if (!joint) {
             begin_round(*s);
@@ -153,6 +163,43 @@ void BatchSession::draft(const std::vector<Sequence*>& active) {
         s->draft_s = since(t);
     }
     draft_from_models(from_model);
+    for (Sequence* s : active) {
+        if (s->constraint) constrain_drafts(*s);
+    }
+}
+
+bool BatchSession::draft_forced(Sequence& s, int32_t round_max) {
+    s.plan.forced = false;
+    if (!s.constraint || !s.policy) return false;  // plain decoding stays plain
+    const int32_t n = s.constraint->forced(std::min(round_max, s.policy->draft_max()), s.drafts);
+    if (n == 0) return false;
+    s.plan = DraftPlan{};
+    s.plan.forced = true;
+    s.plan.length = s.k = n;
+    if (static_cast<int32_t>(s.q.size()) < n) s.q.resize(static_cast<size_t>(n));
+    for (int32_t i = 0; i < n; ++i) {
+        s.q[static_cast<size_t>(i)].set_one_hot(s.drafts[static_cast<size_t>(i)], target_.n_vocab());
+    }
+    s.draft_s = 0;
+    return true;
+}
+
+void BatchSession::constrain_drafts(Sequence& s) {
+    const auto t = Clock::now();
+    Constraint& c = *s.constraint;
+    // A draft model drew under the mask and pushed its tokens as it drew them;
+    // a deterministic draft is cut before its first token the grammar refuses.
+    for (size_t i = static_cast<size_t>(c.pushed()); i < s.drafts.size(); ++i) {
+        if (!Constraint::allows(c.mask(static_cast<int32_t>(i)), s.drafts[i])) {
+            if (s.q[i].support_size() != 1) throw std::logic_error("a sampled draft was drawn outside its grammar");
+            s.drafts.resize(i);
+            ++s.stats().grammar_cuts;
+            break;
+        }
+        c.push(s.drafts[i]);
+    }
+    c.mask(static_cast<int32_t>(s.drafts.size()));  // the row after the last draft
+    s.draft_s += since(t);
 }
 
 void BatchSession::draft_from_models(std::vector<Sequence*> seqs) {
@@ -166,7 +213,7 @@ void BatchSession::draft_from_models(std::vector<Sequence*> seqs) {
                 rest.push_back(s);
                 continue;
             }
-            group.push_back({md, &s->history, s->k, &s->rng, &s->drafts, &s->q, s->stop()});
+            group.push_back({md, &s->history, s->k, &s->rng, &s->drafts, &s->q, s->stop(), s->constraint.get()});
             group_seqs.push_back(s);
         }
         const auto t = Clock::now();
@@ -180,21 +227,29 @@ void BatchSession::draft_from_models(std::vector<Sequence*> seqs) {
 
 void BatchSession::accept(Sequence& s) {
     const int32_t n = static_cast<int32_t>(s.drafts.size());
-    target_distributions(s.first_row, n + 1, s.params.sampling);
+    target_distributions(s.first_row, n + 1, s.params.sampling, s.constraint.get(), s.params.test.grammar);
     s.vr = accept_drafts(p_.data(), s.q.data(), s.drafts.data(), n, s.rng, shared_.test.variant);
 }
 
 void BatchSession::roll_back(Sequence& s) {
     target_.truncate(static_cast<int32_t>(s.history.size()) + s.vr.n_accepted, s.id);
+    if (s.constraint) s.constraint->commit(s.vr.n_accepted, s.vr.next_token);
 }
 
-void BatchSession::target_distributions(int32_t first_row, int32_t n_rows, const SamplingParams& sampling) {
+void BatchSession::target_distributions(int32_t first_row, int32_t n_rows, const SamplingParams& sampling,
+                                        Constraint* constraint, const std::string& control) {
     std::vector<Distribution>& p = p_;
     const int32_t n_vocab = target_.n_vocab();
     if (static_cast<int32_t>(p.size()) < n_rows) p.resize(static_cast<size_t>(n_rows));
     for (int32_t i = 0; i < n_rows; ++i) {
+        const float* logits = target_.logits(first_row + i);
+        if (constraint && control != "unmasked") {  // row i under the state after drafts 0..i-1 (grammar.h)
+            const int32_t state = control == "stale" ? 0 : i;  // TEST-ONLY: the wrong state
+            mask_logits(logits, n_vocab, constraint->mask(state), constraint->n_vocab(), masked_);
+            logits = masked_.data();
+        }
         try {
-            compute_distribution(target_.logits(first_row + i), n_vocab, sampling, p[static_cast<size_t>(i)], ws_);
+            compute_distribution(logits, n_vocab, sampling, p[static_cast<size_t>(i)], ws_);
         } catch (const std::invalid_argument& e) {
             throw DecodeError(std::string("the target model produced invalid logits: ") + e.what());
         }

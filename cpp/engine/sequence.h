@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <exception>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -55,7 +56,10 @@ struct BatchSession::Sequence {
           history(spec.prompt),
           rng(spec.params.test.shared_stream ? spec.params.seed : sequence_seed(spec.params.seed, spec.stream)),
           stream(spec.params.stop), max_tokens(spec.params.max_tokens),
-          stop_rule(spec.policy, spec.params.test.discard_below, result.stats) {}
+          stop_rule(spec.policy, spec.params.test.discard_below, result.stats),
+          constraint(spec.params.grammar
+                         ? std::make_unique<Constraint>(spec.params.grammar, !spec.params.test.grammar.empty())
+                         : nullptr) {}
 
     int32_t handle;                // what the caller knows it by
     int32_t id;                    // its slot = sequence id in the target's context
@@ -75,6 +79,7 @@ struct BatchSession::Sequence {
     int32_t prompt_decoded = 0;    // prompt tokens the target decoded for it (the rest were cached)
     Clock::time_point t_start = Clock::now(), t_first{};
     StopRule stop_rule;
+    std::unique_ptr<Constraint> constraint;  // its place in params.grammar; null: unconstrained
     // The drafter processing the prompt on its own thread (parallel_prefill).
     std::thread drafter_prefill;
     std::exception_ptr drafter_error;

@@ -40,6 +40,12 @@ struct GenerationStats {
     int32_t ngram_guess_hits = 0;      // ... and found it right
     int32_t stops_before = 0;          // drafts the stop rule ended before drawing a token
     int32_t stops_after = 0;           // ... and right after a token it kept, short of the length asked
+    int32_t forced_rounds = 0;         // rounds that drafted text the grammar forces (constraint/grammar.h)
+    int32_t forced_drafted = 0;        // ... their drafted tokens
+    int32_t forced_accepted = 0;       // ... and accepted ones
+    int32_t grammar_cuts = 0;          // lookup drafts cut before a token the grammar refuses
+    int64_t masks = 0;                 // grammar masks computed (one per constrained position)
+    double mask_s = 0;                 // ... and their seconds (part of overhead_s and draft_s)
 
     // Per-position tables sized for drafts of up to draft_max tokens.
     void reset_tables(int32_t draft_max) {
@@ -63,7 +69,11 @@ struct GenerationStats {
             ++drafted_at[static_cast<size_t>(i)];
             accepted_at[static_cast<size_t>(i)] += i < r.accepted;
         }
-        if (r.drafted > 0 && r.plan.source == DraftSource::kNgram) {
+        if (r.plan.forced) {
+            ++forced_rounds;
+            forced_drafted += r.drafted;
+            forced_accepted += r.accepted;
+        } else if (r.drafted > 0 && r.plan.source == DraftSource::kNgram) {
             ++ngram_rounds;
             ngram_drafted += r.drafted;
             ngram_accepted += r.accepted;

@@ -9,10 +9,11 @@ from typing import Optional
 
 import click
 
+from ..errors import ConstraintError
 from ..speculative import DRAFTERS, POLICIES, POLICY_DEFAULTS
 from ..settings import MAX_SEQUENCES
-from .options import (DEFAULT_DRAFT, DEFAULT_MODEL, chat_template_option, command_errors, load_pair,
-                      max_tokens_option, model_options, sampling_options)
+from .options import (DEFAULT_DRAFT, DEFAULT_MODEL, chat_template_option, command_errors, constraint_options,
+                      load_pair, max_tokens_option, model_options, sampling_options)
 
 
 @click.command()
@@ -57,12 +58,13 @@ from .options import (DEFAULT_DRAFT, DEFAULT_MODEL, chat_template_option, comman
               help="A memory file: earlier prompts and answers to draft from (suffix drafter); created if "
                    "missing, and this run's prompt and answer are added to it.")
 @chat_template_option
+@constraint_options
 @max_tokens_option()
 @sampling_options()
 @model_options
 def generate(prompt, model, draft, no_draft, draft_max, drafter, policy, p_min, svip_h, svip_gamma, raw, stop,
              as_json, show_stats, show_drafts, n_samples, strict, max_tokens, sampling, seed, n_ctx,
-             threads, n_gpu_layers, flash_attn, memory_file, chat_template) -> None:
+             threads, n_gpu_layers, flash_attn, memory_file, chat_template, constraint) -> None:
     """Generate a continuation of PROMPT and stream it to stdout.
 
     By default the default target/draft pair runs speculative decoding, which
@@ -84,6 +86,12 @@ def generate(prompt, model, draft, no_draft, draft_max, drafter, policy, p_min, 
                                 n_gpu_layers=n_gpu_layers, flash_attn=flash_attn, strict=strict, n_seq_max=n_samples,
                                 chat_template=chat_template)
         kwargs = dict(p_min=p_min, svip_h=svip_h, svip_gamma=svip_gamma) if gen.speculative else {}
+        if constraint is not None:
+            try:
+                target.grammars.compile(constraint)  # an invalid one is a usage error, before any work
+            except ConstraintError as e:
+                raise click.UsageError(f"the constraint does not compile: {e}") from None
+            kwargs["constraint"] = constraint
         memory = _open_memory(memory_file, gen)
 
         def echo(text: str, drafted: bool) -> None:
@@ -180,6 +188,11 @@ def _stats_summary(out, flash_attn: Optional[str] = None, requested: Optional[st
         lines.append(f"draft lengths (length:rounds) {hist}; policy chose plain {s.policy_plain} times; "
                      f"lookup drafted {s.ngram_rounds} rounds ({s.ngram_reanchored} re-anchored after an edit, "
                      f"{s.memory_rounds} from memory)")
+    if s.masks:
+        per_mask = 1e6 * s.mask_s / s.masks
+        lines.append(f"grammar: {s.masks} masks ({per_mask:.0f} us each, {s.mask_s:.3f} s); forced text drafted "
+                     f"{s.forced_drafted} tokens in {s.forced_rounds} passes, {s.forced_accepted} accepted; "
+                     f"{s.grammar_cuts} lookup drafts cut")
     return "\n".join(lines)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import os
 import sys
 import warnings
 from contextlib import contextmanager
@@ -133,6 +134,39 @@ def sampling_options(preset: Sampling = Sampling.API, *, seed: bool = True):
             command = opt(command)
         return command
     return decorate
+
+
+def constraint_options(f):
+    """--json-schema, --grammar and --regex, handed to the command as one
+    ``constraint`` (a :class:`pyspec.Constraint`, or None)."""
+    @functools.wraps(f)
+    def command(*args, json_schema, grammar, regex, **kwargs):
+        from ..constraints import resolve
+
+        if json_schema is not None and os.path.isfile(json_schema):
+            with open(json_schema, encoding="utf-8") as fh:
+                json_schema = fh.read()
+        if grammar is not None:
+            if not os.path.isfile(grammar):
+                raise click.BadParameter(f"no such file: {grammar}", param_hint="--grammar")
+            with open(grammar, encoding="utf-8") as fh:
+                grammar = fh.read()
+        try:
+            constraint = resolve(json_schema=json_schema, grammar=grammar, regex=regex)
+        except ValueError as e:
+            raise click.UsageError(str(e)) from None
+        return f(*args, constraint=constraint, **kwargs)
+
+    for opt in reversed([
+        click.option("--json-schema", default=None, metavar="FILE_OR_JSON",
+                     help="Answer with JSON that follows this JSON schema (a file, or the schema itself); "
+                          "written on one line (docs/structured.md)."),
+        click.option("--grammar", default=None, metavar="FILE",
+                     help="Answer in the language of this grammar file (llguidance Lark, or llama.cpp GBNF)."),
+        click.option("--regex", default=None, help="Answer with text that matches this regular expression."),
+    ]):
+        command = opt(command)
+    return command
 
 
 def max_tokens_option(default: Optional[int] = MAX_TOKENS, minimum: int = 0,

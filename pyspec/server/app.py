@@ -24,6 +24,8 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from .. import __version__
+from ..chat.tools import CallParser, parse_calls, tool_constraint, tool_format
+from ..errors import ConstraintError
 from ..memory import DEFAULT_CAP_MB
 from ..settings import PARALLEL, PREFILL_CHUNK
 from . import protocol
@@ -142,6 +144,26 @@ def create_app(decoder, *, model_name: str, parallel: int = PARALLEL, queue_size
                            code="context_length_exceeded")
         return ids
 
+    async def constrain(kind: str, parsed) -> Optional[str]:
+        """The request's one constraint, compiled (a 400 naming the field when it
+        does not compile), and the format its tool calls are parsed from (None:
+        no tools)."""
+        s = parsed.settings
+        fmt = tool_format(target.chat_template.source) if kind == "chat" and parsed.tools else None
+        if fmt is not None:
+            calls = tool_constraint(fmt, parsed.tools, parsed.tool_choice)
+            if calls is not None and s.constraint is not None and parsed.tool_choice.mode == "required":
+                raise APIError(400, f"tool_choice requires a call, and '{s.constraint_param}' constrains the answer "
+                                    f"otherwise: give one of them", param="tool_choice")
+            if calls is not None and s.constraint is None:  # with a response format, calls are only parsed
+                s.constraint, s.constraint_param = calls, "tools"
+        if s.constraint is not None:
+            try:
+                await asyncio.get_running_loop().run_in_executor(None, target.grammars.compile, s.constraint)
+            except ConstraintError as e:
+                raise APIError(400, f"'{s.constraint_param}': {e}", param=s.constraint_param) from None
+        return fmt
+
     async def generate(request: Request, kind: str) -> Response:
         clock = metrics.clock()  # the request's arrival
         if not authorized(request):
@@ -154,6 +176,7 @@ def create_app(decoder, *, model_name: str, parallel: int = PARALLEL, queue_size
             if parsed.model not in (None, model_name):
                 raise APIError(404, f"the model '{parsed.model}' does not exist (this server has '{model_name}')",
                                param="model", code="model_not_found")
+            tool_fmt = await constrain(kind, parsed)
             prompts = [tokens_of(kind, p, parsed) for p in parsed.prompts]
             job = Job(parsed.settings, prompts, asyncio.get_running_loop(), user=parsed.user or "")
             state["scheduler"].submit(job)
@@ -162,7 +185,7 @@ def create_app(decoder, *, model_name: str, parallel: int = PARALLEL, queue_size
         except APIError as e:
             return error(e)
         metrics.request_started(kind)
-        answer = Answer(kind, parsed, job, model_name, target, metrics, clock)
+        answer = Answer(kind, parsed, job, model_name, target, metrics, clock, tool_fmt)
         if parsed.stream:
             return EventSourceResponse(answer.stream(request), ping=15, sep="\n")
         return await answer.whole(request)
@@ -224,8 +247,10 @@ class Answer:
     """Turns a job's events into OpenAI's response: whole, or streamed."""
 
     def __init__(self, kind: str, parsed: protocol.ParsedRequest, job: Job, model_name: str, target,
-                 metrics: Metrics, clock: RequestClock) -> None:
+                 metrics: Metrics, clock: RequestClock, tool_fmt: Optional[str] = None) -> None:
         self.kind, self.parsed, self.job, self.model, self.target = kind, parsed, job, model_name, target
+        self.tool_fmt = tool_fmt  # the format tool calls are parsed from (None: no tools)
+        self.tool_names = [t["function"]["name"] for t in parsed.tools or []]
         self.metrics, self.clock = metrics, clock
         self.id = protocol.new_id(kind)
         self.created = protocol.now()
@@ -303,8 +328,14 @@ class Answer:
             lp = self._logprobs(lps[i] if self.parsed.settings.logprobs is not None else None, tokens[i])
             finish = FINISH_REASON[r.stop_reason]
             if self.kind == "chat":
-                choices.append({"index": i, "message": {"role": "assistant", "content": texts[i]},
-                                "logprobs": lp, "finish_reason": finish})
+                message: Dict[str, Any] = {"role": "assistant", "content": texts[i]}
+                if self.tool_fmt is not None:
+                    content, calls = parse_calls(self.tool_fmt, texts[i], self.tool_names)
+                    if calls:
+                        message = {"role": "assistant", "content": content or None,
+                                   "tool_calls": [c.to_openai() for c in calls]}
+                        finish = _finish_with_calls(finish)
+                choices.append({"index": i, "message": message, "logprobs": lp, "finish_reason": finish})
             else:
                 choices.append({"index": i, "text": texts[i], "logprobs": lp, "finish_reason": finish})
         metrics.request_done(200)
@@ -329,10 +360,28 @@ class Answer:
             if not answered:  # the client left (the stream was cancelled)
                 self.metrics.request_done(499)
 
+    def _tool_deltas(self, i: int, events, parser: CallParser) -> List[Dict[str, Any]]:
+        """Chunks' deltas for a choice's parsed events: content, and each call as
+        OpenAI streams it (index, id and name first, then its arguments)."""
+        deltas = []
+        for kind, value in events:
+            if kind == "content":
+                deltas.append({"content": value})
+                continue
+            k = self._calls_sent[i]
+            self._calls_sent[i] += 1
+            deltas.append({"tool_calls": [{"index": k, "id": value.id, "type": "function",
+                                           "function": {"name": value.name, "arguments": ""}}]})
+            deltas.append({"tool_calls": [{"index": k, "function": {"arguments": value.arguments}}]})
+        return deltas
+
     async def _stream(self, request: Request) -> AsyncIterator[Dict[str, str]]:
         n_out = 0
         results: List[Any] = [None] * self.n_choices
         offsets = [0] * self.n_choices
+        parsers = ([CallParser(self.tool_fmt, self.tool_names) for _ in range(self.n_choices)] if self.tool_fmt
+                   else None)
+        self._calls_sent = [0] * self.n_choices
         try:
             if self.kind == "chat":  # OpenAI's first chunk of each choice names the role
                 yield self._chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
@@ -343,17 +392,29 @@ class Answer:
                     n_out += len(toks)
                     lp_obj = self._logprobs(lp, toks, offsets[i])
                     offsets[i] += len(text)
+                    if parsers is not None:
+                        # Calls come out whole, however many tokens a round emitted.
+                        deltas = self._tool_deltas(i, parsers[i].feed(text), parsers[i])
+                        for d in deltas or ([{}] if lp_obj is not None else []):
+                            yield self._chunk([{"index": i, "delta": d, "logprobs": lp_obj, "finish_reason": None}])
+                            lp_obj = None
+                        continue
                     body = ({"delta": {"content": text}} if self.kind == "chat" else {"text": text})
                     yield self._chunk([{"index": i, **body, "logprobs": lp_obj, "finish_reason": None}])
                 else:
                     _, i, r, _seed = event
                     results[i] = r
+                    finish = FINISH_REASON[r.stop_reason]
+                    if parsers is not None:
+                        for d in self._tool_deltas(i, parsers[i].finish(), parsers[i]):
+                            yield self._chunk([{"index": i, "delta": d, "logprobs": None, "finish_reason": None}])
+                        if parsers[i].n_calls:
+                            finish = _finish_with_calls(finish)
                     body = {"delta": {}} if self.kind == "chat" else {"text": ""}
                     last = all(x is not None for x in results)
                     # The last choice's final chunk carries the figures, as llama.cpp's server does.
                     extra = {} if not last else self._figures(results, n_out)
-                    yield self._chunk([{"index": i, **body, "logprobs": None,
-                                        "finish_reason": FINISH_REASON[r.stop_reason]}], **extra)
+                    yield self._chunk([{"index": i, **body, "logprobs": None, "finish_reason": finish}], **extra)
         except APIError as e:
             self.metrics.request_done(e.status)
             yield {"data": json.dumps(e.body())}
@@ -371,3 +432,9 @@ class Answer:
         cached = sum(results[p * n].stats.n_cached_tokens for p in range(len(self.job.prompts)))
         return {"usage": protocol.usage(self.n_prompt, n_out, cached),
                 "timings": protocol.timings([r.stats for r in results], self.n_prompt, cached)}
+
+
+def _finish_with_calls(finish: str) -> str:
+    """OpenAI's finish_reason for an answer that made calls: "tool_calls", unless
+    it was cut short ("length")."""
+    return "tool_calls" if finish == "stop" else finish

@@ -19,6 +19,9 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from ..chat import RESERVED
+from ..chat.tools import ToolChoice, check_choice, check_tools
+from ..constraints import Constraint
+from ..errors import ConstraintError
 from ..settings import SEED_BITS, Sampling
 
 #: OpenAI's limit on top_logprobs (and on the legacy completions' logprobs).
@@ -55,6 +58,8 @@ class RequestSettings:
     draft_max: Optional[int] = None
     policy: Optional[str] = None
     drafter: Optional[str] = None
+    constraint: Optional[Constraint] = None  # what the answer must match (pyspec/constraints.py)
+    constraint_param: Optional[str] = None   # the field that asked for it, named in errors
 
 
 @dataclass
@@ -67,6 +72,7 @@ class ParsedRequest:
     include_usage: bool = False
     user: str = ""                             # the end user (memory is kept per user: memories.py)
     tools: Optional[List[Dict[str, Any]]] = None         # chat: tool definitions, for the template
+    tool_choice: ToolChoice = field(default_factory=lambda: ToolChoice("none"))  # chat: what calls are allowed
     template_vars: Dict[str, Any] = field(default_factory=dict)  # chat: chat_template_kwargs
 
 
@@ -103,8 +109,6 @@ _NEUTRAL = {
     "best_of": (1, None),
     "echo": (False, None),
     "suffix": (None, ""),
-    "parallel_tool_calls": (None,),
-    "tool_choice": (None, "none", "auto"),
     "functions": (None,),
     "function_call": (None, "none"),
     "store": (False, None),
@@ -118,12 +122,13 @@ _NEUTRAL = {
 }
 # Accepted and without effect on the output by the API's own definition.
 _NO_EFFECT: set = set()
+# response_format is OpenAI's; json_schema and grammar are llama-server's body fields.
 _COMMON = {"user", "model", "max_tokens", "temperature", "top_p", "seed", "stop", "n", "stream", "stream_options",
-           "top_k", "min_p", "draft_max", "policy", "drafter"}
+           "top_k", "min_p", "draft_max", "policy", "drafter", "response_format", "json_schema", "grammar"}
 _FIELDS = {
     "completion": _COMMON | {"prompt", "logprobs"},
-    "chat": _COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs", "response_format", "tools",
-                       "chat_template_kwargs"},
+    "chat": _COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs", "tools", "tool_choice",
+                       "parallel_tool_calls", "chat_template_kwargs"},
 }
 
 
@@ -225,15 +230,59 @@ def _joined(parts) -> str:
     return text
 
 
-def _tools(body: Dict[str, Any]) -> Optional[List[Dict[str, Any]]]:
-    """Tool definitions: the template shows them to the model (the answer comes
-    back as text: pyspec serve does not parse tool calls out of it)."""
+def _tools(body: Dict[str, Any]) -> Tuple[Optional[List[Dict[str, Any]]], ToolChoice]:
+    """Tool definitions (the template shows them to the model) and what the
+    request allows (pyspec/chat/tools.py). With ``tool_choice: "none"`` the
+    model is not shown them."""
     tools = body.get("tools")
-    if tools is None:
-        return None
-    if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
-        raise _type_error("tools", "a list of tool objects")
-    return tools or None
+    try:
+        if tools is not None:
+            tools = check_tools(tools) or None
+    except ConstraintError as e:
+        raise APIError(400, str(e), param="tools") from None
+    try:
+        choice = check_choice(body.get("tool_choice"), tools, body.get("parallel_tool_calls"))
+    except ConstraintError as e:
+        param = "parallel_tool_calls" if "parallel_tool_calls" in str(e) else "tool_choice"
+        raise APIError(400, str(e), param=param) from None
+    return (tools if choice.mode != "none" else None), choice
+
+
+def _constraint(body: Dict[str, Any]) -> Tuple[Optional[Constraint], Optional[str]]:
+    """The answer's constraint: OpenAI's ``response_format`` ({"type": "text"},
+    {"type": "json_object"}, {"type": "json_schema", "json_schema": {"name",
+    "schema", "strict"}}), or llama-server's ``json_schema`` (a schema) or
+    ``grammar`` (GBNF or Lark text); at most one of them."""
+    given = [name for name in ("response_format", "json_schema", "grammar") if body.get(name) is not None]
+    fmt = body.get("response_format")
+    if fmt == {"type": "text"}:
+        given.remove("response_format")
+    if len(given) > 1:
+        raise APIError(400, f"give one of {' and '.join(given)}, not both", param=given[1])
+    if not given:
+        return None, None
+    name = given[0]
+    try:
+        if name == "grammar":
+            if not isinstance(body["grammar"], str):
+                raise _type_error("grammar", "a string (GBNF or Lark)")
+            return Constraint.grammar(body["grammar"]), name
+        if name == "json_schema":
+            if not isinstance(body["json_schema"], (dict, bool)):
+                raise _type_error("json_schema", "a JSON schema object")
+            return Constraint.json_schema(body["json_schema"]), name
+        if not isinstance(fmt, dict) or fmt.get("type") not in ("json_object", "json_schema"):
+            raise APIError(400, "'response_format' must be {\"type\": \"text\"}, {\"type\": \"json_object\"} or "
+                                "{\"type\": \"json_schema\", \"json_schema\": {...}}", param=name)
+        if fmt["type"] == "json_object":
+            return Constraint.json_object(), name
+        spec = fmt.get("json_schema")
+        if not isinstance(spec, dict) or "schema" not in spec and "name" not in spec:
+            raise APIError(400, "'response_format.json_schema' must be {\"name\", \"schema\", \"strict\"}",
+                           param=name)
+        return Constraint.json_schema(spec.get("schema", {})), name
+    except ConstraintError as e:
+        raise APIError(400, f"'{name}': {e}", param=name) from None
 
 
 def _template_vars(body: Dict[str, Any]) -> Dict[str, Any]:
@@ -270,10 +319,6 @@ def parse(kind: str, body: Any, *, max_n: int, policies: Sequence[str], drafters
         max_tokens = _int(body, "max_completion_tokens", 0)
         if max_tokens is None:
             max_tokens = _int(body, "max_tokens", 0)
-        fmt = body.get("response_format")
-        if fmt is not None and fmt != {"type": "text"}:
-            raise APIError(400, "unsupported parameter 'response_format' with this value (only {\"type\": \"text\"})",
-                           param="response_format")
         logprobs = body.get("logprobs")
         if logprobs is not None and not isinstance(logprobs, bool):
             raise _type_error("logprobs", "a boolean")
@@ -322,13 +367,15 @@ def parse(kind: str, body: Any, *, max_n: int, policies: Sequence[str], drafters
         policy=_choice(body, "policy", policies),
         drafter=_choice(body, "drafter", drafters),
     )
+    settings.constraint, settings.constraint_param = _constraint(body)
     user = body.get("user")
     user = "" if user is None else user  # some clients send null
     if not isinstance(user, str):
         raise APIError(400, "'user' must be a string", param="user")
     if kind == "chat":
-        return ParsedRequest(kind, model, prompts, settings, stream, include_usage, user, tools=_tools(body),
-                             template_vars=_template_vars(body))
+        tools, choice = _tools(body)
+        return ParsedRequest(kind, model, prompts, settings, stream, include_usage, user, tools=tools,
+                             tool_choice=choice, template_vars=_template_vars(body))
     return ParsedRequest(kind, model, prompts, settings, stream, include_usage, user)
 
 

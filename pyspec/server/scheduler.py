@@ -351,7 +351,8 @@ class Scheduler:
                 c.setup = self.decoder.setup(
                     max_tokens=n_ctx if s.max_tokens is None else min(s.max_tokens, n_ctx),
                     sampling=s.sampling, seed=base,
-                    stop=s.stop, logprobs=s.logprobs, slots=[slot], drafters="slots", **drafting)[0]
+                    stop=s.stop, logprobs=s.logprobs, constraint=s.constraint, slots=[slot], drafters="slots",
+                    **drafting)[0]
                 c.handle = self._session.add(prompt, c.setup.params, drafter=c.setup.drafter,
                                              policy=c.setup.policy, stream=index, slot=slot)
                 self._busy.add(slot)
