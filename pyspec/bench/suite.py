@@ -1,12 +1,17 @@
 """The benchmark prompt suite, in the spirit of Spec-Bench: a few chat prompts
 per category. Code editing and document correction are deliberately copy-heavy
 (the answer repeats most of the prompt with a few edits), which is where cheap
-drafters shine; math and creative writing are where drafting must not cost."""
+drafters shine; math and creative writing are where drafting must not cost.
+The constrained categories (JSON, tool calls, a grammar: structured.py) run
+only when asked for by name."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
+
+from . import structured
+from .structured import Task
 
 _CLASS = '''class Inventory:
     def __init__(self):
@@ -171,7 +176,8 @@ PROMPTS: Dict[str, List[str]] = {
     ],
 }
 
-CATEGORIES = tuple(PROMPTS)
+FREE_CATEGORIES = tuple(PROMPTS)
+CATEGORIES = FREE_CATEGORIES + structured.CATEGORIES
 
 
 @dataclass(frozen=True)
@@ -179,6 +185,7 @@ class BenchPrompt:
     category: str
     index: int
     text: str
+    task: Optional[Task] = None  # the constrained categories' (structured.py); None: free text
 
     @property
     def id(self) -> str:
@@ -186,14 +193,18 @@ class BenchPrompt:
 
 
 def prompts(categories: Optional[Sequence[str]] = None, per_category: Optional[int] = None) -> List[BenchPrompt]:
-    """The suite's prompts, optionally restricted to some categories and to the
-    first ``per_category`` prompts of each."""
-    chosen = list(categories) if categories else list(CATEGORIES)
-    unknown = [c for c in chosen if c not in PROMPTS]
+    """The suite's prompts (by default the free-text categories), optionally
+    restricted to some categories and to the first ``per_category`` prompts of each."""
+    chosen = list(categories) if categories else list(FREE_CATEGORIES)
+    unknown = [c for c in chosen if c not in CATEGORIES]
     if unknown:
         raise ValueError(f"unknown categories {unknown}; choose from {', '.join(CATEGORIES)}")
     out = []
     for cat in chosen:
-        items = PROMPTS[cat][:per_category] if per_category else PROMPTS[cat]
-        out.extend(BenchPrompt(cat, i, t) for i, t in enumerate(items))
+        if cat in PROMPTS:
+            items = PROMPTS[cat][:per_category] if per_category else PROMPTS[cat]
+            out.extend(BenchPrompt(cat, i, t) for i, t in enumerate(items))
+        else:
+            tasks = structured.TASKS[cat][:per_category] if per_category else structured.TASKS[cat]
+            out.extend(BenchPrompt(cat, i, t, task) for i, (t, task) in enumerate(tasks))
     return out

@@ -168,7 +168,9 @@ def _bench_paired(model, draft, paired, categories, per_category, max_tokens, sa
                   n_ctx, flash_attn, raw, json_path, plot_path, memory_from=()) -> None:
     """`pyspec bench --paired`: see pyspec/bench/inprocess/paired.py for the method."""
     from ..errors import PyspecError
-    from ..bench.inprocess.paired import format_paired, parse_config, plot_paired, run_paired, summarize_all
+    from ..bench.inprocess.paired import (constrained_figures, format_constrained, format_paired, parse_config,
+                                          plot_paired, run_paired, summarize_all)
+    from ..bench.structured import constraint_for
     from ..bench.inprocess.runner import progress_bar
     from ..bench.inprocess.backends import PyspecRunner, Settings
     from ..bench.suite import prompts as suite_prompts
@@ -201,21 +203,33 @@ def _bench_paired(model, draft, paired, categories, per_category, max_tokens, sa
                                      policy=c.policy, draft_max=c.draft_max, memory=memory or False, remember=False)
             runners.append(PyspecRunner(gen, c.name))
         settings = Settings(max_tokens=max_tokens, sampling=sampling, seed=seed)
-        tokenize = lambda text: target.prompt_tokens(text, chat=not raw)  # noqa: E731
+        template = target.chat_template.source
+
+        def tokenize(p):
+            if p.task is not None and p.task.tools:
+                return target.prompt_tokens([{"role": "user", "content": p.text}], tools=list(p.task.tools))
+            return target.prompt_tokens(p.text, chat=not raw)
+
+        def constrain(p):
+            return constraint_for(p.task, template) if p.task is not None else None
+
         for r in runners:  # page in weights, warm caches and calibrations: the first run of a process is slow
-            r.run(tokenize(items[0].text), Settings(max_tokens=8, sampling=sampling))
+            r.run(tokenize(items[0]), Settings(max_tokens=8, sampling=sampling))
         bar = progress_bar(reps * len(items) * len(runners), True)
-        samples = run_paired(runners, items, tokenize, settings=settings, reps=reps, progress=bar)
+        samples = run_paired(runners, items, tokenize, settings=settings, reps=reps, progress=bar,
+                             constrain=constrain)
         bar(None)
     summary = summarize_all(samples, names, seed=seed)
+    constrained = constrained_figures(samples, items, template)
     result = {
         "configurations": names, "reps": reps, "order": "ABBA",
         "settings": asdict(settings), "threads": n_threads, "flash_attn": target.flash_attn,
         "model": target.path, "draft": draft if draft_model is not None else None,
         "memory_tokens": memory.n_tokens if memory else 0,
-        "paired": summary, "samples": [asdict(s) for s in samples],
+        "paired": summary, "constrained": constrained, "samples": [asdict(s) for s in samples],
     }
-    write_report(result, json_path, plot_path, plot_paired, format_paired(summary))
+    text = format_paired(summary) + ("\n" + format_constrained(constrained) if constrained else "")
+    write_report(result, json_path, plot_path, plot_paired, text)
 
 
 

@@ -64,7 +64,8 @@ def suite_options(f):
         click.option("--model", "-m", default=DEFAULT_MODEL, show_default=True,
                      help="Target model (path or default name)."),
         click.option("--category", "categories", multiple=True, type=click.Choice(CATEGORIES),
-                     help="Only these prompt categories (repeatable)."),
+                     help="Only these prompt categories (repeatable). json, tools and grammar (answers under a "
+                          "constraint: bench --paired applies it) run only when named."),
         click.option("--per-category", type=click.IntRange(min=1), default=None,
                      help="Use only the first N prompts of each category."),
     ]

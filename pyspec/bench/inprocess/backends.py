@@ -48,14 +48,19 @@ class PyspecRunner:
         self.name = name
         self.draft_kwargs = draft_kwargs
 
-    def run(self, tokens: List[int], s: Settings) -> Sample:
+    def run(self, tokens: List[int], s: Settings, constraint=None) -> Sample:
+        """One generation; under a ``constraint`` its text and stop reason are
+        kept too (the bench checks each answer)."""
         # Runners share models; start from empty caches so that every runner
         # processes the prompt (time to first token stays comparable).
         self.generator.clear_cache()
         out = self.generator.generate(tokens, max_tokens=s.max_tokens, sampling=s.sampling, seed=s.seed,
-                                      **self.draft_kwargs)
+                                      constraint=constraint, **self.draft_kwargs)
         st = out.stats
-        return Sample(self.name, "", "", len(tokens), st.n_generated, st.ttft_s, st.decode_s, st.to_dict())
+        extra = st.to_dict()
+        if constraint is not None:
+            extra.update(text=out.text, stop_reason=out.stop_reason)
+        return Sample(self.name, "", "", len(tokens), st.n_generated, st.ttft_s, st.decode_s, extra)
 
 
 class LlamaCppRunner:

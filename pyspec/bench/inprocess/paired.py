@@ -32,10 +32,12 @@ from ..stats import bootstrap_interval, geo_mean, run_order
 from ..suite import BenchPrompt
 from .backends import Sample, Settings
 
-# Categories whose answers copy most of the prompt (where drafting must win);
-# everything else is "ordinary" text (where drafting must not lose).
+# Categories whose answers copy most of the prompt (where drafting must win),
+# and those whose answers a grammar shapes; everything else is "ordinary"
+# text (where drafting must not lose).
 COPY_CATEGORIES = ("code_editing", "doc_correction")
-GROUPS = ("ordinary", "copy", "all")
+CONSTRAINED_CATEGORIES = ("json", "tools", "grammar")
+GROUPS = ("ordinary", "copy", "constrained", "all")
 
 
 @dataclass(frozen=True)
@@ -87,18 +89,21 @@ def parse_config(text: str) -> Config:
     return Config(text, parts[0], policy, k)
 
 
-def run_paired(runners: Sequence, items: Sequence[BenchPrompt], tokenize: Callable[[str], List[int]], *,
-               settings: Settings, reps: int, progress: Callable[[Optional[str]], None]) -> List[Sample]:
-    """Every (repetition, prompt) runs every runner back to back (run_order).
+def run_paired(runners: Sequence, items: Sequence[BenchPrompt], tokenize: Callable[[BenchPrompt], List[int]], *,
+               settings: Settings, reps: int, progress: Callable[[Optional[str]], None],
+               constrain: Callable[[BenchPrompt], object] = lambda p: None) -> List[Sample]:
+    """Every (repetition, prompt) runs every runner back to back (run_order),
+    under the prompt's constraint (``constrain``; None: free text).
     Repetition r uses seed settings.seed + r on every side."""
-    tokens = {p.id: tokenize(p.text) for p in items}
+    tokens = {p.id: tokenize(p) for p in items}
+    constraints = {p.id: constrain(p) for p in items}
     samples: List[Sample] = []
     for rep in range(reps):
         order = run_order(list(runners), rep)
         s_rep = replace(settings, seed=settings.seed + rep)
         for p in items:
             for r in order:
-                s = r.run(tokens[p.id], s_rep)
+                s = r.run(tokens[p.id], s_rep, constraints[p.id])
                 s.prompt_id, s.category = p.id, p.category
                 s.extra["rep"] = rep
                 samples.append(s)
@@ -138,8 +143,9 @@ def summarize_pair(samples: Sequence[Sample], base: str, other: str, n_boot: int
     cat_of = {s.prompt_id: s.category for s in samples}
     cats = list(dict.fromkeys(s.category for s in samples))
     members = {c: [p for p in logs if cat_of[p] == c] for c in cats}
-    members["ordinary"] = [p for p in logs if cat_of[p] not in COPY_CATEGORIES]
+    members["ordinary"] = [p for p in logs if cat_of[p] not in COPY_CATEGORIES + CONSTRAINED_CATEGORIES]
     members["copy"] = [p for p in logs if cat_of[p] in COPY_CATEGORIES]
+    members["constrained"] = [p for p in logs if cat_of[p] in CONSTRAINED_CATEGORIES]
     members["all"] = list(logs)
     out: Dict[str, dict] = {}
     for name in cats + list(GROUPS):
@@ -157,6 +163,50 @@ def summarize_pair(samples: Sequence[Sample], base: str, other: str, n_boot: int
             "per_prompt": medians,
         }
     return out
+
+
+def constrained_figures(samples: Sequence[Sample], items: Sequence[BenchPrompt],
+                        template_source: Optional[str]) -> Dict[str, dict]:
+    """Per configuration, over its constrained answers: how many are valid (and
+    how many ran out of tokens first), text forced per answer and its share of
+    the drafted tokens, and the grammar's masks: microseconds each and their
+    share of the decode time."""
+    from ..structured import valid
+
+    task = {p.id: p.task for p in items if p.task is not None}
+    out: Dict[str, dict] = {}
+    for s in samples:
+        if s.prompt_id not in task:
+            continue
+        f = out.setdefault(s.runner, {"answers": 0, "valid": 0, "cut_short": 0, "forced": 0, "drafted": 0,
+                                      "masks": 0, "mask_s": 0.0, "decode_s": 0.0})
+        x = s.extra
+        f["answers"] += 1
+        if x["stop_reason"] == "max_tokens":
+            f["cut_short"] += 1
+        else:
+            f["valid"] += valid(task[s.prompt_id], x["text"], template_source)
+        f["forced"] += x["forced_drafted"]
+        f["drafted"] += x["drafted"]
+        f["masks"] += x["masks"]
+        f["mask_s"] += x["mask_s"]
+        f["decode_s"] += s.decode_s + s.ttft_s
+    for f in out.values():
+        f["forced_per_answer"] = f["forced"] / f["answers"]
+        f["forced_share_of_drafted"] = f["forced"] / f["drafted"] if f["drafted"] else 0.0
+        f["mask_us"] = 1e6 * f["mask_s"] / f["masks"] if f["masks"] else 0.0
+        f["mask_share"] = f["mask_s"] / f["decode_s"] if f["decode_s"] else 0.0
+    return out
+
+
+def format_constrained(figures: Dict[str, dict]) -> str:
+    lines = ["constrained answers: valid (of those finished; cut short by max_tokens apart), forced text "
+             "drafted per answer and its share of the drafted tokens, grammar masks (us each, share of the time)"]
+    for name, f in figures.items():
+        lines.append(f"  {name:<12} valid {f['valid']}/{f['answers'] - f['cut_short']} (cut short {f['cut_short']})"
+                     f"  forced {f['forced_per_answer']:.1f}/answer ({100 * f['forced_share_of_drafted']:.0f} % of "
+                     f"drafted)  masks {f['mask_us']:.0f} us ({100 * f['mask_share']:.1f} % of the time)")
+    return "\n".join(lines)
 
 
 def comparisons(names: Sequence[str]) -> List[tuple]:
