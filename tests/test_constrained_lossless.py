@@ -120,7 +120,8 @@ def test_negative_control_wrong_target_mask_is_caught(gemma_models, model_case, 
 
 # ---------------------------------------------------------------- lookup cut
 
-def test_lookup_draft_cut_by_grammar_is_lossless(gemma_models):
+@pytest.fixture(scope="module")
+def cut_case(gemma_models):
     target, _ = gemma_models
     tokens = target.tokenize(NGRAM_PROMPT)
     grammar = compiled(target, CUT)
@@ -130,9 +131,20 @@ def test_lookup_draft_cut_by_grammar_is_lossless(gemma_models):
     wrong = exact_distribution(target, residual_is_p_row(p0, one_hot(proposal[0], p0)), p1)
     n = size(exact, wrong)
     spec = pyspec.SpeculativeDecoder(target, drafter="ngram", policy="fixed", draft_max=2, memory=False)
+    return spec, tokens, exact, n
+
+
+def test_lookup_draft_cut_by_grammar_is_lossless(cut_case):
+    spec, tokens, exact, n = cut_case
     d = sample(spec, tokens, n, CUT)
     assert d.totals["grammar_cuts"] > 0, f"no lookup draft was cut: {d.totals}"
     assert_law(d.counts, exact, n, "ngram cut by grammar", note=f"cuts={d.totals['grammar_cuts']}")
+
+
+# The unmasked control runs in the default tier on the draft-model and forced paths.
+@pytest.mark.slow
+def test_negative_control_lookup_cut_unmasked_target_is_caught(cut_case):
+    spec, tokens, exact, n = cut_case
     control = sample(spec, tokens, n, CUT, _test=dict(grammar="unmasked"))
     assert_law(control.counts, exact, n, "ngram cut by grammar, unmasked target", control=True)
 

@@ -491,7 +491,10 @@ def check_answer(live: Live, kind: str, body: Any, raw: bytes, *, leave_early: b
         assert headers.get("retry-after"), where
     else:
         assert status < 500, f"{where}: {status} {obj!r}\n{live.server.output()[-3000:]}"
-    if valid and not (busy_ok and status == 503):
+    # A valid chat whose fields the printing template writes out in full may not
+    # fit the small test context: the server's refusal then names the context.
+    too_long = status == 400 and isinstance(obj, dict) and obj["error"].get("code") == "context_length_exceeded"
+    if valid and not (busy_ok and status == 503) and not too_long:
         assert status == 200, f"{where}: a valid request got {status} {obj!r}"
     if status >= 400:
         check_error(status, obj, where)

@@ -1,11 +1,11 @@
 // One round (step): draft, run the target, accept, roll back, emit. Planning
 // the drafts is plan.cpp's; the target decode decode.cpp's; emitting emit.cpp's.
 #include <algorithm>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "core/errors.h"
-#include <stdexcept>
 #include "drafters/model_drafter.h"
 #include "engine/sequence.h"
 
@@ -84,9 +84,11 @@ bool BatchSession::step() {
         std::vector<Sequence*> active = generating();
         if (active.empty() && n_waiting() == 0) return false;
         RoundMeter meter(*this, active);
-        draft(active);           // 1. x_1..x_k ~ q autoregressively, k from the policy (0: a plain step)
+        draft(active);           // 1. x_1..x_k ~ q autoregressively, k from the policy (0: a plain step);
+                                 //    under a grammar: its forced text, or q masked, lookups cut (grammar.h)
         meter.target_begins();
         run_target(active);      // 2. p_1..p_{k+1} from the target, every sequence in one decode
+                                 //    (under a grammar, each row masked with the state after the drafts before it)
         meter.target_ran(active);
         for (Sequence* s : active) {
             accept(*s);          // 3. accept x_i while r_i <= p_i(x_i) / q_i(x_i) (n of them), then

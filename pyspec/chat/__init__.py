@@ -5,10 +5,9 @@ structured output) back from the model's text to messages.
   ``tokenizer.chat_template`` (its variables, the messages as llama-server
   passes them, BOS/EOS, the built-in ChatML fallback);
 * ``sandbox.py``: the bounded Jinja sandbox every template renders in (time
-  ``RENDER_SECONDS``, size ``MAX_SIZE``), and :class:`ChatTemplateError`.
-
-The parsing of tool calls out of generated text belongs here too, beside the
-templates that write them.
+  ``RENDER_SECONDS``, size ``MAX_SIZE``), and :class:`ChatTemplateError`;
+* ``tools.py``: tool calls: the format each template's model writes them in,
+  the grammar of each ``tool_choice``, and the parser that reads them back.
 """
 
 from .sandbox import MAX_SIZE, RENDER_SECONDS, ChatTemplateError, OverLimit
