@@ -15,13 +15,10 @@ import json
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Mapping, Optional, Union
+from typing import Any, Mapping, Optional, Union
 
 from . import _core
 from .errors import ConstraintError
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .model import Model
 
 #: How JSON is written under a schema, unless the schema's own ``x-guidance``
 #: says otherwise: on one line, with the separators models write by habit

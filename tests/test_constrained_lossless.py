@@ -27,7 +27,6 @@ be rejected (`_test=dict(grammar=...)`):
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 import pyspec

@@ -148,6 +148,7 @@ class ToolCall:
     name: str
     arguments: str  # a JSON object's text
     id: str = ""
+    index: int = 0  # its place among the answer's calls
 
     def to_openai(self) -> Dict[str, Any]:
         return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
@@ -214,7 +215,7 @@ class CallParser:
 
     def _call(self, call: ToolCall, out: List[Event]) -> None:
         self._ws = ""
-        call.id = _new_id()
+        call.id, call.index = _new_id(), self.n_calls
         self.n_calls += 1
         out.append(("call", call))
 

@@ -360,7 +360,8 @@ class Answer:
             if not answered:  # the client left (the stream was cancelled)
                 self.metrics.request_done(499)
 
-    def _tool_deltas(self, i: int, events, parser: CallParser) -> List[Dict[str, Any]]:
+    @staticmethod
+    def _tool_deltas(events) -> List[Dict[str, Any]]:
         """Chunks' deltas for a choice's parsed events: content, and each call as
         OpenAI streams it (index, id and name first, then its arguments)."""
         deltas = []
@@ -368,11 +369,9 @@ class Answer:
             if kind == "content":
                 deltas.append({"content": value})
                 continue
-            k = self._calls_sent[i]
-            self._calls_sent[i] += 1
-            deltas.append({"tool_calls": [{"index": k, "id": value.id, "type": "function",
+            deltas.append({"tool_calls": [{"index": value.index, "id": value.id, "type": "function",
                                            "function": {"name": value.name, "arguments": ""}}]})
-            deltas.append({"tool_calls": [{"index": k, "function": {"arguments": value.arguments}}]})
+            deltas.append({"tool_calls": [{"index": value.index, "function": {"arguments": value.arguments}}]})
         return deltas
 
     async def _stream(self, request: Request) -> AsyncIterator[Dict[str, str]]:
@@ -381,7 +380,6 @@ class Answer:
         offsets = [0] * self.n_choices
         parsers = ([CallParser(self.tool_fmt, self.tool_names) for _ in range(self.n_choices)] if self.tool_fmt
                    else None)
-        self._calls_sent = [0] * self.n_choices
         try:
             if self.kind == "chat":  # OpenAI's first chunk of each choice names the role
                 yield self._chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
@@ -394,7 +392,7 @@ class Answer:
                     offsets[i] += len(text)
                     if parsers is not None:
                         # Calls come out whole, however many tokens a round emitted.
-                        deltas = self._tool_deltas(i, parsers[i].feed(text), parsers[i])
+                        deltas = self._tool_deltas(parsers[i].feed(text))
                         for d in deltas or ([{}] if lp_obj is not None else []):
                             yield self._chunk([{"index": i, "delta": d, "logprobs": lp_obj, "finish_reason": None}])
                             lp_obj = None
@@ -406,7 +404,7 @@ class Answer:
                     results[i] = r
                     finish = FINISH_REASON[r.stop_reason]
                     if parsers is not None:
-                        for d in self._tool_deltas(i, parsers[i].finish(), parsers[i]):
+                        for d in self._tool_deltas(parsers[i].finish()):
                             yield self._chunk([{"index": i, "delta": d, "logprobs": None, "finish_reason": None}])
                         if parsers[i].n_calls:
                             finish = _finish_with_calls(finish)
