@@ -124,6 +124,10 @@ void bind_model(py::module_& m) {
                  return py::array_t<float>(static_cast<py::ssize_t>(copy.size()), copy.data());
              },
              py::arg("row") = 0)
+        .def("test_simulate_async", &Model::simulate_async, py::arg("latency_s"), py::arg("synced") = true,
+             py::call_guard<py::gil_scoped_release>(),
+             "TEST-ONLY: behave as an asynchronous backend whose every decode finishes latency_s after its "
+             "launch; synced=False is the clock tests' negative control (model.h).")
         .def("truncate", &Model::truncate, py::arg("pos"), py::arg("seq") = 0,
              py::call_guard<py::gil_scoped_release>())
         .def("copy_prefix", &Model::copy_prefix, py::arg("src"), py::arg("dst"), py::arg("n"),

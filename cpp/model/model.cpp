@@ -325,6 +325,7 @@ void Model::decode(const int32_t* tokens, int32_t n, int32_t pos0, int32_t n_log
             }
             throw DecodeError(with_llama_reason("llama_decode failed with code " + std::to_string(rc)));
         }
+        launched();
         cached.insert(cached.end(), tokens + done, tokens + done + chunk);
         n_decoded_ += chunk;
         if (done + chunk == n) {
@@ -333,6 +334,7 @@ void Model::decode(const int32_t* tokens, int32_t n, int32_t pos0, int32_t n_log
         }
         done += chunk;
     }
+    if (sim_synced_) wait_for_work();
 }
 
 void Model::decode_rows(const Row* rows, int32_t n) {
@@ -381,15 +383,42 @@ void Model::decode_rows(const Row* rows, int32_t n) {
         if (rc == 1) throw ContextOverflowError(with_llama_reason("no KV-cache slot for the batch (context full)"));
         throw DecodeError(with_llama_reason("llama_decode failed with code " + std::to_string(rc)));
     }
+    launched();
     for (int32_t i = 0; i < n; ++i) cached_[static_cast<size_t>(rows[i].seq)].push_back(rows[i].token);
     n_decoded_ += n;
     logit_rows_ = std::move(logit_rows);
+    if (sim_synced_) wait_for_work();
+}
+
+void Model::wait_for_work() const {
+    llama_synchronize(ctx_.get());
+    wait_simulated();
+}
+
+void Model::simulate_async(double latency_s, bool synced) {
+    if (!(latency_s >= 0)) throw std::invalid_argument("latency_s must be >= 0");
+    const auto held = lock();
+    sim_latency_s_ = latency_s;
+    sim_synced_ = synced;
+    sim_done_ = std::chrono::steady_clock::now();
+}
+
+void Model::launched() {
+    if (sim_latency_s_ <= 0) return;
+    const auto now = std::chrono::steady_clock::now();
+    sim_done_ = std::max(sim_done_, now) + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                               std::chrono::duration<double>(sim_latency_s_));
+}
+
+void Model::wait_simulated() const {
+    if (sim_latency_s_ > 0) std::this_thread::sleep_until(sim_done_);
 }
 
 const float* Model::logits(int32_t row) const {
     if (row < 0 || row >= static_cast<int32_t>(logit_rows_.size())) {
         throw std::out_of_range("no logits kept for that row");
     }
+    wait_simulated();  // (llama_get_logits_ith waits for the real work itself)
     const float* p = llama_get_logits_ith(ctx_.get(), logit_rows_[static_cast<size_t>(row)]);
     if (!p) throw DecodeError("llama.cpp returned no logits for row " + std::to_string(row));
     return p;

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -126,6 +127,21 @@ public:
     void decode_rows(const Row* rows, int32_t n);
     const float* logits(int32_t row) const;
 
+    // decode and decode_rows return when their work is done, not when it is
+    // launched: on CUDA llama_decode returns after queueing the graph (0.24 ms
+    // of a 2.0 ms step), and every clock around a decode (calibration, rounds,
+    // drafts, --stats, the server's timings) would time the launch, leaving the
+    // work to whoever reads outputs next. Waiting there costs nothing: the
+    // caller reads the logits next, which waits anyway. On the CPU the work is
+    // done when llama_decode returns and this returns at once.
+    void wait_for_work() const;
+    // TEST-ONLY: behave as an asynchronous backend. Each decode's work finishes
+    // latency_s after it is launched (queued behind unfinished work), and only
+    // waiting sees it done: wait_for_work, or reading logits, as
+    // llama_get_logits_ith waits. synced = false is the negative control the
+    // clock tests must catch: decodes return at launch (the clocks of before).
+    void simulate_async(double latency_s, bool synced = true);
+
     // Drop sequence `seq` from position pos on (pos = 0 clears it). Throws
     // DecodeError if llama.cpp cannot remove that part of its memory.
     void truncate(int32_t pos, int32_t seq = 0);
@@ -159,6 +175,8 @@ private:
     void check_token(int32_t token) const;  // std::invalid_argument unless 0 <= token < n_vocab
     size_t checked_seq(int32_t seq) const;  // std::out_of_range unless 0 <= seq < n_seq
     static bool abort_requested(void* self);
+    void launched();           // after each llama_decode: its simulated work is queued
+    void wait_simulated() const;
 
     struct ModelFree { void operator()(llama_model* m) const; };
     struct ContextFree { void operator()(llama_context* c) const; };
@@ -190,6 +208,9 @@ private:
     std::vector<std::vector<int32_t>> cached_;  // per sequence
     std::atomic<int64_t> n_decoded_{0};
     std::vector<int32_t> logit_rows_;            // batch row of logits(i) in the last decode
+    double sim_latency_s_ = 0;                   // simulate_async (TEST-ONLY); 0: off
+    bool sim_synced_ = true;
+    mutable std::chrono::steady_clock::time_point sim_done_{};  // when the queued simulated work ends
 };
 
 }  // namespace pyspec
