@@ -26,9 +26,16 @@ PAIR_FIXTURES = {"target_path", "draft_path", "target"}
 
 def pytest_collection_modifyitems(config, items):
     """Every test that uses the default pair carries the `pair` mark (so that
-    `-m "not pair"` leaves out the 1.6 GB of models), and slow-tier tests get
-    the slow tier's timeout unless they set their own."""
+    `-m "not pair"` leaves out the 1.6 GB of models), slow-tier tests get
+    the slow tier's timeout unless they set their own, and on a GPU build the
+    tests that presume bit-exact batch rows (`bitexact`) are skipped: CUDA's
+    batch rows differ from single-token decodes by up to a logit (issue 37);
+    test_pit_lossless.py proves the same without that premise."""
+    gpu_build = pyspec._core.supports_gpu_offload()
+    not_exact = pytest.mark.skip(reason="presumes bit-exact batch rows, which this GPU build does not give")
     for item in items:
+        if gpu_build and item.get_closest_marker("bitexact") is not None:
+            item.add_marker(not_exact)
         if PAIR_FIXTURES & set(getattr(item, "fixturenames", ())) and item.get_closest_marker("pair") is None:
             item.add_marker(pytest.mark.pair)
         if item.get_closest_marker("slow") is not None and item.get_closest_marker("timeout") is None:

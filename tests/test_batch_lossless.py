@@ -38,6 +38,9 @@ from chisquare import assert_law, power, required_n
 from laws import (TARGET, draft_row, exact_distribution, independent_pair, lookup_proposal, next_row, one_hot,
                   residual_is_p_row, support_of, target_rows)
 
+# Exact laws from single-token rows: bit-exact batch rows presumed (conftest skips these on GPU builds).
+pytestmark = pytest.mark.bitexact
+
 PROMPT = "one two three one two three one two"
 GREEDY_DRAFT = dict(draft_sampling=Sampling(**{**TARGET, "temperature": 0.0}))
 MIN_N = 200

@@ -38,6 +38,9 @@ from draws import draw
 from laws import (PROMPT, TARGET, constrained_draft_row, constrained_law, exact_distribution, lookup_proposal,
                   one_hot, residual_is_p_row)
 
+# Exact laws from single-token rows: bit-exact batch rows presumed (conftest skips these on GPU builds).
+pytestmark = pytest.mark.bitexact
+
 # The draft samples colder than the target (masked q0 = 0.56/0.43/0.02 against
 # p0 = 0.44/0.41/0.15): the broken residual's law is then far enough from p
 # for N = 456 (at 0.7, q0 = 0.47/0.42/0.10 needed N = 3,584).

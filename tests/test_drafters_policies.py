@@ -38,6 +38,9 @@ from laws import (
     wrong_residual_distribution,
 )
 
+# Exact laws from single-token rows: bit-exact batch rows presumed (conftest skips these on GPU builds).
+pytestmark = pytest.mark.bitexact
+
 # ------------------------------------------------------------------ n-gram unit
 
 

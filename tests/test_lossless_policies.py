@@ -45,6 +45,9 @@ from chisquare import assert_law, power, required_n
 from draws import draw
 from laws import PROMPT, TARGET, draft_row, exact_law, lookup_proposal, one_hot, wrong_residual_distribution
 
+# Exact laws from single-token rows: bit-exact batch rows presumed (conftest skips these on GPU builds).
+pytestmark = pytest.mark.bitexact
+
 # The draft samples cooler than the target (q sharper than p: q0 = 0.63/0.19/0.18
 # against p0 = 0.54/0.24/0.22), so that q != p and beliefs vary; top-k 3 keeps the
 # outcome space small. At 0.7 the discard rule's bias needs N = 288 (at 0.5, where

@@ -34,6 +34,9 @@ from chisquare import assert_law, required_n
 from laws import TARGET, next_row, one_hot, residual_is_p_row, support_of, target_rows
 from server_helpers import ServerProcess
 
+# Exact laws from single-token rows: bit-exact batch rows presumed (conftest skips these on GPU builds).
+pytestmark = pytest.mark.bitexact
+
 SYSTEM_A = "You are a pirate. " + " ".join(f"Rule {i}: talk of ship {i} in one short line." for i in range(16))
 SYSTEM_B = "You count in French. " + " ".join(f"Le nombre {i} suit le nombre {i - 1}." for i in range(1, 17))
 GREEDY = dict(temperature=0.0, top_k=40, top_p=1.0, min_p=0.0)

@@ -33,6 +33,9 @@ from server_helpers import ServerProcess
 from chisquare import ALPHA, pooled_chisquare, power, required_n
 from laws import TARGET, independent_pair, lookup_proposal, one_hot, residual_is_p_row, support_of, target_rows
 
+# Exact laws from single-token rows: bit-exact batch rows presumed (conftest skips these on GPU builds).
+pytestmark = pytest.mark.bitexact
+
 PROMPT = "one two three one two three one two"
 CLIENTS = 4
 MIN_N = 200

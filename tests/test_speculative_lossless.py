@@ -45,6 +45,9 @@ from chisquare import assert_law, assert_power, required_n
 from draws import draw
 from laws import GEMMA_COLD_DRAFT, GEMMA_DRAFT, PROMPT, TARGET, lossless_case
 
+# Exact laws from single-token rows: bit-exact batch rows presumed (conftest skips these on GPU builds).
+pytestmark = pytest.mark.bitexact
+
 
 def sample(decoder, prompt_tokens, n, draft_kwargs, variant="correct"):
     return draw(decoder, prompt_tokens, n, seed0=10_000, draft_max=1, _test=dict(variant=variant), **TARGET,

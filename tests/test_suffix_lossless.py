@@ -52,6 +52,9 @@ from chisquare import ALPHA, assert_power, pooled_chisquare, required_n
 from draws import draw
 from laws import PROMPT, TARGET, exact_law, support_of
 
+# Exact laws from single-token rows: bit-exact batch rows presumed (conftest skips these on GPU builds).
+pytestmark = pytest.mark.bitexact
+
 BATCH_PROMPT = "Monday, Tuesday,"
 BATCH_N = 4
 MIN_N = 100

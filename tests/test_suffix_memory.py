@@ -28,6 +28,9 @@ from cli_helpers import pyspec_cmd
 from laws import next_row
 from suffix_stores import MIN_CAP, N_VOCAB, drafter_on, touch, unique_doc
 
+# Exact laws from single-token rows: bit-exact batch rows presumed (conftest skips these on GPU builds).
+pytestmark = pytest.mark.bitexact
+
 
 # ------------------------------------------------------------------ the drafter on token lists
 

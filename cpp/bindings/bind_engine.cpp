@@ -137,6 +137,7 @@ void bind_stats(py::module_& m) {
         .field("grammar_cuts", &GenerationStats::grammar_cuts)
         .field("masks", &GenerationStats::masks)
         .field("mask_s", &GenerationStats::mask_s)
+        .field("pit", &GenerationStats::pit)
         .done();
 }
 
@@ -156,6 +157,7 @@ void bind_engine(py::module_& m) {
         .field("discard_below", &TestControls::discard_below)
         .field("shared_stream", &TestControls::shared_stream)
         .field("grammar", &TestControls::grammar)
+        .field("pit", &TestControls::pit)
         .done();
     Struct<GenerateParams>(m, "GenerateParams", "Settings of one generation (engine.h documents each).")
         .field("max_tokens", &GenerateParams::max_tokens)

@@ -86,6 +86,20 @@ int32_t Distribution::argmax() const {
     return ids_[j];
 }
 
+double Distribution::pit(int32_t token, double v, int32_t first) const {
+    const double px = prob(token);
+    double before = 0.0;
+    if (token != first) {
+        before = first >= 0 ? prob(first) : 0.0;
+        const std::vector<double>& pv = dense_ ? dense_p_ : probs_;
+        for (size_t j = 0; j < pv.size(); ++j) {
+            const int32_t id = dense_ ? static_cast<int32_t>(j) : ids_[j];
+            if (id != first && (pv[j] > px || (pv[j] == px && id < token))) before += pv[j];
+        }
+    }
+    return (before + v * px) / total_;
+}
+
 double Distribution::entropy() const {
     double h = 0.0;
     const std::vector<double>& v = dense_ ? dense_p_ : probs_;

@@ -100,6 +100,14 @@ public:
     size_t support_size() const { return support_; }  // number of tokens with prob > 0
     double prob(int32_t token) const;     // 0 outside the support; O(1) dense, O(log support) sparse
     int32_t argmax() const;               // most probable token, lowest id on ties
+    // Randomized probability integral transform of `token`: the mass of the
+    // tokens before it plus v times its own, tokens ordered `first` (if >= 0),
+    // then by decreasing probability, then id. Uniform on (0, 1) when token ~
+    // this distribution and v ~ U(0, 1), whatever the distribution and for any
+    // order fixed before the draw: a losslessness test that needs no reference
+    // law (TestControls::pit). The order makes a wrong sampler's pull (toward a
+    // drafted token, toward likely tokens) move u the same way on every row.
+    double pit(int32_t token, double v, int32_t first = -1) const;
     double entropy() const;               // in nats, over the support
     // Inverse CDF in token-id order with a uniform u in [0, 1); never returns a token
     // with prob 0.

@@ -62,11 +62,18 @@ namespace pyspec {
 //                  "stale" mask of the round's start instead of the state after
 //                  the drafts before each row (per sequence). Its grammar then
 //                  tolerates the tokens it refuses instead of failing.
+// And one probe (no control: it changes nothing the sequence draws):
+//   pit            record, for every token a round decides, its randomized PIT under
+//                  the target row it was decided by (Distribution::pit), in
+//                  stats.pit: uniform exactly when the output follows the rows the
+//                  target computed, on any backend, bit-exact or not (per sequence;
+//                  its own random stream).
 struct TestControls {
     AcceptVariant variant = AcceptVariant::kCorrect;
     double discard_below = 0;
     bool shared_stream = false;
     std::string grammar;
+    bool pit = false;
 };
 
 struct GenerateParams {

@@ -231,6 +231,18 @@ void BatchSession::accept(Sequence& s) {
     const int32_t n = static_cast<int32_t>(s.drafts.size());
     target_distributions(s.first_row, n + 1, s.params.sampling, s.constraint.get(), s.params.test.grammar);
     s.vr = accept_drafts(p_.data(), s.q.data(), s.drafts.data(), n, s.rng, shared_.test.variant);
+    if (s.params.test.pit) {
+        // A draft that was certain (one-hot q: a lookup's, a greedy draft's) is fixed
+        // by the prefix before the row's token is drawn, and that token then follows
+        // p given it: the draft may come first in the order, where a wrong residual
+        // (which favours it) shows at once.
+        for (int32_t i = 0; i <= s.vr.n_accepted; ++i) {
+            const size_t j = static_cast<size_t>(i);
+            const int32_t token = i < s.vr.n_accepted ? s.drafts[j] : s.vr.next_token;
+            const int32_t first = i < n && s.q[j].support_size() == 1 ? s.drafts[j] : -1;
+            s.stats().pit.push_back(p_[j].pit(token, s.pit_rng.uniform(), first));
+        }
+    }
 }
 
 void BatchSession::roll_back(Sequence& s) {

@@ -55,6 +55,7 @@ struct BatchSession::Sequence {
           params(spec.params),
           history(spec.prompt),
           rng(spec.params.test.shared_stream ? spec.params.seed : sequence_seed(spec.params.seed, spec.stream)),
+          pit_rng(~sequence_seed(spec.params.seed, spec.stream)),
           stream(spec.params.stop), max_tokens(spec.params.max_tokens),
           stop_rule(spec.policy, spec.params.test.discard_below, result.stats),
           constraint(spec.params.grammar
@@ -69,6 +70,7 @@ struct BatchSession::Sequence {
     std::vector<int32_t> history;  // prompt + emitted tokens
     GenerateResult result;
     Rng rng;
+    Rng pit_rng;                   // TestControls::pit's own stream: the probe draws nothing from rng
     TextStream stream;
     int32_t max_tokens;
     bool started = false;          // its prompt is in the cache: it generates

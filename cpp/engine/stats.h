@@ -46,6 +46,7 @@ struct GenerationStats {
     int32_t grammar_cuts = 0;          // lookup drafts cut before a token the grammar refuses
     int64_t masks = 0;                 // grammar masks computed (one per constrained position)
     double mask_s = 0;                 // ... and their seconds (part of overhead_s and draft_s)
+    std::vector<double> pit;           // TEST-ONLY (TestControls::pit): each decided token's PIT under its row
 
     // Per-position tables sized for drafts of up to draft_max tokens.
     void reset_tables(int32_t draft_max) {
