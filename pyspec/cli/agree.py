@@ -14,8 +14,8 @@ from ..errors import PyspecError
 from ..tools.quantize import TYPES
 from ..settings import MAX_DRAFT, N_CTX_BENCH, SEED_BITS, Sampling
 from .._platform import physical_cores
-from .options import (command_errors, load_model, max_tokens_option, n_ctx_option, report_options, sampling_options,
-                      threads_option)
+from .options import (command_errors, device_options, load_model, max_tokens_option, n_ctx_option, report_options,
+                      sampling_options, threads_option)
 
 
 @click.command()
@@ -40,11 +40,12 @@ from .options import (command_errors, load_model, max_tokens_option, n_ctx_optio
               help="Time both models here to predict speed-ups (--no-costs: tokens per pass only).")
 @n_ctx_option(N_CTX_BENCH, help="Context of each model: the longest stream must fit.")
 @threads_option
+@device_options
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @report_options("the report (acceptance_mean, kl_mean, top1_agreement, n_positions, verdict, per_category, "
                 "speculation, ...)", "the CDFs of per-position acceptance and KL")
 def agree(reference, candidate, text_file, prompts_file, max_tokens, raw, window, sampling,
-          seed, draft_max, costs, n_ctx, threads, quiet, json_path, plot_path) -> None:
+          seed, draft_max, costs, n_ctx, threads, device, quiet, json_path, plot_path) -> None:
     """How CANDIDATE agrees with REFERENCE (GGUF paths or default model names
     sharing one vocabulary), position by position over the same text.
 
@@ -79,7 +80,7 @@ def agree(reference, candidate, text_file, prompts_file, max_tokens, raw, window
     with command_errors():
         from ..agree import agree as run_agree, builtin_streams, prompt_streams, text_streams
         sampling.native()  # bad settings fail now, not after the models load
-        load = dict(n_ctx=n_ctx, n_threads=threads)
+        load = dict(n_ctx=n_ctx, n_threads=threads, **device)
         ref = load_model(reference, **load)
         cand = load_model(candidate, **load)
         if prompts_file:

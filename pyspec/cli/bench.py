@@ -13,7 +13,7 @@ import click
 
 from ..settings import MAX_DRAFT, N_CTX_BENCH, Sampling
 from ..speculative import POLICIES
-from .options import (DEFAULT_DRAFT, DEFAULT_MODEL, IntList, command_errors, flash_attn_option, load_model,
+from .options import (DEFAULT_DRAFT, DEFAULT_MODEL, IntList, command_errors, device_options, load_model,
                       labelled_progress, max_tokens_option, n_ctx_option, report_options, sampling_options,
                       suite_options, threads_option, write_report)
 
@@ -25,7 +25,7 @@ from .options import (DEFAULT_DRAFT, DEFAULT_MODEL, IntList, command_errors, fla
 @click.option("--reps", default=1, show_default=True, type=click.IntRange(min=1), help="Repetitions of the suite.")
 @threads_option
 @n_ctx_option(N_CTX_BENCH)
-@flash_attn_option
+@device_options
 @click.option("--draft", "-d", default=DEFAULT_DRAFT, show_default=True, help="Draft model (path or name).")
 @click.option("--draft-max", "-k", "k_values", default="1,2,4", show_default=True, type=IntList(0, unique=False),
               help="Comma-separated draft lengths to measure (one pyspec runner each).")
@@ -59,7 +59,7 @@ from .options import (DEFAULT_DRAFT, DEFAULT_MODEL, IntList, command_errors, fla
 @report_options("every figure and sample", "ratios per category and runner, and acceptance by draft position "
                 "(--paired: each category's ratio with its interval, and every prompt's)")
 @click.pass_context
-def bench(ctx, model, categories, per_category, max_tokens, sampling, reps, threads, n_ctx, flash_attn, draft,
+def bench(ctx, model, categories, per_category, max_tokens, sampling, reps, threads, n_ctx, device, draft,
           k_values, policies, ngram_policies, hybrid_policies, cap, lookup, paired, memory_from, raw, seed, json_path,
           plot_path) -> None:
     """Measure decode speed side by side with llama-cpp-python.
@@ -76,7 +76,7 @@ def bench(ctx, model, categories, per_category, max_tokens, sampling, reps, thre
 
     Both sides run the same flash-attention setting: --flash-attn auto takes
     what llama.cpp chose for pyspec's target and gives llama-cpp-python
-    (whose own default is off) the same.
+    (whose own default is off) the same; and the same --n-gpu-layers.
     """
     from .._platform import physical_cores
     from ..bench.inprocess.runner import run_bench
@@ -93,15 +93,16 @@ def bench(ctx, model, categories, per_category, max_tokens, sampling, reps, thre
         if ignored:
             raise click.UsageError(f"--paired runs its own configurations; {', '.join(ignored)} would be ignored")
         return _bench_paired(model, draft, paired, categories, per_category, max_tokens, sampling, reps, seed,
-                             n_threads, n_ctx, flash_attn, raw, json_path, plot_path, memory_from)
+                             n_threads, n_ctx, device, raw, json_path, plot_path, memory_from)
     if memory_from:
         raise click.UsageError("--memory-from applies to --paired")
     with command_errors():
         # No memory: a repeated prompt would otherwise copy its earlier answer.
-        load = dict(n_ctx=n_ctx, n_threads=n_threads, flash_attn=flash_attn, memory_mb=0)
+        load = dict(n_ctx=n_ctx, n_threads=n_threads, memory_mb=0, **device)
         target = load_model(model, **load)
-        # llama-cpp-python takes a bool: give it what pyspec's context runs.
-        fa_on = target.flash_attn == "on"
+        # llama-cpp-python takes a bool: give it what pyspec's context runs; and the same offload.
+        llama = dict(n_ctx=n_ctx, n_threads=n_threads, flash_attn=target.flash_attn == "on",
+                     n_gpu_layers=device["n_gpu_layers"])
         runners = [PyspecRunner(target, "pyspec plain")]
         names = lambda text: [x.strip() for x in text.split(",") if x.strip()]  # noqa: E731
         draft_model = None
@@ -127,10 +128,9 @@ def bench(ctx, model, categories, per_category, max_tokens, sampling, reps, thre
             hy = SpeculativeDecoder(target, draft_model, drafter="hybrid")
             runners += [PyspecRunner(hy, f"pyspec hybrid {pol}", draft_max=limit(pol), policy=pol)
                         for pol in names(hybrid_policies)]
-        runners.append(LlamaCppRunner(target.path, n_ctx=n_ctx, n_threads=n_threads, flash_attn=fa_on))
+        runners.append(LlamaCppRunner(target.path, **llama))
         if lookup:
-            runners.append(LlamaCppRunner(target.path, n_ctx=n_ctx, n_threads=n_threads, flash_attn=fa_on,
-                                          prompt_lookup=lookup))
+            runners.append(LlamaCppRunner(target.path, **llama, prompt_lookup=lookup))
         result = run_bench(
             runners,
             lambda text: target.prompt_tokens(text, chat=not raw),
@@ -141,13 +141,15 @@ def bench(ctx, model, categories, per_category, max_tokens, sampling, reps, thre
         )
     result["threads"] = n_threads
     result["flash_attn"] = target.flash_attn  # what both pyspec and llama-cpp-python ran
-    result["flash_attn_requested"] = flash_attn
+    result["flash_attn_requested"] = device["flash_attn"]
+    result["n_gpu_layers"] = device["n_gpu_layers"]  # both sides
     result["model"] = target.path
     result["draft"] = draft if draft_model is not None else None
     from ..bench.plot import plot
 
     write_report(result, json_path, plot_path, plot,
-            f"flash attention {target.flash_attn} for pyspec and llama-cpp-python (--flash-attn {flash_attn})\n"
+            f"flash attention {target.flash_attn} for pyspec and llama-cpp-python "
+            f"(--flash-attn {device['flash_attn']}), --n-gpu-layers {device['n_gpu_layers']}\n"
             + result["table"])
 
 
@@ -165,7 +167,7 @@ def _fixed_memory(target, paths):
 
 
 def _bench_paired(model, draft, paired, categories, per_category, max_tokens, sampling, reps, seed, n_threads,
-                  n_ctx, flash_attn, raw, json_path, plot_path, memory_from=()) -> None:
+                  n_ctx, device, raw, json_path, plot_path, memory_from=()) -> None:
     """`pyspec bench --paired`: see pyspec/bench/inprocess/paired.py for the method."""
     from ..errors import PyspecError
     from ..bench.inprocess.paired import (constrained_figures, format_constrained, format_paired, parse_config,
@@ -190,7 +192,7 @@ def _bench_paired(model, draft, paired, categories, per_category, max_tokens, sa
 
             pyplot()
         items = suite_prompts(categories or None, per_category)
-        load = dict(n_ctx=n_ctx, n_threads=n_threads, flash_attn=flash_attn, memory_mb=0)
+        load = dict(n_ctx=n_ctx, n_threads=n_threads, memory_mb=0, **device)
         target = load_model(model, **load)
         draft_model = load_model(draft, **load) if any(c.needs_draft_model for c in configs) else None
         memory = _fixed_memory(target, memory_from)
@@ -224,7 +226,8 @@ def _bench_paired(model, draft, paired, categories, per_category, max_tokens, sa
     result = {
         "configurations": names, "reps": reps, "order": "ABBA",
         "settings": asdict(settings), "threads": n_threads, "flash_attn": target.flash_attn,
-        "model": target.path, "draft": draft if draft_model is not None else None,
+        "n_gpu_layers": device["n_gpu_layers"], "model": target.path,
+        "draft": draft if draft_model is not None else None,
         "memory_tokens": memory.n_tokens if memory else 0,
         "paired": summary, "constrained": constrained, "samples": [asdict(s) for s in samples],
     }
@@ -239,8 +242,9 @@ def _bench_paired(model, draft, paired, categories, per_category, max_tokens, sa
 @click.option("--draft-max", "-k", default=16, show_default=True, type=click.IntRange(1, MAX_DRAFT),
               help="Longest draft (auto's cap, and the oracle's).")
 @threads_option
+@device_options
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
-def simulate(model, categories, per_category, max_tokens, draft_max, threads, as_json) -> None:
+def simulate(model, categories, per_category, max_tokens, draft_max, threads, device, as_json) -> None:
     """The oracle gap of n-gram drafting on the bench prompts.
 
     Generates each prompt's greedy output once, then replays it: the n-gram
@@ -254,7 +258,7 @@ def simulate(model, categories, per_category, max_tokens, draft_max, threads, as
     from ..bench.suite import prompts
 
     with command_errors():
-        target = load_model(model, n_threads=threads)
+        target = load_model(model, n_threads=threads, **device)
         costs = batch_costs(target, draft_max + 1)
         rows = []
         chosen = prompts(categories or None, per_category)
@@ -288,6 +292,7 @@ def simulate(model, categories, per_category, max_tokens, draft_max, threads, as
 @sampling_options(Sampling.API.replace(temperature=0.7), seed=False)  # > 0: the samples differ
 @click.option("--reps", default=2, show_default=True, type=click.IntRange(min=1), help="Repetitions.")
 @threads_option
+@device_options
 @click.option("--prompt", default=None, help="The prompt of the batch-size runs [default: the suite's qa/0].")
 @click.option("--consensus-n", default=8, show_default=True, type=click.IntRange(min=0),
               help="Samples per prompt of the consensus runs (math and code prompts); 0 = skip them.")
@@ -298,7 +303,7 @@ def simulate(model, categories, per_category, max_tokens, draft_max, threads, as
               help="Also run llama-cpp-python, generating the samples one after another.")
 @report_options("every figure", "speed-up against n beside the ceiling n/V(n), and consensus acceptance by draft "
                 "position")
-def bench_parallel(model, sizes, max_tokens, sampling, reps, threads, prompt, consensus_n, per_category, raw,
+def bench_parallel(model, sizes, max_tokens, sampling, reps, threads, device, prompt, consensus_n, per_category, raw,
                    with_llama, json_path, plot_path) -> None:
     """Many sequences in one batch against one at a time.
 
@@ -328,8 +333,9 @@ def bench_parallel(model, sizes, max_tokens, sampling, reps, threads, prompt, co
         # Every sequence needs room for its prompt and its tokens in the shared cache.
         longest = max([len(t) for t in [prompt or PROMPTS["qa"][0]] + [p.text for p in consensus_prompts]])
         n_ctx = max(N_CTX_BENCH, n_max * (longest + max_tokens + 64))
-        target = load_model(model, n_ctx=n_ctx, n_threads=n_threads, n_seq_max=n_max)
-        llama = (LlamaCppRunner(target.path, n_ctx=N_CTX_BENCH, n_threads=n_threads, flash_attn=target.flash_attn == "on")
+        target = load_model(model, n_ctx=n_ctx, n_threads=n_threads, n_seq_max=n_max, **device)
+        llama = (LlamaCppRunner(target.path, n_ctx=N_CTX_BENCH, n_threads=n_threads,
+                                flash_attn=target.flash_attn == "on", n_gpu_layers=device["n_gpu_layers"])
                  if with_llama else None)
         tokens = target.prompt_tokens(prompt or PROMPTS["qa"][0], chat=not raw)
         with labelled_progress(reps * (len(sizes) + len(consensus_prompts)), "bench-parallel") as (bar, progress):
@@ -349,7 +355,8 @@ def bench_parallel(model, sizes, max_tokens, sampling, reps, threads, prompt, co
                         bar.update(1)
                     consensus += rows
     result = {"model": target.path, "threads": n_threads, "flash_attn": target.flash_attn,
-              "max_tokens": max_tokens, "sampling": sampling.to_dict(), "parallel": parallel, "consensus": consensus,
+              "n_gpu_layers": device["n_gpu_layers"], "max_tokens": max_tokens, "sampling": sampling.to_dict(),
+              "parallel": parallel, "consensus": consensus,
               "table": summarize(parallel, consensus)}
     if json_path:
         with click.open_file(json_path, "w") as f:

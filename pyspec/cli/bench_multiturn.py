@@ -12,7 +12,7 @@ import click
 from ..bench.conversations import CONVERSATIONS
 from ..memory import DEFAULT_CAP_MB
 from ..settings import N_CTX_SERVER, Sampling
-from .options import (DEFAULT_MODEL, command_errors, flash_attn_option, labelled_progress, load_model,
+from .options import (DEFAULT_MODEL, check_device, command_errors, device_options, labelled_progress, load_model,
                       max_tokens_option, n_ctx_option, report_options, threads_option, write_report)
 
 
@@ -24,7 +24,7 @@ from .options import (DEFAULT_MODEL, command_errors, flash_attn_option, labelled
                    help="Most tokens per answer (greedy); an answer cut short is still the next turn's history.")
 @threads_option
 @n_ctx_option(N_CTX_SERVER, help="Context window: a conversation's last prompt and answer must fit in it.")
-@flash_attn_option
+@device_options
 @click.option("--memory-mb", default=DEFAULT_CAP_MB, show_default=True, type=click.FloatRange(min=0.0625),
               help="Byte cap of the default side's memory (a fresh one per conversation).")
 @click.option("--memory-off/--no-memory-off", "with_memory_off", default=True,
@@ -34,7 +34,7 @@ from .options import (DEFAULT_MODEL, command_errors, flash_attn_option, labelled
               help="Send the conversations as a plain 'User: / Assistant:' transcript (models without a chat "
                    "template).")
 @report_options("every turn's figures and the summary", "each comparison's ratio per turn with its interval")
-def bench_multiturn(model, n_conversations, max_tokens, threads, n_ctx, flash_attn, memory_mb, with_memory_off,
+def bench_multiturn(model, n_conversations, max_tokens, threads, n_ctx, device, memory_mb, with_memory_off,
                     raw, json_path, plot_path) -> None:
     """Multi-turn conversations: the default decoder against plain decoding.
 
@@ -69,7 +69,7 @@ def bench_multiturn(model, n_conversations, max_tokens, threads, n_ctx, flash_at
             pyplot()
         convs = conversations(n_conversations)
         # memory_mb=0: the plain side's answers must not reach the default side's drafts (multiturn.py).
-        target = load_model(model, n_ctx=n_ctx, n_threads=n_threads, flash_attn=flash_attn, memory_mb=0)
+        target = load_model(model, n_ctx=n_ctx, n_threads=n_threads, memory_mb=0, **device)
         sides = mt.make_sides(target, memory_mb=memory_mb, memory_off=with_memory_off)
         names = [n for n, _ in sides]
         warm = mt.prompt_tokens(target, convs[0].messages(0, []), raw)
@@ -82,7 +82,8 @@ def bench_multiturn(model, n_conversations, max_tokens, threads, n_ctx, flash_at
     mt.add_turn_ratios(records, list(summary))
     totals = mt.side_totals(records, names)
     result = {
-        "model": target.path, "threads": n_threads, "flash_attn": target.flash_attn, "n_ctx": n_ctx,
+        "model": target.path, "threads": n_threads, "flash_attn": target.flash_attn,
+        "n_gpu_layers": device["n_gpu_layers"], "n_ctx": n_ctx,
         "max_tokens": max_tokens, "sampling": Sampling.GREEDY.to_dict(), "raw": raw, "memory_mb": memory_mb, "sides": names,
         "conversations": [c.id for c in convs], "summary": summary, "sides_turns_2plus": totals,
         "turns": records,
@@ -95,8 +96,10 @@ def bench_multiturn(model, n_conversations, max_tokens, threads, n_ctx, flash_at
 
 def bench_serve_multiturn(model: str, *, n_conversations: Optional[int], max_tokens: int, reps: int, threads: int,
                           n_ctx: Optional[int], llama_server: Optional[str], llama_specs: Sequence[str],
-                          llama_args: str, memory_off: bool, raw: bool, json_path, plot_path) -> None:
-    """`pyspec bench-serve --multiturn`: pyspec/bench/serve/multiturn.py states the method."""
+                          llama_args: str, memory_off: bool, raw: bool, json_path, plot_path,
+                          device: dict) -> None:
+    """`pyspec bench-serve --multiturn`: pyspec/bench/serve/multiturn.py states the method.
+    ``device``: bench-serve's --n-gpu-layers, --flash-attn and --strict, for every server."""
     import shlex
 
     from ..bench.serve import multiturn as sm
@@ -113,18 +116,20 @@ def bench_serve_multiturn(model: str, *, n_conversations: Optional[int], max_tok
             from ..bench.plot import pyplot
 
             pyplot()
+        check_device(device)
         convs = conversations(4 if n_conversations is None else n_conversations)
         ctx = n_ctx or sm.CTX_PER_CONVERSATION * len(convs)
         path = resolve_path(model)
         backends = sm.backends(path, parallel=len(convs), n_ctx=ctx, threads=threads, llama_server=llama_server,
                                llama_specs=llama_specs, llama_args=shlex.split(llama_args or ""),
-                               memory_off=memory_off)
+                               memory_off=memory_off, device=device)
         count = token_counter(path)
         with labelled_progress(reps * len(backends), "bench-serve --multiturn") as (bar, progress):
             runs = sm.run(backends, convs, max_tokens=max_tokens, reps=reps, count=count, raw=raw,
                           progress=progress, done=lambda: bar.update(1))
     summary = sm.summarize(runs, [b.name for b in backends])
-    result = {"mode": "multiturn", "model": path, "threads": threads, "n_ctx": ctx, "parallel": len(convs),
+    result = {"mode": "multiturn", "model": path, "threads": threads, "n_gpu_layers": device["n_gpu_layers"],
+              "flash_attn_requested": device["flash_attn"], "n_ctx": ctx, "parallel": len(convs),
               "max_tokens": max_tokens, "reps": reps, "raw": raw, "conversations": [c.id for c in convs],
               "backends": [{"name": b.name, "command": b.command} for b in backends], "summary": summary,
               "runs": runs}

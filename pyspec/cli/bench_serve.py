@@ -10,8 +10,9 @@ import click
 
 from ..bench.conversations import CONVERSATIONS
 from ..settings import N_CTX_BENCH, N_CTX_SERVER
-from .options import (DEFAULT_DRAFT, DEFAULT_MODEL, IntList, command_errors, labelled_progress, load_model,
-                      max_tokens_option, n_ctx_option, report_options, threads_option, write_report)
+from .options import (DEFAULT_DRAFT, DEFAULT_MODEL, IntList, check_device, command_errors, device_options,
+                      labelled_progress, load_model, max_tokens_option, n_ctx_option, report_options, threads_option,
+                      write_report)
 
 
 @click.command("bench-serve")
@@ -25,6 +26,7 @@ from .options import (DEFAULT_DRAFT, DEFAULT_MODEL, IntList, command_errors, lab
                    help="Tokens per answer (greedy) [default: 64; --llama-server: 128; --multiturn: at most 512].")
 @click.option("--reps", default=2, show_default=True, type=click.IntRange(min=1), help="Repetitions.")
 @threads_option
+@device_options
 @n_ctx_option(None, help="Context of each server (pyspec's is shared by its slots; llama-server splits -c among "
                         "its slots) [default: 8192; --llama-server: what the longest prompt and answer need per slot, "
                         "times the slots; --multiturn: 4096 per conversation].")
@@ -70,7 +72,7 @@ from .options import (DEFAULT_DRAFT, DEFAULT_MODEL, IntList, command_errors, lab
 @report_options("every wave's figures (--llama-server: and answers)", "aggregate tok/s and TTFT against the number of "
                 "clients (--multiturn: the ratios with their intervals, and every run's aggregate tok/s)")
 @click.pass_context
-def bench_serve(ctx, model, draft, counts, max_tokens, reps, threads, n_ctx, with_generate, raw, multiturn,
+def bench_serve(ctx, model, draft, counts, max_tokens, reps, threads, device, n_ctx, with_generate, raw, multiturn,
                 n_conversations, llama_server, llama_specs, llama_args, cached_same_user, local_user, memory_off,
                 turns, resend, system_tokens, slots, json_path, plot_path) -> None:
     """pyspec's server against llama.cpp's or llama-cpp-python's, under concurrent clients.
@@ -103,6 +105,10 @@ def bench_serve(ctx, model, draft, counts, max_tokens, reps, threads, n_ctx, wit
     Prints each backend's aggregate tok/s, TTFT and drafts, and the ratio
     pyspec serve / each other backend with a 95 % interval over repetitions
     (pyspec/bench/serve/multiturn.py states the method).
+
+    Every server runs --n-gpu-layers and --flash-attn as `pyspec serve` does
+    (llama-server: -ngl, -fa; llama-cpp-python's server: --n_gpu_layers, and
+    the flash attention pyspec's context runs); --strict goes to `pyspec serve`.
 
     Progress goes to stderr.
     """
@@ -138,7 +144,7 @@ def bench_serve(ctx, model, draft, counts, max_tokens, reps, threads, n_ctx, wit
                                   system_tokens=system_tokens, slots=slots, max_tokens=max_tokens or 32, reps=reps,
                                   threads=threads or physical_cores(), n_ctx=n_ctx, llama_server=llama_server,
                                   llama_specs=specs or ["none"], llama_args=llama_args, json_path=json_path,
-                                  plot_path=plot_path)
+                                  plot_path=plot_path, device=device)
     refuse(("system_tokens", "slots", "resend"), "without --turns")
     if multiturn:
         from .bench_multiturn import bench_serve_multiturn
@@ -147,14 +153,13 @@ def bench_serve(ctx, model, draft, counts, max_tokens, reps, threads, n_ctx, wit
                                      threads=threads or physical_cores(), n_ctx=n_ctx, llama_server=llama_server,
                                      llama_specs=specs or ["none", "ngram-mod", "ngram-simple"],
                                      llama_args=llama_args, memory_off=memory_off, raw=raw, json_path=json_path,
-                                     plot_path=plot_path)
+                                     plot_path=plot_path, device=device)
     if llama_server:
         return _bench_serve_llama(model, draft, counts or [1, 4, 8, 16], max_tokens=max_tokens or 128, reps=reps,
                                   threads=threads or physical_cores(), n_ctx=n_ctx, raw=raw,
                                   llama_server=llama_server, llama_specs=specs or ["none", "ngram-mod"],
                                   llama_args=llama_args, same_user=cached_same_user, local_user=local_user,
-                                  json_path=json_path,
-                                  plot_path=plot_path)
+                                  json_path=json_path, plot_path=plot_path, device=device)
     counts = counts or [1, 2, 4, 8]
     n_ctx, max_tokens = n_ctx or N_CTX_SERVER, max_tokens or 64
     from ..bench.serve import concurrent as bs
@@ -169,10 +174,11 @@ def bench_serve(ctx, model, draft, counts, max_tokens, reps, threads, n_ctx, wit
                                    f"'pyspec-llama[bench]' ({e})") from e
     n_threads = threads or physical_cores()
     with command_errors():
-        target = load_model(model, n_ctx=N_CTX_BENCH, n_threads=n_threads)
+        load = dict(n_ctx=N_CTX_BENCH, n_threads=n_threads, **device)
+        target = load_model(model, **load)
         decoder = None
         if with_generate and 1 in counts:
-            decoder = SpeculativeDecoder(target, load_model(draft, n_ctx=N_CTX_BENCH, n_threads=n_threads) if draft else None)
+            decoder = SpeculativeDecoder(target, load_model(draft, **load) if draft else None)
         texts = [p.text for p in suite_prompts(per_category=1)]
 
         def render(text: str) -> str:
@@ -182,9 +188,10 @@ def bench_serve(ctx, model, draft, counts, max_tokens, reps, threads, n_ctx, wit
         with labelled_progress(reps * len(counts), "bench-serve") as (bar, progress):
             rows = bs.run(target.path, draft, texts, counts, max_tokens=max_tokens, reps=reps, n_ctx=n_ctx,
                           threads=n_threads, decoder=decoder, count=count, render=render,
-                          progress=progress)
+                          progress=progress, device=device, flash_attn=target.flash_attn == "on")
             bar.update(reps * len(counts))
-    result = {"model": target.path, "draft": draft, "threads": n_threads, "max_tokens": max_tokens, "rows": rows,
+    result = {"model": target.path, "draft": draft, "threads": n_threads, "flash_attn": target.flash_attn,
+              "n_gpu_layers": device["n_gpu_layers"], "max_tokens": max_tokens, "rows": rows,
               "table": bs.summarize(rows)}
     if json_path:
         with click.open_file(json_path, "w") as f:
@@ -193,6 +200,7 @@ def bench_serve(ctx, model, draft, counts, max_tokens, reps, threads, n_ctx, wit
         bs.plot(rows, plot_path)
     if json_path != "-":
         click.echo(f"{target.path} (draft {draft or 'none: n-gram lookup'}), {n_threads} threads, "
+                   f"flash attention {target.flash_attn}, --n-gpu-layers {device['n_gpu_layers']}, "
                    f"{max_tokens} greedy tokens per request")
         click.echo(result["table"])
 
@@ -203,7 +211,7 @@ COUNTING = ("every answer tokenized with the model's own vocabulary (llama-cpp-p
 
 
 def _bench_serve_llama(model, draft, counts, *, max_tokens, reps, threads, n_ctx, raw, llama_server, llama_specs,
-                       llama_args, same_user, local_user, json_path, plot_path) -> None:
+                       llama_args, same_user, local_user, json_path, plot_path, device) -> None:
     """`pyspec bench-serve --llama-server PATH`: pyspec/bench/serve/llama_server.py states the method."""
     import shlex
 
@@ -218,6 +226,7 @@ def _bench_serve_llama(model, draft, counts, *, max_tokens, reps, threads, n_ctx
             from ..bench.plot import pyplot
 
             pyplot()
+        check_device(device)
         path = resolve_path(model)
         draft_path = resolve_path(draft) if draft else ""
         count = token_counter(path)
@@ -227,15 +236,16 @@ def _bench_serve_llama(model, draft, counts, *, max_tokens, reps, threads, n_ctx
         ctx = n_ctx or per_slot * parallel
         backends = bs.comparison_backends(path, draft_path, parallel=parallel, n_ctx=ctx, threads=threads,
                                           llama_server=llama_server, llama_specs=llama_specs,
-                                          llama_args=shlex.split(llama_args or ""))
+                                          llama_args=shlex.split(llama_args or ""), device=device)
         with labelled_progress(reps * len(counts) * len(backends), "bench-serve --llama-server") as (bar, progress):
             waves = bs.run_comparison(backends, texts, counts, max_tokens=max_tokens, reps=reps, count=count, raw=raw,
                                       same_user=same_user, local_user=local_user, progress=progress,
                                       done=lambda: bar.update(1))
         # Where answers part, the target's own probabilities of the two tokens (a lone pass).
-        explain = bs.tie_explainer(path) if not raw else None
+        explain = bs.tie_explainer(path, **device) if not raw else None
         summary = bs.summarize_comparison(waves, count=count, explain=explain)
     result = {"mode": "llama-server", "model": path, "draft": draft_path or None, "threads": threads,
+              "n_gpu_layers": device["n_gpu_layers"], "flash_attn_requested": device["flash_attn"],
               "parallel": parallel, "n_ctx": ctx, "n_ctx_per_slot": ctx // parallel, "clients": list(counts),
               "max_tokens": max_tokens, "reps": reps, "raw": raw, "cached_same_user": same_user,
               "local_user": local_user,
@@ -249,7 +259,7 @@ def _bench_serve_llama(model, draft, counts, *, max_tokens, reps, threads, n_ctx
 
 
 def _bench_serve_turns(model, draft, turns, conversations, *, resend, system_tokens, slots, max_tokens, reps,
-                       threads, n_ctx, llama_server, llama_specs, llama_args, json_path, plot_path) -> None:
+                       threads, n_ctx, llama_server, llama_specs, llama_args, json_path, plot_path, device) -> None:
     """`pyspec bench-serve --turns N`: pyspec/bench/serve/turns.py states the method."""
     import shlex
 
@@ -263,6 +273,7 @@ def _bench_serve_turns(model, draft, turns, conversations, *, resend, system_tok
             from ..bench.plot import pyplot
 
             pyplot()
+        check_device(device)
         path = resolve_path(model)
         draft_path = resolve_path(draft) if draft else ""
         count = token_counter(path)
@@ -272,14 +283,15 @@ def _bench_serve_turns(model, draft, turns, conversations, *, resend, system_tok
         ctx = n_ctx or serve_llama.slot_ctx(longest, max_tokens) * max(slots, conversations)
         backends = serve_llama.comparison_backends(path, draft_path, parallel=slots, n_ctx=ctx, threads=threads,
                                                    llama_server=llama_server or "", llama_specs=llama_specs,
-                                                   llama_args=shlex.split(llama_args or ""))
+                                                   llama_args=shlex.split(llama_args or ""), device=device)
         if not llama_server:
             backends = backends[:2]
         with labelled_progress(reps * len(backends), "bench-serve --turns") as (bar, progress):
             rows = bt.run_turns(backends, systems, turns, max_tokens=max_tokens, reps=reps, resend=resend,
                                 progress=progress, done=lambda: bar.update(1))
         summary = bt.summarize_turns(rows)
-    result = {"mode": "turns", "model": path, "draft": draft_path or None, "threads": threads, "slots": slots,
+    result = {"mode": "turns", "model": path, "draft": draft_path or None, "threads": threads,
+              "n_gpu_layers": device["n_gpu_layers"], "flash_attn_requested": device["flash_attn"], "slots": slots,
               "n_ctx": ctx, "conversations": conversations, "turns": turns, "resend": resend,
               "system_tokens": system_tokens,
               "max_tokens": max_tokens, "reps": reps,

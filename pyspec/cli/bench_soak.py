@@ -12,8 +12,8 @@ import click
 
 from ..bench.serve.soak_report import Bounds
 from ..settings import MAX_SEQUENCES, MAX_TOKENS, N_CTX_SERVER, PARALLEL
-from .options import (DEFAULT_DRAFT, DEFAULT_MODEL, command_errors, max_tokens_option, n_ctx_option, report_options,
-                      threads_option, write_report)
+from .options import (DEFAULT_DRAFT, DEFAULT_MODEL, check_device, command_errors, device_options, max_tokens_option,
+                      n_ctx_option, report_options, threads_option, write_report)
 
 _B = Bounds()
 
@@ -45,6 +45,7 @@ _B = Bounds()
 @n_ctx_option(N_CTX_SERVER,
               help="The server's context cells (`pyspec serve --n-ctx`); long requests are sized to fit it.")
 @threads_option
+@device_options
 @max_tokens_option(MAX_TOKENS, minimum=32,
                    help="Longest answer of the mix (long answers ask for a quarter of it up to all of it; short ones "
                         "1-16 tokens); at most a quarter of a slot's share of --n-ctx.")
@@ -60,7 +61,7 @@ _B = Bounds()
 @report_options("every sample, the request counts and the verdict", "RSS, fds, threads and KV cells over time, "
                 "with the bounds")
 def bench_soak(model, draft, no_draft, clients, minutes, warmup_s, fill, interval, idle_timeout, seed, parallel,
-               n_ctx, threads, max_tokens, serve_args, rss_growth_mib, rss_growth_pct, fd_slack, thread_slack,
+               n_ctx, threads, device, max_tokens, serve_args, rss_growth_mib, rss_growth_pct, fd_slack, thread_slack,
                json_path, plot_path) -> None:
     """A soak: `pyspec serve` under mixed concurrent load for --minutes.
 
@@ -82,10 +83,10 @@ def bench_soak(model, draft, no_draft, clients, minutes, warmup_s, fill, interva
     fds and threads are within +--fd-slack/--thread-slack (default 4) of the
     idle baseline taken after the warm-up, no KV cell is held by a running
     sequence, and SIGTERM stops the server with exit status 0. Linux only
-    (/proc).
+    (/proc). --n-gpu-layers, --flash-attn and --strict go to the server.
     """
     from ..bench.serve import soak, soak_load, soak_report
-    from ..bench.serve.process import ServerProcess, free_port
+    from ..bench.serve.process import ServerProcess, free_port, pyspec_device_args
 
     bounds = Bounds(rss_growth_mib=rss_growth_mib, rss_growth_pct=rss_growth_pct, fd_slack=fd_slack,
                     thread_slack=thread_slack)
@@ -102,6 +103,7 @@ def bench_soak(model, draft, no_draft, clients, minutes, warmup_s, fill, interva
     cmd += ["--draft", draft] if draft else []
     cmd += ["--no-draft"] if no_draft else []
     cmd += ["--threads", str(threads)] if threads else []
+    cmd += pyspec_device_args(device)
     cmd += shlex.split(serve_args)
 
     def progress(line: str) -> None:
@@ -113,6 +115,7 @@ def bench_soak(model, draft, no_draft, clients, minutes, warmup_s, fill, interva
 
             pyplot()
         soak.proc_figures(os.getpid())  # /proc is there (Linux)
+        check_device(device)  # --strict on a build without a GPU backend: one line now, not a server that dies
         progress(f"starting: {shlex.join(cmd)}")
         server = ServerProcess(cmd, port)
         exit_status = None
@@ -132,7 +135,8 @@ def bench_soak(model, draft, no_draft, clients, minutes, warmup_s, fill, interva
     result = {
         "command": cmd, "model": model, "draft": draft, "no_draft": no_draft, "clients": clients,
         "minutes": minutes, "warmup_s": warmup_s, "fill": run.fill or None, "interval_s": interval, "seed": seed,
-        "parallel": parallel, "n_ctx": n_ctx,
+        "parallel": parallel, "n_ctx": n_ctx, "n_gpu_layers": device["n_gpu_layers"],
+        "flash_attn_requested": device["flash_attn"],
         "mix": {"long_max_tokens": mix.long_max_tokens, "long_prompt_chars": mix.long_prompt_chars,
                 "max_n": mix.max_n, "users": soak_load.USERS},
         "baseline": run.baseline, "samples": run.samples, "final": run.final, "warmup_requests": run.warmup,

@@ -42,7 +42,8 @@ from .options import (DEFAULT_DRAFT, DEFAULT_MODEL, chat_template_option, comman
 @click.option("--raw", is_flag=True, help="Send PROMPT as is, without the model's chat template.")
 @click.option("--stop", multiple=True, help="Stop when this text appears (repeatable); it is not printed.")
 @click.option("--json", "as_json", is_flag=True,
-              help="Print one JSON object (text, tokens, n_prompt_tokens, n_generated_tokens, stats, flash_attn) "
+              help="Print one JSON object (text, tokens, n_prompt_tokens, n_generated_tokens, stats, flash_attn, "
+                   "n_gpu_layers) "
                    "instead of streaming.")
 @click.option("--stats", "show_stats", is_flag=True, help="Print a summary of speed and acceptance on stderr.")
 @click.option("--show-drafts", is_flag=True,
@@ -51,9 +52,6 @@ from .options import (DEFAULT_DRAFT, DEFAULT_MODEL, chat_template_option, comman
               help="Independent samples of PROMPT, generated together (one target pass per round for all; "
                    "drafted by consensus among them, without a draft model). Printed one after another; "
                    "--json gives a `choices` list and batch `stats`.")
-@click.option("--strict", is_flag=True,
-              help="Fail instead of warning when --n-gpu-layers asks for GPU offload on a build that has no "
-                   "GPU backend.")
 @click.option("--memory", "memory_file", default=None, type=click.Path(dir_okay=False),
               help="A memory file: earlier prompts and answers to draft from (suffix drafter); created if "
                    "missing, and this run's prompt and answer are added to it.")
@@ -63,8 +61,8 @@ from .options import (DEFAULT_DRAFT, DEFAULT_MODEL, chat_template_option, comman
 @sampling_options()
 @model_options
 def generate(prompt, model, draft, no_draft, draft_max, drafter, policy, p_min, svip_h, svip_gamma, raw, stop,
-             as_json, show_stats, show_drafts, n_samples, strict, max_tokens, sampling, seed, n_ctx,
-             threads, n_gpu_layers, flash_attn, memory_file, chat_template, constraint) -> None:
+             as_json, show_stats, show_drafts, n_samples, max_tokens, sampling, seed, n_ctx, threads, device,
+             memory_file, chat_template, constraint) -> None:
     """Generate a continuation of PROMPT and stream it to stdout.
 
     By default the default target/draft pair runs speculative decoding, which
@@ -83,8 +81,7 @@ def generate(prompt, model, draft, no_draft, draft_max, drafter, policy, p_min, 
     with command_errors():
         target, gen = load_pair(model, draft, no_draft=no_draft, drafter=drafter, policy=policy,
                                 draft_max=draft_max, default_draft=default_draft, n_ctx=n_ctx, n_threads=threads,
-                                n_gpu_layers=n_gpu_layers, flash_attn=flash_attn, strict=strict, n_seq_max=n_samples,
-                                chat_template=chat_template)
+                                n_seq_max=n_samples, chat_template=chat_template, **device)
         kwargs = dict(p_min=p_min, svip_h=svip_h, svip_gamma=svip_gamma) if gen.speculative else {}
         if constraint is not None:
             try:
@@ -103,7 +100,7 @@ def generate(prompt, model, draft, no_draft, draft_max, drafter, policy, p_min, 
                                  stop=list(stop), chat=not raw, **kwargs)
             _save_memory(memory, memory_file, target)
     if n_samples > 1:
-        _print_samples(batch, as_json, show_stats, target.flash_attn)
+        _print_samples(batch, as_json, show_stats, target.flash_attn, device["n_gpu_layers"])
         return
     with command_errors():
         out = gen.generate(
@@ -120,12 +117,13 @@ def generate(prompt, model, draft, no_draft, draft_max, drafter, policy, p_min, 
     if as_json:
         d = out.to_dict()
         d["flash_attn"] = target.flash_attn  # as the target's context runs it ("on"/"off")
+        d["n_gpu_layers"] = device["n_gpu_layers"]  # as asked (a build without a GPU backend warned)
         click.echo(json.dumps(d, indent=2, ensure_ascii=False))
     else:
         click.echo()
     if show_stats:
         sys.stdout.flush()
-        click.echo(_stats_summary(out, flash_attn=target.flash_attn, requested=flash_attn), err=True)
+        click.echo(_stats_summary(out, flash_attn=target.flash_attn, requested=device["flash_attn"]), err=True)
 
 
 def _open_memory(path, gen):
@@ -148,10 +146,11 @@ def _save_memory(memory, path, target) -> None:
         memory.save(path, vocab_fingerprint(target))
 
 
-def _print_samples(batch, as_json: bool, show_stats: bool, flash_attn: str) -> None:
+def _print_samples(batch, as_json: bool, show_stats: bool, flash_attn: str, n_gpu_layers: int) -> None:
     if as_json:
         d = batch.to_dict()
         d["flash_attn"] = flash_attn
+        d["n_gpu_layers"] = n_gpu_layers
         click.echo(json.dumps(d, indent=2, ensure_ascii=False))
     else:
         for i, c in enumerate(batch.choices):

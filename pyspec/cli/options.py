@@ -17,9 +17,9 @@ from ..errors import PyspecError
 from ..settings import MAX_TOKENS, N_CTX, N_CTX_MIN, SEED_MAX, Sampling
 from ..models import DEFAULT_DRAFT, DEFAULT_TARGET as DEFAULT_MODEL
 
-__all__ = ["DEFAULT_DRAFT", "DEFAULT_MODEL", "IntList", "command_errors", "flash_attn_option", "load_model",
-           "load_pair", "max_tokens_option", "model_options", "n_ctx_option", "report_options", "sampling_options",
-           "suite_options", "threads_option"]
+__all__ = ["DEFAULT_DRAFT", "DEFAULT_MODEL", "IntList", "check_device", "command_errors", "device_options",
+           "load_model", "load_pair", "max_tokens_option", "model_options", "n_ctx_option", "report_options",
+           "sampling_options", "suite_options", "threads_option"]
 
 
 @contextmanager
@@ -186,24 +186,49 @@ def n_ctx_option(default: Optional[int] = N_CTX, help: str = "Context window in 
                         type=click.IntRange(min=N_CTX_MIN), help=help)
 
 
-def model_options(f):
-    opts = [
-        n_ctx_option(),
-        threads_option,
+def device_options(f):
+    """--n-gpu-layers, --flash-attn and --strict: where the models run, on every
+    command that loads one (or starts a `pyspec serve` that does). Handed to the
+    command as one ``device``, a dict ``{"n_gpu_layers", "flash_attn", "strict"}``
+    that :func:`load_model` and :func:`load_pair` take as keywords (``**device``)."""
+    @functools.wraps(f)
+    def command(*args, n_gpu_layers, flash_attn, strict, **kwargs):
+        return f(*args, device=dict(n_gpu_layers=n_gpu_layers, flash_attn=flash_attn, strict=strict), **kwargs)
+
+    for opt in reversed([
         click.option("--n-gpu-layers", default=0, show_default=True, type=int,
-                     help="Layers to offload on Metal/CUDA builds of llama.cpp (-1 = all); on a build "
-                          "without a GPU backend this warns (see `pyspec info`)."),
-        flash_attn_option,
-    ]
-    for opt in reversed(opts):
+                     help="Layers to offload on Metal/CUDA builds of llama.cpp (-1 = all); on a build without a GPU "
+                          "backend this warns (see `pyspec info`), and --strict makes it an error."),
+        click.option("--flash-attn", type=click.Choice(["auto", "on", "off"]), default="auto", show_default=True,
+                     help="Flash attention: auto lets llama.cpp enable it where the device supports it (on for the "
+                          "CPU); on/off force it. Logits differ slightly between on and off."),
+        click.option("--strict", is_flag=True,
+                     help="Fail instead of warning when --n-gpu-layers asks for GPU offload on a build that has no "
+                          "GPU backend."),
+    ]):
+        command = opt(command)
+    return command
+
+
+def model_options(f):
+    """--n-ctx, --threads and :func:`device_options` (generate)."""
+    for opt in reversed([n_ctx_option(), threads_option, device_options]):
         f = opt(f)
     return f
 
 
-flash_attn_option = click.option(
-    "--flash-attn", type=click.Choice(["auto", "on", "off"]), default="auto", show_default=True,
-    help="Flash attention: auto lets llama.cpp enable it where the device supports it (on for the CPU); "
-         "on/off force it. Logits differ slightly between on and off.")
+def check_device(device: dict) -> None:
+    """What loading a model with ``device`` would say about GPU offload, said now:
+    for the commands that leave the loading to `pyspec serve` processes they start
+    (under command_errors, --strict on a build without a GPU backend is then a
+    one-line error, not a server that dies at startup)."""
+    from ..model import _check_gpu_offload
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _check_gpu_offload(device["n_gpu_layers"], device["strict"])
+    for w in caught:
+        click.echo(f"warning: {w.message}", err=True)
 
 
 chat_template_option = click.option(

@@ -12,7 +12,7 @@ from ..sampling import VARIANTS
 from ..speculative import DRAFTERS, POLICIES
 from ..server.scheduler import DEFAULT_CACHE_RAM_MB, DEFAULT_CACHE_SLOTS
 from ..settings import MAX_SEQUENCES, N_CTX_SERVER, PARALLEL, PREFILL_CHUNK
-from .options import (DEFAULT_DRAFT, DEFAULT_MODEL, chat_template_option, command_errors, flash_attn_option, load_pair,
+from .options import (DEFAULT_DRAFT, DEFAULT_MODEL, chat_template_option, command_errors, device_options, load_pair,
                       n_ctx_option, threads_option)
 
 
@@ -54,9 +54,7 @@ from .options import (DEFAULT_DRAFT, DEFAULT_MODEL, chat_template_option, comman
               help="Require `Authorization: Bearer KEY` on the /v1 routes.")
 @click.option("--model-alias", default=None, help="The model name clients use [default: the target's name].")
 @threads_option
-@click.option("--n-gpu-layers", default=0, show_default=True, type=int,
-              help="Layers to offload on Metal/CUDA builds of llama.cpp (-1 = all).")
-@flash_attn_option
+@device_options
 @chat_template_option
 @click.option("--memory/--no-memory", default=True, show_default=True,
               help="Keep each user's earlier prompts and answers for suffix drafting (per request field `user`; "
@@ -71,7 +69,7 @@ from .options import (DEFAULT_DRAFT, DEFAULT_MODEL, chat_template_option, comman
 @click.option("--test-variant", type=click.Choice(VARIANTS), default="correct", hidden=True,
               help="TEST-ONLY: a wrong acceptance rule (e.g. residual_is_p) for the lossless test's negative control.")
 def serve(model, draft, no_draft, drafter, policy, draft_max, host, port, parallel, cache_slots, cache_ram,
-          prompt_cache, queue_size, n_ctx, prefill_chunk, api_key, model_alias, threads, n_gpu_layers, flash_attn,
+          prompt_cache, queue_size, n_ctx, prefill_chunk, api_key, model_alias, threads, device,
           chat_template, memory, memory_mb, memory_users, test_slot_choice, test_variant) -> None:
     """Serve the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models),
     with /health and Prometheus /metrics.
@@ -95,8 +93,8 @@ def serve(model, draft, no_draft, drafter, policy, draft_max, host, port, parall
     name = model_alias or os.path.basename(model or DEFAULT_MODEL).removesuffix(".gguf")
     with command_errors():
         _, decoder = load_pair(model, draft, no_draft=no_draft, drafter=drafter, policy=policy, draft_max=draft_max,
-                               n_ctx=n_ctx, n_threads=threads, n_gpu_layers=n_gpu_layers, flash_attn=flash_attn,
-                               n_seq_max=min(parallel + cache_slots, MAX_SEQUENCES), chat_template=chat_template)
+                               n_ctx=n_ctx, n_threads=threads, n_seq_max=min(parallel + cache_slots, MAX_SEQUENCES),
+                               chat_template=chat_template, **device)
         decoder.target.chat_template.check()  # a template that does not compile: say so now, not per request
     app = create_app(decoder, model_name=name, parallel=parallel,
                      queue_size=4 * parallel if queue_size is None else queue_size, api_key=api_key,

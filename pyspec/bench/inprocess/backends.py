@@ -67,10 +67,12 @@ class LlamaCppRunner:
     """llama-cpp-python's ``Llama.create_completion``, optionally with its
     prompt-lookup drafter. Streams so that time to first token is visible.
     ``flash_attn`` is llama-cpp-python's bool (its default is off; pass what the
-    pyspec side runs, so that both compute the same numerics)."""
+    pyspec side runs, so that both compute the same numerics); ``n_gpu_layers``
+    as pyspec's (-1 = all), so that both run on the same device."""
 
     def __init__(self, model_path: str, *, n_ctx: int, n_threads: int, n_batch: int = 512,
-                 flash_attn: bool = False, prompt_lookup: Optional[int] = None, name: Optional[str] = None) -> None:
+                 flash_attn: bool = False, n_gpu_layers: int = 0, prompt_lookup: Optional[int] = None,
+                 name: Optional[str] = None) -> None:
         import llama_cpp
 
         draft = None
@@ -79,7 +81,8 @@ class LlamaCppRunner:
 
             draft = LlamaPromptLookupDecoding(num_pred_tokens=prompt_lookup)
         self.llm = llama_cpp.Llama(model_path, n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads,
-                                   n_batch=n_batch, flash_attn=flash_attn, draft_model=draft, verbose=False)
+                                   n_batch=n_batch, flash_attn=flash_attn, n_gpu_layers=n_gpu_layers, draft_model=draft,
+                                   verbose=False)
         self.name = name or ("llama-cpp-python lookup" if prompt_lookup else "llama-cpp-python")
 
     def run(self, tokens: List[int], s: Settings) -> Sample:

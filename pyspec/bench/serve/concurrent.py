@@ -30,27 +30,35 @@ import statistics
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, List, Sequence
+from typing import Callable, List, Optional, Sequence
 
 from ...settings import Sampling
-from .process import ServerProcess, free_port, stream_completion
+from .process import ServerProcess, free_port, pyspec_device_args, stream_completion
 
 PYSPEC, LLAMA, GENERATE = "pyspec serve", "llama-cpp-python server", "pyspec generate"
 
 
-def start_pyspec(model: str, draft: str, *, parallel: int, n_ctx: int, threads: int) -> ServerProcess:
+def start_pyspec(model: str, draft: str, *, parallel: int, n_ctx: int, threads: int,
+                 device: Optional[dict] = None) -> ServerProcess:
+    """``device``: bench-serve's --n-gpu-layers, --flash-attn and --strict (process.pyspec_device_args)."""
     port = free_port()
     cmd = [sys.executable, "-m", "pyspec.cli", "serve", "--port", str(port), "--model", model,
-           "--parallel", str(parallel), "--n-ctx", str(n_ctx), "--threads", str(threads)]
+           "--parallel", str(parallel), "--n-ctx", str(n_ctx), "--threads", str(threads),
+           *pyspec_device_args(device)]
     cmd += ["--draft", draft] if draft else ["--drafter", "ngram"]
     return ServerProcess(cmd, port)
 
 
-def start_llama(model_path: str, *, n_ctx: int, threads: int) -> ServerProcess:
+def start_llama(model_path: str, *, n_ctx: int, threads: int, n_gpu_layers: int = 0,
+                flash_attn: Optional[bool] = None) -> ServerProcess:
+    """llama-cpp-python's server with pyspec's offload (``n_gpu_layers``, -1 = all)
+    and, as `pyspec bench` gives its runners, the flash attention pyspec's
+    context runs (``flash_attn``, a bool; None: its own default, off)."""
     port = free_port()
     cmd = [sys.executable, "-m", "llama_cpp.server", "--model", model_path, "--port", str(port),
            "--n_ctx", str(n_ctx), "--n_threads", str(threads), "--n_threads_batch", str(threads),
-           "--interrupt_requests", "False"]
+           "--n_gpu_layers", str(n_gpu_layers), "--interrupt_requests", "False"]
+    cmd += [] if flash_attn is None else ["--flash_attn", str(flash_attn)]
     return ServerProcess(cmd, port, health="/v1/models")
 
 
@@ -160,20 +168,25 @@ def plot(rows: List[dict], path: str) -> None:
 
 def run(model_path: str, draft: str, prompts: Sequence[str], clients: Sequence[int], *, max_tokens: int, reps: int,
         n_ctx: int, threads: int, decoder, count: Callable[[str], int], render: Callable[[str], str],
-        progress: Callable[[str], None]) -> List[dict]:
+        progress: Callable[[str], None], device: Optional[dict] = None,
+        flash_attn: Optional[bool] = None) -> List[dict]:
     """Both servers up at once (idle, they cost nothing), waves interleaved.
     Every request's text starts with a tag of its own (``render`` then applies
     the chat template), so that no server finds a request's prompt in its
-    prefix cache from an earlier wave: each prefills what it is sent."""
+    prefix cache from an earlier wave: each prefills what it is sent.
+    ``device`` (--n-gpu-layers, --flash-attn, --strict) goes to pyspec serve,
+    its offload to llama-cpp-python's server too, with ``flash_attn`` (what
+    pyspec's context runs, as a bool)."""
     tags = itertools.count()
 
     def fresh(texts: Sequence[str]) -> List[str]:
         return [render(f"(request {next(tags)}) {t}") for t in texts]
 
     progress("starting pyspec serve and llama-cpp-python's server")
-    ours = start_pyspec(model_path, draft, parallel=max(clients), n_ctx=n_ctx, threads=threads)
+    ours = start_pyspec(model_path, draft, parallel=max(clients), n_ctx=n_ctx, threads=threads, device=device)
     try:
-        theirs = start_llama(model_path, n_ctx=n_ctx, threads=threads)
+        theirs = start_llama(model_path, n_ctx=n_ctx, threads=threads,
+                             n_gpu_layers=device["n_gpu_layers"] if device else 0, flash_attn=flash_attn)
     except BaseException:
         ours.stop()
         raise

@@ -1,8 +1,9 @@
 """Serving against llama.cpp's own server (`pyspec bench-serve --llama-server
 PATH`).
 
-Backends, all on the same model file, threads and slots (-np / --parallel: the
-most clients asked for):
+Backends, all on the same model file, threads, slots (-np / --parallel: the
+most clients asked for), GPU offload and flash attention (bench-serve's
+--n-gpu-layers, --flash-attn: -ngl, -fa):
 
 * ``pyspec serve`` as users start it (with --draft, the draft model and its
   default drafter; without one, suffix lookup) and ``pyspec serve --no-draft``
@@ -97,13 +98,14 @@ def slot_ctx(longest_prompt_tokens: int, max_tokens: int) -> int:
 
 def comparison_backends(model_path: str, draft: str, *, parallel: int, n_ctx: int, threads: int, llama_server: str,
                         llama_specs: Sequence[str] = ("none", "ngram-mod"),
-                        llama_args: Sequence[str] = ()) -> List[Backend]:
+                        llama_args: Sequence[str] = (), device: Optional[dict] = None) -> List[Backend]:
     """pyspec serve (``draft``: a draft model's path, '' for its lookup
-    default), pyspec serve --no-draft, then llama-server per spec."""
-    ours = pyspec_serve_command(model_path, parallel=parallel, n_ctx=n_ctx, threads=threads)
+    default), pyspec serve --no-draft, then llama-server per spec; all with
+    ``device``'s offload and flash attention (process.pyspec_device_args)."""
+    ours = pyspec_serve_command(model_path, parallel=parallel, n_ctx=n_ctx, threads=threads, device=device)
     return [Backend(PYSPEC, ours + (["--draft", draft] if draft else [])), Backend(PYSPEC_PLAIN, ours + ["--no-draft"]),
             *llama_server_backends(llama_server, model_path, parallel=parallel, n_ctx=n_ctx, threads=threads,
-                                   specs=llama_specs, args=llama_args, draft=draft)]
+                                   specs=llama_specs, args=llama_args, draft=draft, device=device)]
 
 
 def wave_messages(prompts: Sequence[str], rep: int, clients: int) -> List[List[dict]]:
@@ -236,17 +238,18 @@ def is_llama(name: str) -> bool:
 NEAR_TIE = 0.1
 
 
-def tie_explainer(model_path: str, *, n_ctx: int = 4096) -> Callable[[Sequence[dict], str, str], dict]:
+def tie_explainer(model_path: str, *, n_ctx: int = 4096, **device) -> Callable[[Sequence[dict], str, str], dict]:
     """``explain(messages, a, b)``: where answers ``a`` and ``b`` to ``messages``
     part (first differing token of their tokenization), the target's
     probabilities of either token after the common prefix, in a pass of its
     own; ``near_tie`` when they lie within :data:`NEAR_TIE`, ``top_two``
-    when the two are the target's two most likely tokens."""
+    when the two are the target's two most likely tokens. ``device``: Model's
+    n_gpu_layers, flash_attn and strict (pyspec serve's)."""
     import numpy as np
 
     from ...model import Model
 
-    model = Model(model_path, n_ctx=n_ctx, memory_mb=0)
+    model = Model(model_path, n_ctx=n_ctx, memory_mb=0, **device)
 
     def explain(messages: Sequence[dict], a: str, b: str) -> dict:
         ta, tb = (model.tokenize(x, add_special=False) for x in (a, b))

@@ -1,7 +1,7 @@
 """Multi-turn conversations through servers (`pyspec bench-serve --multiturn`).
 
 The backends run one at a time, on the same model file, threads, slot count
-(one slot per conversation) and context size:
+(one slot per conversation), context size, GPU offload and flash attention:
 
 * ``pyspec serve`` as users start it (suffix drafter, auto policy, one memory
   per request ``user``); with ``--memory-off`` also ``pyspec serve --no-memory``;
@@ -53,16 +53,16 @@ CTX_PER_CONVERSATION = 4096
 
 def backends(model_path: str, *, parallel: int, n_ctx: int, threads: int, llama_server: Optional[str] = None,
              llama_specs: Sequence[str] = ("none", "ngram-mod", "ngram-simple"), llama_args: Sequence[str] = (),
-             memory_off: bool = False) -> List[Backend]:
+             memory_off: bool = False, device: Optional[dict] = None) -> List[Backend]:
     """pyspec serve first (its first run writes the conversations' history), then
-    the others."""
-    ours = pyspec_serve_command(model_path, parallel=parallel, n_ctx=n_ctx, threads=threads)
+    the others; all with ``device``'s offload and flash attention."""
+    ours = pyspec_serve_command(model_path, parallel=parallel, n_ctx=n_ctx, threads=threads, device=device)
     out = [Backend(PYSPEC, ours)]
     if memory_off:
         out.append(Backend(PYSPEC_NO_MEMORY, ours + ["--no-memory"]))
     if llama_server:
         out += llama_server_backends(llama_server, model_path, parallel=parallel, n_ctx=n_ctx, threads=threads,
-                                     specs=llama_specs, args=llama_args)
+                                     specs=llama_specs, args=llama_args, device=device)
     return out
 
 

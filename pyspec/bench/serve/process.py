@@ -160,29 +160,61 @@ class Backend:
         return ServerProcess([a.replace(PORT, str(port)) for a in self.command], port)
 
 
-def pyspec_serve_command(model_path: str, *, parallel: int, n_ctx: int, threads: int) -> List[str]:
-    """``pyspec serve`` as users start it, on ``{port}`` (add --draft, --no-draft...)."""
+def pyspec_device_args(device: Optional[dict]) -> List[str]:
+    """A command's ``device`` (its --n-gpu-layers, --flash-attn and --strict:
+    pyspec/cli/options.py's device_options) as `pyspec serve` arguments; none
+    for None."""
+    if device is None:
+        return []
+    return (["--n-gpu-layers", str(device["n_gpu_layers"]), "--flash-attn", device["flash_attn"]]
+            + (["--strict"] if device.get("strict") else []))
+
+
+def llama_server_device_args(device: Optional[dict]) -> List[str]:
+    """The same ``device`` as llama-server arguments: ``-ngl`` (pyspec's -1, all
+    layers, as 999: llama-server reads -1 as its own default) and ``-fa
+    on|off|auto`` (the llama.cpp that llama-cpp-python vendors; auto is its
+    default, as pyspec's); none for None."""
+    if device is None:
+        return []
+    return ["-ngl", _llama_layers(device), "-fa", device["flash_attn"]]
+
+
+def _llama_layers(device: dict) -> str:
+    """``device``'s --n-gpu-layers for llama-server's -ngl/-ngld (-1: 999, all)."""
+    n = device["n_gpu_layers"]
+    return str(999 if n < 0 else n)
+
+
+def pyspec_serve_command(model_path: str, *, parallel: int, n_ctx: int, threads: int,
+                         device: Optional[dict] = None) -> List[str]:
+    """``pyspec serve`` as users start it, on ``{port}`` (add --draft, --no-draft...);
+    ``device``: as :func:`pyspec_device_args`."""
     return [sys.executable, "-m", "pyspec.cli", "serve", "--model", model_path, "--port", PORT,
-            "--parallel", str(parallel), "--n-ctx", str(n_ctx), "--threads", str(threads)]
+            "--parallel", str(parallel), "--n-ctx", str(n_ctx), "--threads", str(threads),
+            *pyspec_device_args(device)]
 
 
 def llama_server_backends(llama_server: str, model_path: str, *, parallel: int, n_ctx: int, threads: int,
-                          specs: Sequence[str], args: Sequence[str] = (), draft: str = "") -> List[Backend]:
+                          specs: Sequence[str], args: Sequence[str] = (), draft: str = "",
+                          device: Optional[dict] = None) -> List[Backend]:
     """llama.cpp's ``llama-server`` (given by path: not a dependency) on the same
     model, threads (generation and batch: -t sets both), ``parallel`` slots
     and ``-c n_ctx`` (which it splits among its slots unless ``args`` hold
-    ``--kv-unified``): one backend per ``--spec-type`` in ``specs`` ('none':
-    plain, named ``llama-server``; else ``llama-server SPEC``; the ``draft-*``
-    types draft with ``-md draft``), ``args`` last."""
+    ``--kv-unified``), and the offload and flash attention of ``device`` (as
+    :func:`llama_server_device_args`): one backend per ``--spec-type`` in
+    ``specs`` ('none': plain, named ``llama-server``; else ``llama-server
+    SPEC``; the ``draft-*`` types draft with ``-md draft``, its layers
+    offloaded as the target's: ``-ngld``), ``args`` last."""
     base = [llama_server, "-m", model_path, "-t", str(threads), "-np", str(parallel), "-c", str(n_ctx),
-            "--no-webui", "--host", "127.0.0.1", "--port", PORT]
+            *llama_server_device_args(device), "--no-webui", "--host", "127.0.0.1", "--port", PORT]
     out = []
     for spec in specs:
         extra = [] if spec == "none" else ["--spec-type", spec]
         if spec.startswith("draft"):
             if not draft:
                 raise ValueError(f"llama-server --spec-type {spec} needs a draft model (--draft)")
-            extra += ["-md", draft]
+            extra += ["-md", draft] + (["-ngld", _llama_layers(device)] if device is not None else [])
         out.append(Backend(LLAMA_SERVER if spec == "none" else f"{LLAMA_SERVER} {spec}", base + extra + list(args)))
     return out
 
