@@ -58,18 +58,23 @@ def gpu_paths():
 
 
 @pytest.fixture(scope="module", params=["cpu", pytest.param("gpu", marks=pytest.mark.gpu)])
-def models(request, gemma_path):
-    """(target, draft): the test model on the CPU, or the GPU tier's files offloaded."""
+def tier(request, gemma_path):
+    """((target path, draft path), GPU layers): the test model on the CPU, or the
+    GPU tier's files offloaded."""
     if request.param == "gpu":
         paths = gpu_paths()
         if paths is None:
             pytest.skip("the GPU tier needs PYSPEC_GPU_TARGET (a GGUF file; tests/gpu/README.md)")
-        load = dict(n_gpu_layers=int(os.environ.get("PYSPEC_GPU_LAYERS", "-1")), strict=True)
-    else:
-        paths, load = (gemma_path, gemma_path), {}
-    target = pyspec.Model(paths[0], n_ctx=1024, seed=0, memory_mb=0, n_seq_max=2, **load)
-    draft = pyspec.Model(paths[1], n_ctx=1024, seed=0, memory_mb=0, n_seq_max=2, **load)
-    return target, draft
+        return paths, int(os.environ.get("PYSPEC_GPU_LAYERS", "-1"))
+    return (gemma_path, gemma_path), 0
+
+
+@pytest.fixture(scope="module")
+def models(tier):
+    """(target, draft), loaded as the tier says (on a GPU: strictly offloaded)."""
+    paths, layers = tier
+    load = dict(n_ctx=1024, seed=0, memory_mb=0, n_seq_max=2, n_gpu_layers=layers, strict=layers != 0)
+    return pyspec.Model(paths[0], **load), pyspec.Model(paths[1], **load)
 
 
 def pits(decoder, prompt_tokens, generations, *, max_tokens=24, variant="correct", n=None, sampling=TARGET,
@@ -137,3 +142,45 @@ def test_negative_control_broken_residual_is_caught_without_a_reference_law(mode
     us, drafted = run_case(models, case, "residual_is_p")
     assert drafted["drafted"] > 0
     assert_uniform(us, f"{case} drafter, residual = p", control=True)
+
+
+CLIENTS = 4
+REQUESTS = 40  # 1,920 decided tokens: the served control is weaker than in-process (p ~ 4e-4 at 960)
+
+
+def served_pits(tier, models, variant):
+    """Through `pyspec serve` (n-gram drafts, 4 clients, two samples a request,
+    each request's timings.pit): REQUESTS requests of 24 tokens each."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from server_helpers import ServerProcess
+
+    (path, _), layers = tier
+    tokens = models[0].tokenize(REPEAT)
+    server = ServerProcess("--model", path, "--drafter", "ngram", "--policy", "fixed", "--draft-max", "8",
+                           "--parallel", str(2 * CLIENTS), "--n-ctx", "4096", "--model-alias", "m", "--no-memory",
+                           "--n-gpu-layers", str(layers), *(["--strict"] if layers else []),
+                           "--test-variant", variant, "--test-pit")
+
+    def ask(i):
+        body = dict(model="m", prompt=tokens, n=2, max_tokens=24, seed=50_000 + i, **HOT)
+        r = server.post("/v1/completions", body)
+        assert r.status_code == 200, r.text
+        return r.json()["timings"]
+
+    try:
+        with ThreadPoolExecutor(CLIENTS) as pool:
+            timings = list(pool.map(ask, range(REQUESTS)))
+    finally:
+        assert server.stop() == 0
+    return np.array([u for t in timings for u in t["pit"]]), sum(t["draft_n"] for t in timings)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", ["correct", "residual_is_p"])
+def test_served_tokens_follow_their_rows(tier, models, variant):
+    """The server's shared rounds (two samples a request, four clients at a time)
+    keep every token on its row; control: the broken residual."""
+    us, drafted = served_pits(tier, models, variant)
+    assert drafted > len(us) // 4, f"too little drafting to test ({drafted}, N={len(us)})"
+    assert_uniform(us, f"server, n-gram drafts [{variant}]", control=variant != "correct")

@@ -66,8 +66,8 @@ namespace pyspec {
 //   pit            record, for every token a round decides, its randomized PIT under
 //                  the target row it was decided by (Distribution::pit), in
 //                  stats.pit: uniform exactly when the output follows the rows the
-//                  target computed, on any backend, bit-exact or not (per sequence;
-//                  its own random stream).
+//                  target computed, on any backend, bit-exact or not (per sequence,
+//                  or for all of a session's; its own random stream).
 struct TestControls {
     AcceptVariant variant = AcceptVariant::kCorrect;
     double discard_below = 0;

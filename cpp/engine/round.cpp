@@ -231,7 +231,7 @@ void BatchSession::accept(Sequence& s) {
     const int32_t n = static_cast<int32_t>(s.drafts.size());
     target_distributions(s.first_row, n + 1, s.params.sampling, s.constraint.get(), s.params.test.grammar);
     s.vr = accept_drafts(p_.data(), s.q.data(), s.drafts.data(), n, s.rng, shared_.test.variant);
-    if (s.params.test.pit) {
+    if (s.params.test.pit || shared_.test.pit) {
         // A draft that was certain (one-hot q: a lookup's, a greedy draft's) is fixed
         // by the prefix before the row's token is drawn, and that token then follows
         // p given it: the draft may come first in the order, where a wrong residual

@@ -68,9 +68,12 @@ from .options import (DEFAULT_DRAFT, DEFAULT_MODEL, chat_template_option, comman
                    "negative control).")
 @click.option("--test-variant", type=click.Choice(VARIANTS), default="correct", hidden=True,
               help="TEST-ONLY: a wrong acceptance rule (e.g. residual_is_p) for the lossless test's negative control.")
+@click.option("--test-pit", is_flag=True, hidden=True,
+              help="TEST-ONLY: report each decided token's PIT under its target row in `timings.pit` "
+                   "(tests/test_pit_lossless.py).")
 def serve(model, draft, no_draft, drafter, policy, draft_max, host, port, parallel, cache_slots, cache_ram,
           prompt_cache, queue_size, n_ctx, prefill_chunk, api_key, model_alias, threads, device,
-          chat_template, memory, memory_mb, memory_users, test_slot_choice, test_variant) -> None:
+          chat_template, memory, memory_mb, memory_users, test_slot_choice, test_variant, test_pit) -> None:
     """Serve the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models),
     with /health and Prometheus /metrics.
 
@@ -99,7 +102,7 @@ def serve(model, draft, no_draft, drafter, policy, draft_max, host, port, parall
     app = create_app(decoder, model_name=name, parallel=parallel,
                      queue_size=4 * parallel if queue_size is None else queue_size, api_key=api_key,
                      prefill_chunk=prefill_chunk, memory_mb=memory_mb if memory else 0, memory_users=memory_users,
-                     cache_ram_mb=cache_ram, prompt_cache_dir=prompt_cache, _test=dict(variant=test_variant),
+                     cache_ram_mb=cache_ram, prompt_cache_dir=prompt_cache, _test=dict(variant=test_variant, pit=test_pit),
                      _slot_choice=test_slot_choice)
     if test_variant != "correct":
         click.echo(f"pyspec serve: TEST-ONLY acceptance rule {test_variant!r}: output is NOT the target's", err=True)
