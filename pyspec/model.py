@@ -49,7 +49,7 @@ GPU_BUILD_HINT = (
 )
 
 
-def _check_gpu_offload(n_gpu_layers: int, strict: bool) -> None:
+def check_gpu_offload(n_gpu_layers: int, strict: bool) -> None:
     """GPU layers on a build that cannot offload run on the CPU: say so (or refuse, when strict)."""
     if n_gpu_layers == 0 or _core.supports_gpu_offload():
         return
@@ -106,7 +106,7 @@ class Model(Generator):
             raise ValueError(f"n_threads must be >= 1 (None: physical cores), got {n_threads}")
         if flash_attn not in FLASH_ATTN:
             raise ValueError(f"flash_attn must be one of 'auto', 'on', 'off', got {flash_attn!r}")
-        _check_gpu_offload(n_gpu_layers, strict)
+        check_gpu_offload(n_gpu_layers, strict)
         path = resolve_path(model)
         self._core = _core.Model(_core.ModelParams(
             path=str(path),

@@ -222,11 +222,11 @@ def check_device(device: dict) -> None:
     for the commands that leave the loading to `pyspec serve` processes they start
     (under command_errors, --strict on a build without a GPU backend is then a
     one-line error, not a server that dies at startup)."""
-    from ..model import _check_gpu_offload
+    from ..model import check_gpu_offload
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        _check_gpu_offload(device["n_gpu_layers"], device["strict"])
+        check_gpu_offload(device["n_gpu_layers"], device["strict"])
     for w in caught:
         click.echo(f"warning: {w.message}", err=True)
 
