@@ -32,6 +32,7 @@ from .errors import (
     ModelLoadError,
     ModelNotFoundError,
     PyspecError,
+    RpcError,
 )
 from .memory import Memory
 from .model import Model
@@ -68,6 +69,7 @@ __all__ = [
     "ConstraintError",
     "DecodeError",
     "GPUOffloadUnavailableError",
+    "RpcError",
     "IncompatibleModelsError",
     "__version__",
 ]

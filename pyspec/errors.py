@@ -38,5 +38,12 @@ class ConstraintError(PyspecError, ValueError):
     reason in the message), or a tool definition or ``tool_choice`` is."""
 
 
+class RpcError(ModelLoadError, ConnectionError):
+    """An RPC worker (``rpc=[...]``, ``--rpc``) is malformed, unreachable, or this
+    llama.cpp build has no RPC backend. The message names the endpoint. (A worker
+    lost mid-generation ends the process with exit status 75 and one line naming
+    it: ggml-rpc cannot recover in-process; docs/distributed.md#faults.)"""
+
+
 class GPUOffloadUnavailableError(PyspecError, ValueError):
     """GPU layers were asked for (``strict``), but this llama.cpp build has no GPU backend."""

@@ -7,7 +7,7 @@ import random
 import secrets
 import warnings
 from pathlib import Path
-from typing import Any, List, Mapping, Optional, Sequence, Union
+from typing import Any, List, Mapping, Optional, Sequence, Tuple, Union
 
 from . import _core
 from .chat import ChatTemplate
@@ -49,6 +49,15 @@ GPU_BUILD_HINT = (
 )
 
 
+def rpc_endpoints(rpc: Union[str, Sequence[str], None]) -> Tuple[str, ...]:
+    """``rpc`` as a tuple of "host:port" endpoints: a list, or one comma-separated
+    string (``--rpc``); None or empty: none. The core checks each one's form."""
+    if rpc is None:
+        return ()
+    items = rpc.split(",") if isinstance(rpc, str) else list(rpc)
+    return tuple(e.strip() for e in items if e.strip())
+
+
 def check_gpu_offload(n_gpu_layers: int, strict: bool) -> None:
     """GPU layers on a build that cannot offload run on the CPU: say so (or refuse, when strict)."""
     if n_gpu_layers == 0 or _core.supports_gpu_offload():
@@ -76,6 +85,16 @@ class Model(Generator):
     on a build without a GPU backend warns (the model runs on the CPU), or with
     ``strict=True`` raises :class:`~pyspec.GPUOffloadUnavailableError`.
 
+    ``rpc`` (``["host:port", ...]`` or one comma-separated string) puts the
+    model's layers on ggml RPC workers (``pyspec rpc-server`` on each machine;
+    docs/distributed.md): all of them unless ``n_gpu_layers`` says how many
+    (the model's layer count keeps the output layer, and the logits, on this
+    machine), split as llama.cpp splits them, or by ``tensor_split`` (a share
+    per worker, then per local GPU). An unreachable worker raises
+    :class:`~pyspec.RpcError` naming it. ``repack=False`` keeps llama.cpp from
+    repacking weights for this CPU's faster kernels: slower, but its rows are
+    then bit-identical to a CPU worker's (which never repacks).
+
     :attr:`memory` (a :class:`~pyspec.Memory` of ``memory_mb``; 0: none) keeps
     the prompts and answers of its generations, and of decoders over it, for
     the ``suffix`` drafter (docs/drafters.md#suffix).
@@ -100,13 +119,20 @@ class Model(Generator):
         n_seq_max: int = MODEL_DEFAULTS.n_seq_max,
         memory_mb: float = DEFAULT_CAP_MB,
         chat_template: Union[str, os.PathLike, None] = None,
+        rpc: Union[str, Sequence[str], None] = None,
+        tensor_split: Optional[Sequence[float]] = None,
+        repack: bool = True,
     ) -> None:
         # The core validates the numbers; here only what Python adds: None and names.
         if n_threads is not None and n_threads < 1:
             raise ValueError(f"n_threads must be >= 1 (None: physical cores), got {n_threads}")
         if flash_attn not in FLASH_ATTN:
             raise ValueError(f"flash_attn must be one of 'auto', 'on', 'off', got {flash_attn!r}")
-        check_gpu_offload(n_gpu_layers, strict)
+        rpc = rpc_endpoints(rpc)
+        if rpc and n_gpu_layers == 0:
+            n_gpu_layers = -1  # workers were named to hold the layers: all of them
+        if not rpc:
+            check_gpu_offload(n_gpu_layers, strict)
         path = resolve_path(model)
         self._core = _core.Model(_core.ModelParams(
             path=str(path),
@@ -117,6 +143,9 @@ class Model(Generator):
             verbose=verbose,
             flash_attn=FLASH_ATTN[flash_attn],
             n_seq_max=n_seq_max,
+            rpc=list(rpc),
+            tensor_split=[float(x) for x in tensor_split or ()],
+            repack=repack,
         ))
         self._engine = _core.Engine(self._core)
         #: Its compiled constraints (JSON schemas, grammars, regexes) and the vocabulary they need.
@@ -159,6 +188,16 @@ class Model(Generator):
     n_ctx = native_property[int]("n_ctx", "Cells of the context, shared by all its sequences.")
     n_seq_max = native_property[int]("n_seq",
                                      "Sequences one batch may hold (``generate(n=...)``); they share the n_ctx cells.")
+
+    @property
+    def rpc(self) -> Tuple[str, ...]:
+        """The RPC workers holding its layers ("host:port"), in order; () when local."""
+        return tuple(self._core.params.rpc)
+
+    @property
+    def n_gpu_layers(self) -> int:
+        """Layers asked to be offloaded (-1: all), as the context was loaded."""
+        return self._core.n_gpu_layers
 
     @property
     def flash_attn(self) -> str:

@@ -133,9 +133,11 @@ class SpeculativeDecoder(Generator):
         keys = list(slots) if policy_keys is None else list(policy_keys)
         if draft_sampling is not None:  # else setup() gave the draft the target's settings
             params.draft_sampling = draft_sampling.native()
-        # Prefill both models at once only when they do not share the CPU cores.
-        on_gpu = [m.native.n_gpu_layers != 0 for m in (self.target, self.draft) if m is not None]
-        params.parallel_prefill = len(on_gpu) == 2 and on_gpu[0] != on_gpu[1]
+        # Off: the drafter's prefill thread needs the draft model's lock, which the
+        # session holds while it waits for that thread (a deadlock whenever it was on,
+        # i.e. with one model offloaded; found by --draft-rpc, issue 38). Kept in the
+        # core until the session hands the draft model to that thread properly.
+        params.parallel_prefill = False
         if (self.draft_max if draft_max is None else draft_max) == 0:
             return [(None, None)] * len(slots)  # plain: a sequence without a policy does not draft
         policies = [self.policy_object(policy, draft_max=draft_max, p_min=p_min, svip_gamma=svip_gamma,

@@ -25,7 +25,7 @@ DEVICE_COMMANDS = {"generate", "serve", "agree", "bench", "simulate", "bench-par
 #: Commands that take a model but run nothing on it: nothing to offload.
 NO_INFERENCE = {"quantize": "llama_model_quantize rewrites SOURCE's tensors on the CPU; no context"}
 
-DEVICE_OPTIONS = ("n_gpu_layers", "flash_attn", "strict")
+DEVICE_OPTIONS = ("n_gpu_layers", "flash_attn", "strict", "rpc", "tensor_split", "draft_rpc")
 
 cpu_only = pytest.mark.skipif(_core.supports_gpu_offload(), reason="this build can offload: --strict does not fail")
 
@@ -77,10 +77,36 @@ def test_device_options_hand_the_command_one_device():
     def show(device):
         click.echo(json.dumps(device))
 
-    out = CliRunner().invoke(show, ["--n-gpu-layers", "-1", "--flash-attn", "off", "--strict"])
+    out = CliRunner().invoke(show, ["--n-gpu-layers", "-1", "--flash-attn", "off", "--strict", "--rpc",
+                                    "a:1, b:2", "--tensor-split", "3,1", "--draft-rpc", "c:3"])
     assert out.exit_code == 0, out.output
-    assert json.loads(out.output) == {"n_gpu_layers": -1, "flash_attn": "off", "strict": True}
-    assert json.loads(CliRunner().invoke(show, []).output) == {"n_gpu_layers": 0, "flash_attn": "auto", "strict": False}
+    assert json.loads(out.output) == {"n_gpu_layers": -1, "flash_attn": "off", "strict": True, "rpc": ["a:1", "b:2"],
+                                      "tensor_split": [3.0, 1.0], "draft_rpc": ["c:3"]}
+    assert json.loads(CliRunner().invoke(show, []).output) == {"n_gpu_layers": 0, "flash_attn": "auto", "strict": False,
+                                                               "rpc": [], "tensor_split": None, "draft_rpc": []}
+    bad = CliRunner().invoke(show, ["--tensor-split", "1,-1"])
+    assert bad.exit_code == 2 and "shares >= 0" in bad.output
+
+
+def test_device_reaches_each_model_and_each_server_it_starts():
+    """--rpc and --tensor-split go to the target, --draft-rpc to the draft; and
+    to the `pyspec serve` and llama-server processes a benchmark starts (the
+    draft of llama-server stays here unless --draft-rpc)."""
+    from pyspec.bench.serve.process import llama_server_backends, llama_server_device_args, pyspec_device_args
+    from pyspec.cli.options import model_device
+
+    device = dict(n_gpu_layers=0, flash_attn="auto", strict=False, rpc=("h:1", "h:2"), tensor_split=(3.0, 1.0),
+                  draft_rpc=("d:3",))
+    assert model_device(device) == dict(n_gpu_layers=0, flash_attn="auto", strict=False, rpc=("h:1", "h:2"),
+                                        tensor_split=(3.0, 1.0))
+    assert model_device(device, role="draft") == dict(n_gpu_layers=0, flash_attn="auto", strict=False, rpc=("d:3",),
+                                                      tensor_split=None)
+    assert pyspec_device_args(device)[-6:] == ["--rpc", "h:1,h:2", "--tensor-split", "3,1", "--draft-rpc", "d:3"]
+    assert llama_server_device_args(device) == ["-ngl", "999", "-fa", "auto", "--rpc", "h:1,h:2", "-ts", "3,1"]
+    (backend,) = llama_server_backends("llama-server", "t.gguf", parallel=1, n_ctx=512, threads=1,
+                                       specs=["draft-simple"], draft="d.gguf", device=dict(device, draft_rpc=()))
+    cmd = backend.command
+    assert cmd[cmd.index("-ngld") + 1] == "0"
 
 
 #: Each device command's least arguments with a model (``{m}``); --strict must stop

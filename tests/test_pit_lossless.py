@@ -24,6 +24,10 @@ naming GGUF files, the `gpu` cases load them offloaded (PYSPEC_GPU_LAYERS,
 default -1) and `pytest -m gpu` selects them; random-weight files of the
 default shapes serve (tests/gpu/README.md). Without the variable they are
 skipped; the `cpu` cases run the same proofs on the test model here.
+
+The RPC tier (issue 38): the target's layers on a `pyspec rpc-server` worker on
+loopback, the draft here; its rows are computed by the worker's kernels (no
+weight repacking), and the proof holds for whatever rows they are.
 """
 
 from __future__ import annotations
@@ -57,24 +61,37 @@ def gpu_paths():
     return (target, os.environ.get("PYSPEC_GPU_DRAFT") or target) if target else None
 
 
-@pytest.fixture(scope="module", params=["cpu", pytest.param("gpu", marks=pytest.mark.gpu)])
+@pytest.fixture(scope="module", params=["cpu", pytest.param("gpu", marks=pytest.mark.gpu), "rpc"])
 def tier(request, gemma_path):
-    """((target path, draft path), GPU layers): the test model on the CPU, or the
-    GPU tier's files offloaded."""
+    """((target path, draft path), GPU layers, RPC workers of the target): the
+    test model on the CPU; the GPU tier's files offloaded; or the test model's
+    target on an RPC worker on loopback (`pyspec rpc-server`; the draft local)."""
     if request.param == "gpu":
         paths = gpu_paths()
         if paths is None:
             pytest.skip("the GPU tier needs PYSPEC_GPU_TARGET (a GGUF file; tests/gpu/README.md)")
-        return paths, int(os.environ.get("PYSPEC_GPU_LAYERS", "-1"))
-    return (gemma_path, gemma_path), 0
+        yield paths, int(os.environ.get("PYSPEC_GPU_LAYERS", "-1")), ()
+    elif request.param == "rpc":
+        if not pyspec._core.rpc_available():
+            pytest.skip("this llama.cpp build has no RPC backend (docs/distributed.md)")
+        from pyspec.bench.rpc_net import WorkerProcess
+
+        with WorkerProcess() as worker:
+            yield (gemma_path, gemma_path), 0, (worker.endpoint,)
+    else:
+        yield (gemma_path, gemma_path), 0, ()
 
 
 @pytest.fixture(scope="module")
 def models(tier):
-    """(target, draft), loaded as the tier says (on a GPU: strictly offloaded)."""
-    paths, layers = tier
+    """(target, draft), loaded as the tier says (on a GPU: strictly offloaded;
+    over RPC: the target's layers on the worker). Freed before the tier's
+    worker stops."""
+    paths, layers, rpc = tier
     load = dict(n_ctx=1024, seed=0, memory_mb=0, n_seq_max=2, n_gpu_layers=layers, strict=layers != 0)
-    return pyspec.Model(paths[0], **load), pyspec.Model(paths[1], **load)
+    pair = [pyspec.Model(paths[0], rpc=rpc, **load), pyspec.Model(paths[1], **load)]
+    yield tuple(pair)
+    pair.clear()
 
 
 def pits(decoder, prompt_tokens, generations, *, max_tokens=24, variant="correct", n=None, sampling=TARGET,
@@ -156,7 +173,9 @@ def served_pits(tier, models, variant):
 
     from server_helpers import ServerProcess
 
-    (path, _), layers = tier
+    (path, _), layers, rpc = tier
+    if rpc:
+        pytest.skip("a worker serves one driver at a time, and this process holds the tier's worker")
     tokens = models[0].tokenize(REPEAT)
     server = ServerProcess("--model", path, "--drafter", "ngram", "--policy", "fixed", "--draft-max", "8",
                            "--parallel", str(2 * CLIENTS), "--n-ctx", "4096", "--model-alias", "m", "--no-memory",

@@ -15,6 +15,7 @@
 #endif
 
 #include "bindings/bind.h"
+#include "model/devices.h"
 
 namespace py = pybind11;
 
@@ -62,8 +63,26 @@ py::dict device_dict(ggml_backend_dev_t dev) {
 }  // namespace
 
 void bind_info(py::module_& m) {
-    m.def("supports_gpu_offload", []() { return llama_supports_gpu_offload(); },
-          "llama_supports_gpu_offload(): whether this build has a backend that can hold model layers (CUDA, Metal, ...).");
+    m.def("supports_gpu_offload", []() { return pyspec::has_local_gpu(); },
+          "Whether this build has a local accelerator that can hold model layers (CUDA, Metal, ...); unlike "
+          "llama_supports_gpu_offload, an RPC backend alone does not count.");
+    m.def("rpc_available", []() { return pyspec::rpc_available(); },
+          "llama_supports_rpc(): whether this build has ggml's RPC backend (docs/distributed.md).");
+    m.def("rpc_protocol", []() { return pyspec::rpc_protocol(); },
+          "The ggml RPC protocol version this build speaks (\"7.0.0\"); empty without RPC.");
+    m.def("rpc_endpoint_reachable", &pyspec::endpoint_reachable, py::arg("endpoint"), py::arg("timeout_s") = 1.0,
+          py::call_guard<py::gil_scoped_release>(),
+          "Whether HOST:PORT accepts a TCP connection within timeout_s.");
+    m.def("rpc_worker_problem", &pyspec::rpc_worker_problem, py::arg("endpoint"), py::arg("timeout_s") = 1.0,
+          py::call_guard<py::gil_scoped_release>(),
+          "'' when the RPC worker at HOST:PORT answers ggml's HELLO within timeout_s with this build's protocol "
+          "(what `pyspec serve` probes before it reloads); else why not.");
+    m.def("rpc_serve", &pyspec::rpc_serve, py::arg("endpoint"), py::arg("cache_dir") = "", py::arg("n_threads") = 1,
+          py::call_guard<py::gil_scoped_release>(),
+          "Serve ggml's RPC protocol on HOST:PORT from this machine (`pyspec rpc-server`); blocks until the "
+          "process ends, returns only if it cannot listen.");
+    m.def("rpc_lost_exit_status", []() { return pyspec::kRpcLostExit; },
+          "Exit status of a process whose RPC worker was lost mid-run.");
     m.def("supports_mmap", []() { return llama_supports_mmap(); });
     m.def("supports_mlock", []() { return llama_supports_mlock(); });
     m.def("max_devices", []() { return llama_max_devices(); });

@@ -28,6 +28,9 @@ void bind_model(py::module_& m) {
         .field("flash_attn", &ModelParams::flash_attn)
         .field("n_seq_max", &ModelParams::n_seq_max)
         .field("verbose", &ModelParams::verbose)
+        .field("repack", &ModelParams::repack)
+        .field("rpc", &ModelParams::rpc)
+        .field("tensor_split", &ModelParams::tensor_split)
         .done();
     const ModelParams defaults;  // the keyword constructor's defaults
     py::class_<Model>(m, "Model")

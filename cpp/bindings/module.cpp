@@ -62,7 +62,8 @@ void translate_errors(std::exception_ptr p) {
                        Translated<DecodeError>{"DecodeError"},
                        Translated<IncompatibleModelsError>{"IncompatibleModelsError"},
                        Translated<QuantizeError>{"QuantizeError"},
-                       Translated<ConstraintError>{"ConstraintError"});
+                       Translated<ConstraintError>{"ConstraintError"},
+                       Translated<RpcError>{"RpcError"});
 }
 
 }  // namespace

@@ -17,6 +17,9 @@ struct QuantizeError : std::runtime_error { using std::runtime_error::runtime_er
 // A JSON schema, grammar or regex that does not compile, or a grammar that
 // failed during generation (llguidance's reason in the message).
 struct ConstraintError : std::runtime_error { using std::runtime_error::runtime_error; };
+// An RPC worker that is malformed, unreachable or missing from the build
+// (model/devices.h; a worker lost mid-run ends the process instead).
+struct RpcError : std::runtime_error { using std::runtime_error::runtime_error; };
 // A decode stopped by the caller's cancel flag (Ctrl-C); the cache is left as before the call.
 struct Cancelled : std::runtime_error { using std::runtime_error::runtime_error; };
 

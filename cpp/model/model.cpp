@@ -14,6 +14,7 @@
 #include "core/errors.h"
 #include "core/tokens.h"
 #include "core/utf8.h"
+#include "model/devices.h"
 #include "model/gguf_check.h"
 #include "model/llama_log.h"
 
@@ -60,6 +61,19 @@ void ModelParams::validate() const {
         throw std::invalid_argument("n_seq_max must be in [1, " + std::to_string(kMaxSequences) + "], got " +
                                     std::to_string(n_seq_max));
     }
+    float share_sum = 0.0f;
+    for (float share : tensor_split) {
+        if (!std::isfinite(share) || share < 0.0f) {
+            throw std::invalid_argument("tensor_split shares must be finite and >= 0, got " + std::to_string(share));
+        }
+        share_sum += share;
+    }
+    if (!tensor_split.empty() && share_sum <= 0.0f) throw std::invalid_argument("tensor_split shares are all 0");
+    if (tensor_split.size() > llama_max_devices()) {
+        throw std::invalid_argument("tensor_split has " + std::to_string(tensor_split.size()) +
+                                    " shares; this build holds at most " + std::to_string(llama_max_devices()) +
+                                    " devices");
+    }
 }
 
 Model::Model(const ModelParams& params) : params_(params), verbose_(params.verbose) {
@@ -71,6 +85,24 @@ Model::Model(const ModelParams& params) : params_(params), verbose_(params.verbo
 
     llama_model_params mp = llama_model_default_params();
     mp.n_gpu_layers = params.n_gpu_layers;
+    mp.use_extra_bufts = params.repack;
+    // Devices: the RPC workers, then the local accelerators. Named explicitly
+    // whenever a worker is registered in this process, or llama.cpp would put
+    // every model's layers (a local draft's too) on every worker it knows.
+    std::vector<BackendDevice> devices;
+    if (!params.rpc.empty() || rpc_registered()) {
+        devices = rpc_devices(params.rpc);
+        for (BackendDevice dev : local_gpus()) devices.push_back(dev);
+        if (params.tensor_split.size() > devices.size()) {
+            throw std::invalid_argument("tensor_split has " + std::to_string(params.tensor_split.size()) +
+                                        " shares for " + std::to_string(devices.size()) + " devices");
+        }
+        devices.push_back(nullptr);  // llama.cpp reads a NULL-terminated list
+        mp.devices = devices.data();
+    }
+    std::vector<float> split(llama_max_devices(), 0.0f);  // llama.cpp reads llama_max_devices() shares
+    std::copy(params.tensor_split.begin(), params.tensor_split.end(), split.begin());
+    if (!params.tensor_split.empty()) mp.tensor_split = split.data();
     model_.reset(llama_model_load_from_file(params.path.c_str(), mp));
     if (!model_) {
         throw InvalidModelError(with_llama_reason(
@@ -134,7 +166,18 @@ Model::Model(const ModelParams& params) : params_(params), verbose_(params.verbo
     batch_.reset(new BatchStorage(n_batch_));
 }
 
-Model::~Model() = default;
+Model::~Model() {
+    // Freeing sends the workers "free" commands; to a worker that is gone,
+    // ggml-rpc would abort the process. Such a model is left unfreed instead:
+    // its layers lived on the worker, only its host-side parts leak.
+    for (const auto& endpoint : params_.rpc) {
+        if (!endpoint_reachable(endpoint, 1.0)) {
+            (void)ctx_.release();
+            (void)model_.release();
+            break;
+        }
+    }
+}
 
 bool Model::abort_requested(void* self) {
     const std::atomic<bool>* flag = static_cast<Model*>(self)->abort_flag_.load();

@@ -33,11 +33,23 @@ struct ModelParams {
     int32_t flash_attn = -1;    // llama_flash_attn_type: -1 auto (llama.cpp decides per device), 0 off, 1 on
     int32_t n_seq_max = 1;      // sequences the context holds (one unified KV cache of n_ctx cells)
     bool verbose = false;       // forward llama.cpp's info logs to stderr
+    // Let llama.cpp repack weights into this CPU's faster layouts (its "extra
+    // buffer types"). Repacked kernels round differently, so rows move by a few
+    // ulps; an RPC worker never repacks: off, local rows equal a worker's bit for bit.
+    bool repack = true;
+    // RPC workers ("host:port") that hold the offloaded layers (model/devices.h),
+    // before any local accelerator; empty: this machine only.
+    std::vector<std::string> rpc;
+    // Share of the offloaded layers per device (RPC workers first, then local
+    // GPUs), as llama.cpp's --tensor-split; empty: by free memory.
+    std::vector<float> tensor_split;
 
     static constexpr int32_t kMaxSequences = 256;  // llama.cpp's own limit
 
     // std::invalid_argument unless n_ctx >= 16, n_threads >= 0, n_batch >= 1,
-    // flash_attn in {-1, 0, 1} and 1 <= n_seq_max <= kMaxSequences.
+    // flash_attn in {-1, 0, 1}, 1 <= n_seq_max <= kMaxSequences, and a
+    // tensor_split of finite non-negative shares, not all 0, no longer than
+    // llama_max_devices().
     void validate() const;
 };
 

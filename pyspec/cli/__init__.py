@@ -35,7 +35,7 @@ def main() -> None:
     """
 
 
-from . import agree, bench, bench_multiturn, bench_serve, bench_soak, generate, serve, tools  # noqa: E402  (each registers its commands on main)
+from . import agree, bench, bench_multiturn, bench_rpc, bench_serve, bench_soak, generate, rpc, serve, tools  # noqa: E402  (each registers its commands on main)
 
 generate.register(main)
 serve.register(main)
@@ -45,3 +45,5 @@ bench.register(main)
 bench_serve.register(main)
 bench_multiturn.register(main)
 bench_soak.register(main)
+rpc.register(main)
+bench_rpc.register(main)

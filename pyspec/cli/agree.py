@@ -82,7 +82,7 @@ def agree(reference, candidate, text_file, prompts_file, max_tokens, raw, window
         sampling.native()  # bad settings fail now, not after the models load
         load = dict(n_ctx=n_ctx, n_threads=threads, **device)
         ref = load_model(reference, **load)
-        cand = load_model(candidate, **load)
+        cand = load_model(candidate, role="draft", **load)
         if prompts_file:
             prompts = [_prompt(line) for line in prompts_file if line.strip()]
             with _bar(len(prompts), "continuing prompts", show) as bar:

@@ -112,7 +112,7 @@ def bench(ctx, model, categories, per_category, max_tokens, sampling, reps, thre
 
         model_policies = names(policies)
         if model_policies:
-            draft_model = load_model(draft, **load)
+            draft_model = load_model(draft, role="draft", **load)
             spec = SpeculativeDecoder(target, draft_model, drafter="model")
             for pol in model_policies:
                 if pol == "fixed":
@@ -124,7 +124,7 @@ def bench(ctx, model, categories, per_category, max_tokens, sampling, reps, thre
             runners += [PyspecRunner(ng, f"pyspec ngram {pol}", draft_max=limit(pol), policy=pol)
                         for pol in names(ngram_policies)]
         if hybrid_policies:
-            draft_model = draft_model or load_model(draft, **load)
+            draft_model = draft_model or load_model(draft, role="draft", **load)
             hy = SpeculativeDecoder(target, draft_model, drafter="hybrid")
             runners += [PyspecRunner(hy, f"pyspec hybrid {pol}", draft_max=limit(pol), policy=pol)
                         for pol in names(hybrid_policies)]
@@ -194,7 +194,7 @@ def _bench_paired(model, draft, paired, categories, per_category, max_tokens, sa
         items = suite_prompts(categories or None, per_category)
         load = dict(n_ctx=n_ctx, n_threads=n_threads, memory_mb=0, **device)
         target = load_model(model, **load)
-        draft_model = load_model(draft, **load) if any(c.needs_draft_model for c in configs) else None
+        draft_model = load_model(draft, role="draft", **load) if any(c.needs_draft_model for c in configs) else None
         memory = _fixed_memory(target, memory_from)
         runners = []
         for c in configs:

@@ -178,7 +178,7 @@ def bench_serve(ctx, model, draft, counts, max_tokens, reps, threads, device, n_
         target = load_model(model, **load)
         decoder = None
         if with_generate and 1 in counts:
-            decoder = SpeculativeDecoder(target, load_model(draft, **load) if draft else None)
+            decoder = SpeculativeDecoder(target, load_model(draft, role="draft", **load) if draft else None)
         texts = [p.text for p in suite_prompts(per_category=1)]
 
         def render(text: str) -> str:

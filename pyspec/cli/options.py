@@ -186,25 +186,62 @@ def n_ctx_option(default: Optional[int] = N_CTX, help: str = "Context window in 
                         type=click.IntRange(min=N_CTX_MIN), help=help)
 
 
+class FloatList(click.ParamType):
+    """Comma-separated non-negative numbers, e.g. ``3,1`` (--tensor-split)."""
+
+    name = "SHARES"
+
+    def __repr__(self) -> str:
+        return "FloatList()"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, (list, tuple)):
+            return tuple(value)
+        try:
+            values = tuple(float(x) for x in str(value).split(",") if x.strip())
+        except ValueError:
+            self.fail(f"{value!r} is not a comma-separated list of numbers, e.g. 3,1", param, ctx)
+        if not values or min(values) < 0 or sum(values) <= 0:
+            self.fail(f"{value!r}: give shares >= 0, not all 0", param, ctx)
+        return values
+
+
 def device_options(f):
-    """--n-gpu-layers, --flash-attn and --strict: where the models run, on every
-    command that loads one (or starts a `pyspec serve` that does). Handed to the
-    command as one ``device``, a dict ``{"n_gpu_layers", "flash_attn", "strict"}``
-    that :func:`load_model` and :func:`load_pair` take as keywords (``**device``)."""
+    """Where the models run, on every command that loads one (or starts a
+    `pyspec serve` that does): --n-gpu-layers, --flash-attn, --strict, and the
+    RPC workers (--rpc, --tensor-split, --draft-rpc; docs/distributed.md).
+    Handed to the command as one ``device``, a dict that :func:`load_model` and
+    :func:`load_pair` take as keywords (``**device``): ``{"n_gpu_layers",
+    "flash_attn", "strict", "rpc", "tensor_split", "draft_rpc"}``."""
     @functools.wraps(f)
-    def command(*args, n_gpu_layers, flash_attn, strict, **kwargs):
-        return f(*args, device=dict(n_gpu_layers=n_gpu_layers, flash_attn=flash_attn, strict=strict), **kwargs)
+    def command(*args, n_gpu_layers, flash_attn, strict, rpc, tensor_split, draft_rpc, **kwargs):
+        from ..model import rpc_endpoints
+
+        device = dict(n_gpu_layers=n_gpu_layers, flash_attn=flash_attn, strict=strict, rpc=rpc_endpoints(rpc),
+                      tensor_split=tensor_split, draft_rpc=rpc_endpoints(draft_rpc))
+        return f(*args, device=device, **kwargs)
 
     for opt in reversed([
         click.option("--n-gpu-layers", default=0, show_default=True, type=int,
                      help="Layers to offload on Metal/CUDA builds of llama.cpp (-1 = all); on a build without a GPU "
-                          "backend this warns (see `pyspec info`), and --strict makes it an error."),
+                          "backend this warns (see `pyspec info`), and --strict makes it an error. With --rpc: "
+                          "layers on the workers (all by default; the model's layer count keeps its output layer "
+                          "here)."),
         click.option("--flash-attn", type=click.Choice(["auto", "on", "off"]), default="auto", show_default=True,
                      help="Flash attention: auto lets llama.cpp enable it where the device supports it (on for the "
                           "CPU); on/off force it. Logits differ slightly between on and off."),
         click.option("--strict", is_flag=True,
                      help="Fail instead of warning when --n-gpu-layers asks for GPU offload on a build that has no "
                           "GPU backend."),
+        click.option("--rpc", default=None, metavar="HOST:PORT[,...]",
+                     help="Put the target's layers on these RPC workers (`pyspec rpc-server` or llama.cpp's "
+                          "rpc-server on each machine), split as llama.cpp splits them; the draft stays here. "
+                          "See docs/distributed.md."),
+        click.option("--tensor-split", default=None, type=FloatList(),
+                     help="With --rpc: the share of the layers per worker (then per local GPU), e.g. 3,1 for a "
+                          "machine three times the other's memory [default: by free memory]."),
+        click.option("--draft-rpc", default=None, metavar="HOST:PORT[,...]",
+                     help="Put the draft model's layers on RPC workers too [default: the draft runs here]."),
     ]):
         command = opt(command)
     return command
@@ -226,7 +263,8 @@ def check_device(device: dict) -> None:
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        check_gpu_offload(device["n_gpu_layers"], device["strict"])
+        if not device.get("rpc"):  # with workers the layers go to them, not to a local GPU
+            check_gpu_offload(device["n_gpu_layers"], device["strict"])
     for w in caught:
         click.echo(f"warning: {w.message}", err=True)
 
@@ -237,10 +275,24 @@ chat_template_option = click.option(
          "--chat-template-file); by default chats are rendered with the GGUF's tokenizer.chat_template.")
 
 
-def load_model(name, **kwargs):
-    """pyspec.Model, with its warnings (GPU layers on a CPU-only build) as one line on stderr."""
+def model_device(device: dict, *, role: str = "target") -> dict:
+    """A command's ``device`` as :class:`pyspec.Model` keywords for the
+    ``role`` ("target" or "draft") model: the draft gets --draft-rpc (and no
+    --tensor-split), the target --rpc."""
+    kwargs = {k: v for k, v in device.items() if k != "draft_rpc"}
+    if role == "draft":
+        kwargs["rpc"], kwargs["tensor_split"] = device.get("draft_rpc", ()), None
+    return kwargs
+
+
+def load_model(name, *, role: str = "target", **kwargs):
+    """pyspec.Model, with its warnings (GPU layers on a CPU-only build) as one
+    line on stderr. ``kwargs`` may hold a command's whole ``device``: the
+    ``role`` model takes its part (:func:`model_device`)."""
     from ..model import Model
 
+    if "draft_rpc" in kwargs or role == "draft":
+        kwargs = model_device(kwargs, role=role)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         model = Model(name, **kwargs)
@@ -280,5 +332,5 @@ def load_pair(model, draft, *, no_draft: bool = False, drafter=None, policy: str
     target = load_model(model or DEFAULT_MODEL, chat_template=_path(chat_template), **load)
     if no_draft:
         return target, target
-    draft_model = load_model(draft, **load) if draft and wants_model else None
+    draft_model = load_model(draft, role="draft", **load) if draft and wants_model else None
     return target, SpeculativeDecoder(target, draft_model, drafter=drafter, policy=policy, draft_max=draft_max)

@@ -11,6 +11,7 @@ from ..memory import DEFAULT_CAP_MB
 from ..sampling import VARIANTS
 from ..speculative import DRAFTERS, POLICIES
 from ..server.scheduler import DEFAULT_CACHE_RAM_MB, DEFAULT_CACHE_SLOTS
+from ..server.supervisor import CHILD_PORT_ENV, supervise
 from ..settings import MAX_SEQUENCES, N_CTX_SERVER, PARALLEL, PREFILL_CHUNK
 from .options import (DEFAULT_DRAFT, DEFAULT_MODEL, chat_template_option, command_errors, device_options, load_pair,
                       n_ctx_option, threads_option)
@@ -94,6 +95,12 @@ def serve(model, draft, no_draft, drafter, policy, draft_max, host, port, parall
     if prompt_cache is not None and cache_ram <= 0:
         raise click.UsageError("--prompt-cache needs host memory to load the folder into: --cache-ram > 0")
     name = model_alias or os.path.basename(model or DEFAULT_MODEL).removesuffix(".gguf")
+    child_port = os.environ.get(CHILD_PORT_ENV)
+    if (device["rpc"] or device["draft_rpc"]) and child_port is None:
+        # ggml-rpc ends the process that loses a worker: this one supervises, a child serves.
+        sys.exit(supervise(_serve_argv(), [*device["rpc"], *device["draft_rpc"]], host, port))
+    if child_port is not None:
+        host, port = "127.0.0.1", int(child_port)
     with command_errors():
         _, decoder = load_pair(model, draft, no_draft=no_draft, drafter=drafter, policy=policy, draft_max=draft_max,
                                n_ctx=n_ctx, n_threads=threads, n_seq_max=min(parallel + cache_slots, MAX_SEQUENCES),
@@ -115,6 +122,15 @@ def serve(model, draft, no_draft, drafter, policy, draft_max, host, port, parall
     server.run()
     if not server.started:  # e.g. the port is taken (uvicorn logged why)
         sys.exit(1)
+
+
+def _serve_argv() -> list:
+    """This process's `serve ...` arguments, for the supervised child to repeat."""
+    argv = sys.argv[1:]
+    if "serve" not in argv:
+        raise click.ClickException("pyspec serve --rpc runs its server as a child process: start it as "
+                                   "`pyspec serve ...` (or `python -m pyspec.cli serve ...`)")
+    return argv[argv.index("serve"):]
 
 
 def _Server(config, app):

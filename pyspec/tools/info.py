@@ -27,6 +27,7 @@ KEYS = (
     "backends",
     "devices",
     "gpu_offload",
+    "rpc",
     "supports_mmap",
     "supports_mlock",
     "flash_attn_default",
@@ -86,6 +87,8 @@ def build_info() -> Dict[str, Any]:
         "backends": list(_core.backends()),
         "devices": devices,
         "gpu_offload": bool(_core.supports_gpu_offload()),
+        # ggml's RPC backend: layers on other machines (`pyspec rpc-server`, --rpc; docs/distributed.md).
+        "rpc": {"available": bool(_core.rpc_available()), "protocol": _core.rpc_protocol() or None},
         "supports_mmap": bool(_core.supports_mmap()),
         "supports_mlock": bool(_core.supports_mlock()),
         # pyspec.Model(flash_attn=...) default; llama.cpp's own context default; llama-cpp-python's.
@@ -113,6 +116,9 @@ def format_info(info: Dict[str, Any]) -> str:
         f"                  shared with llama_cpp: {yes(info['libllama_shared_with_llama_cpp'])}",
         f"GPU offload       {yes(info['gpu_offload'])}"
         + ("" if info["gpu_offload"] else "  (CPU-only build; see docs/gpu.md)"),
+        f"RPC               "
+        + (f"yes (ggml RPC protocol {info['rpc']['protocol']}: `pyspec rpc-server`, --rpc)" if info["rpc"]["available"]
+           else "no  (reinstall with CMAKE_ARGS=\"-DGGML_RPC=ON\"; see docs/distributed.md)"),
         f"flash attention   default {info['flash_attn_default']} (llama.cpp: {info['llama_cpp_flash_attn_default']}; "
         f"llama-cpp-python's Llama: flash_attn={info['llama_cpp_python_flash_attn_default']})",
         f"threads           {info['threads']} (physical cores; --threads overrides)",

@@ -249,6 +249,7 @@ def tie_explainer(model_path: str, *, n_ctx: int = 4096, **device) -> Callable[[
 
     from ...model import Model
 
+    device.pop("draft_rpc", None)  # the target's own settings only
     model = Model(model_path, n_ctx=n_ctx, memory_mb=0, **device)
 
     def explain(messages: Sequence[dict], a: str, b: str) -> dict:

@@ -167,7 +167,10 @@ def pyspec_device_args(device: Optional[dict]) -> List[str]:
     if device is None:
         return []
     return (["--n-gpu-layers", str(device["n_gpu_layers"]), "--flash-attn", device["flash_attn"]]
-            + (["--strict"] if device.get("strict") else []))
+            + (["--strict"] if device.get("strict") else [])
+            + (["--rpc", ",".join(device["rpc"])] if device.get("rpc") else [])
+            + (["--tensor-split", _shares(device["tensor_split"])] if device.get("tensor_split") else [])
+            + (["--draft-rpc", ",".join(device["draft_rpc"])] if device.get("draft_rpc") else []))
 
 
 def llama_server_device_args(device: Optional[dict]) -> List[str]:
@@ -177,12 +180,29 @@ def llama_server_device_args(device: Optional[dict]) -> List[str]:
     default, as pyspec's); none for None."""
     if device is None:
         return []
-    return ["-ngl", _llama_layers(device), "-fa", device["flash_attn"]]
+    return (["-ngl", _llama_layers(device), "-fa", device["flash_attn"]]
+            + (["--rpc", ",".join(device["rpc"])] if device.get("rpc") else [])
+            + (["-ts", _shares(device["tensor_split"])] if device.get("tensor_split") else []))
+
+
+def _llama_draft_layers(device: dict) -> str:
+    """-ngld: as the target's, except that with --rpc the draft stays here (as
+    pyspec's) unless --draft-rpc; llama-server then offloads it to every device
+    it knows, the workers included."""
+    if device.get("rpc") and not device.get("draft_rpc"):
+        return "0"
+    return _llama_layers(device)
+
+
+def _shares(shares) -> str:
+    return ",".join(f"{x:g}" for x in shares)
 
 
 def _llama_layers(device: dict) -> str:
     """``device``'s --n-gpu-layers for llama-server's -ngl/-ngld (-1: 999, all)."""
     n = device["n_gpu_layers"]
+    if n == 0 and device.get("rpc"):
+        n = -1  # as pyspec.Model: workers named to hold the layers hold all of them
     return str(999 if n < 0 else n)
 
 
@@ -214,7 +234,7 @@ def llama_server_backends(llama_server: str, model_path: str, *, parallel: int, 
         if spec.startswith("draft"):
             if not draft:
                 raise ValueError(f"llama-server --spec-type {spec} needs a draft model (--draft)")
-            extra += ["-md", draft] + (["-ngld", _llama_layers(device)] if device is not None else [])
+            extra += ["-md", draft] + (["-ngld", _llama_draft_layers(device)] if device is not None else [])
         out.append(Backend(LLAMA_SERVER if spec == "none" else f"{LLAMA_SERVER} {spec}", base + extra + list(args)))
     return out
 
