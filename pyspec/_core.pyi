@@ -158,6 +158,7 @@ class ModelParams:
     verbose: bool
     repack: bool
     rpc: List[str]
+    local_output: bool
     tensor_split: List[float]
     def __init__(self, **fields: Any) -> None: ...
     def to_dict(self) -> Dict[str, Any]: ...

@@ -87,11 +87,12 @@ class Model(Generator):
 
     ``rpc`` (``["host:port", ...]`` or one comma-separated string) puts the
     model's layers on ggml RPC workers (``pyspec rpc-server`` on each machine;
-    docs/distributed.md): all of them unless ``n_gpu_layers`` says how many
-    (the model's layer count keeps the output layer, and the logits, on this
-    machine), split as llama.cpp splits them, or by ``tensor_split`` (a share
+    docs/distributed.md): all of them unless ``n_gpu_layers`` says how many,
+    split as llama.cpp splits them, or by ``tensor_split`` (a share
     per worker, then per local GPU). An unreachable worker raises
-    :class:`~pyspec.RpcError` naming it. ``repack=False`` keeps llama.cpp from
+    :class:`~pyspec.RpcError` naming it. ``local_output=True`` keeps the
+    output layer here: the workers send back hidden states, not the
+    vocabulary's logits (docs/distributed.md). ``repack=False`` keeps llama.cpp from
     repacking weights for this CPU's faster kernels: slower, but its rows are
     then bit-identical to a CPU worker's (which never repacks).
 
@@ -122,6 +123,7 @@ class Model(Generator):
         rpc: Union[str, Sequence[str], None] = None,
         tensor_split: Optional[Sequence[float]] = None,
         repack: bool = True,
+        local_output: bool = False,
     ) -> None:
         # The core validates the numbers; here only what Python adds: None and names.
         if n_threads is not None and n_threads < 1:
@@ -146,6 +148,7 @@ class Model(Generator):
             rpc=list(rpc),
             tensor_split=[float(x) for x in tensor_split or ()],
             repack=repack,
+            local_output=local_output,
         ))
         self._engine = _core.Engine(self._core)
         #: Its compiled constraints (JSON schemas, grammars, regexes) and the vocabulary they need.

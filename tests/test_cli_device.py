@@ -23,9 +23,11 @@ DEVICE_COMMANDS = {"generate", "serve", "agree", "bench", "simulate", "bench-par
                    "bench-serve", "bench-soak"}
 
 #: Commands that take a model but run nothing on it: nothing to offload.
-NO_INFERENCE = {"quantize": "llama_model_quantize rewrites SOURCE's tensors on the CPU; no context"}
+# Commands that take a model but no device flags, and why.
+NO_INFERENCE = {"quantize": "llama_model_quantize rewrites SOURCE's tensors on the CPU; no context",
+                "bench-rpc": "places the target itself, on the loopback RPC workers (behind delay proxies) it starts"}
 
-DEVICE_OPTIONS = ("n_gpu_layers", "flash_attn", "strict", "rpc", "tensor_split", "draft_rpc")
+DEVICE_OPTIONS = ("n_gpu_layers", "flash_attn", "strict", "rpc", "tensor_split", "local_output", "draft_rpc")
 
 cpu_only = pytest.mark.skipif(_core.supports_gpu_offload(), reason="this build can offload: --strict does not fail")
 
@@ -81,9 +83,10 @@ def test_device_options_hand_the_command_one_device():
                                     "a:1, b:2", "--tensor-split", "3,1", "--draft-rpc", "c:3"])
     assert out.exit_code == 0, out.output
     assert json.loads(out.output) == {"n_gpu_layers": -1, "flash_attn": "off", "strict": True, "rpc": ["a:1", "b:2"],
-                                      "tensor_split": [3.0, 1.0], "draft_rpc": ["c:3"]}
+                                      "tensor_split": [3.0, 1.0], "local_output": False, "draft_rpc": ["c:3"]}
     assert json.loads(CliRunner().invoke(show, []).output) == {"n_gpu_layers": 0, "flash_attn": "auto", "strict": False,
-                                                               "rpc": [], "tensor_split": None, "draft_rpc": []}
+                                                               "rpc": [], "tensor_split": None, "local_output": False,
+                                                               "draft_rpc": []}
     bad = CliRunner().invoke(show, ["--tensor-split", "1,-1"])
     assert bad.exit_code == 2 and "shares >= 0" in bad.output
 
@@ -96,13 +99,15 @@ def test_device_reaches_each_model_and_each_server_it_starts():
     from pyspec.cli.options import model_device
 
     device = dict(n_gpu_layers=0, flash_attn="auto", strict=False, rpc=("h:1", "h:2"), tensor_split=(3.0, 1.0),
-                  draft_rpc=("d:3",))
+                  local_output=True, draft_rpc=("d:3",))
     assert model_device(device) == dict(n_gpu_layers=0, flash_attn="auto", strict=False, rpc=("h:1", "h:2"),
-                                        tensor_split=(3.0, 1.0))
+                                        tensor_split=(3.0, 1.0), local_output=True)
     assert model_device(device, role="draft") == dict(n_gpu_layers=0, flash_attn="auto", strict=False, rpc=("d:3",),
-                                                      tensor_split=None)
-    assert pyspec_device_args(device)[-6:] == ["--rpc", "h:1,h:2", "--tensor-split", "3,1", "--draft-rpc", "d:3"]
-    assert llama_server_device_args(device) == ["-ngl", "999", "-fa", "auto", "--rpc", "h:1,h:2", "-ts", "3,1"]
+                                                      tensor_split=None, local_output=False)
+    assert pyspec_device_args(device)[-7:] == ["--rpc", "h:1,h:2", "--tensor-split", "3,1", "--rpc-local-output",
+                                               "--draft-rpc", "d:3"]
+    assert llama_server_device_args(device)[:8] == ["-ngl", "999", "-fa", "auto", "--rpc", "h:1,h:2", "-ts", "3,1"]
+    assert llama_server_device_args(device)[8] == "-ot"
     (backend,) = llama_server_backends("llama-server", "t.gguf", parallel=1, n_ctx=512, threads=1,
                                        specs=["draft-simple"], draft="d.gguf", device=dict(device, draft_rpc=()))
     cmd = backend.command

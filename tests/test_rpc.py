@@ -16,6 +16,7 @@ rpc-server` processes, the real ggml RPC protocol.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -176,6 +177,16 @@ def test_delay_proxy_adds_its_delay_and_counts_round_trips(gemma_path):
         took = time.perf_counter() - start
         assert proxy.round_trips >= 8, proxy.round_trips
         assert took >= 8 * 0.040, f"8 tokens took {took:.3f} s through a 40 ms round trip"
+        logits_down = proxy.bytes_down / 8
+        assert logits_down >= 4 * model.n_vocab, "each token brings its row of logits back"
+        del model
+        # --rpc-local-output: the output layer here, hidden states back instead of logits.
+        model = pyspec.Model(gemma_path, n_ctx=256, n_threads=1, memory_mb=0, rpc=[proxy.endpoint],
+                             local_output=True)
+        greedy(model, PROMPT, 2)
+        proxy.reset_counts()
+        assert len(greedy(model, PROMPT, 8)) == 8
+        assert proxy.bytes_down / 8 < logits_down / 20, (proxy.bytes_down / 8, logits_down)
         del model
 
 
@@ -215,3 +226,16 @@ def test_serve_survives_a_lost_worker_and_serves_again_when_it_is_back(gemma_pat
     finally:
         assert server.stop() == 0, server.output()
         worker.stop()
+
+
+@pytest.mark.skipif(not os.environ.get("PYSPEC_LLAMA_RPC_SERVER"),
+                    reason="PYSPEC_LLAMA_RPC_SERVER names llama.cpp's own rpc-server binary (same protocol version)")
+def test_llama_cpp_rpc_server_is_a_worker_too(gemma_path):
+    """llama.cpp's rpc-server (of the vendored llama.cpp, built with -DGGML_RPC=ON)
+    holds the layers as pyspec's worker does: the same rows."""
+    load = dict(n_ctx=512, n_threads=1, memory_mb=0, repack=False)
+    expected = greedy(pyspec.Model(gemma_path, **load), PROMPT)
+    with WorkerProcess(command=[os.environ["PYSPEC_LLAMA_RPC_SERVER"]]) as worker:
+        model = pyspec.Model(gemma_path, rpc=[worker.endpoint], **load)
+        assert greedy(model, PROMPT) == expected
+        del model

@@ -30,6 +30,7 @@ void bind_model(py::module_& m) {
         .field("verbose", &ModelParams::verbose)
         .field("repack", &ModelParams::repack)
         .field("rpc", &ModelParams::rpc)
+        .field("local_output", &ModelParams::local_output)
         .field("tensor_split", &ModelParams::tensor_split)
         .done();
     const ModelParams defaults;  // the keyword constructor's defaults

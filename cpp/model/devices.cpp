@@ -70,7 +70,7 @@ bool split_endpoint(const std::string& endpoint, std::string& host, std::string&
 // ---------------------------------------------------------------- faults
 
 std::mutex g_registered_mutex;
-std::vector<std::string> g_registered;  // endpoints handed to ggml, in order
+std::vector<std::string> g_registered;  // endpoints this process connected to, in order
 
 // ggml's abort callback: an RPC abort becomes one line naming the worker(s)
 // that no longer answer, and exit status kRpcLostExit (devices.h).
@@ -263,19 +263,14 @@ std::vector<BackendDevice> rpc_devices(const std::vector<std::string>& endpoints
             g_registered.push_back(endpoint);
         }
         ggml_set_abort_callback(&on_ggml_abort);
+        // Not registered with ggml (as llama.cpp's --rpc does): the model names its
+        // devices, and nothing else in the process (llama-cpp-python's default
+        // devices, a device listing) may reach a worker that may since be gone.
         ggml_backend_reg_t reg = add_server(endpoint.c_str());  // cached by ggml per endpoint
         if (reg == nullptr) throw RpcError("the RPC worker at " + endpoint + " offers no device");
-        bool registered = false;
-        for (size_t i = 0; i < ggml_backend_reg_count(); ++i) registered = registered || ggml_backend_reg_get(i) == reg;
-        if (!registered) ggml_backend_register(reg);
         for (size_t i = 0; i < ggml_backend_reg_dev_count(reg); ++i) devices.push_back(ggml_backend_reg_dev_get(reg, i));
     }
     return devices;
-}
-
-bool rpc_registered() {
-    std::lock_guard<std::mutex> lock(g_registered_mutex);
-    return !g_registered.empty();
 }
 
 void rpc_serve(const std::string& endpoint, const std::string& cache_dir, int n_threads) {

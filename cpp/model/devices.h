@@ -42,15 +42,12 @@ bool rpc_available();
 // The RPC protocol version this build speaks ("7.0.0"), "" without RPC.
 std::string rpc_protocol();
 
-// The devices of the workers at `endpoints` ("host:port"), in order, each
-// registered once per process. Throws RpcError naming the endpoint that is
+// The devices of the workers at `endpoints` ("host:port"), in order (each
+// endpoint connected once per process; never registered in ggml's device
+// list). Throws RpcError naming the endpoint that is
 // malformed or that rpc_worker_problem finds wanting, and when this build has
 // no RPC backend. Installs the fault handler (above).
 std::vector<BackendDevice> rpc_devices(const std::vector<std::string>& endpoints, double timeout_s = 5.0);
-// Whether any RPC worker was registered in this process (a model loaded
-// afterwards without workers must then name its devices, or llama.cpp would
-// put its layers on them too).
-bool rpc_registered();
 
 // Serves ggml's RPC protocol on `endpoint` from this machine's accelerators
 // (else its CPU) until the process ends; returns only when it cannot listen.

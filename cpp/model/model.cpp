@@ -1,5 +1,6 @@
 #include "model/model.h"
 
+#include <ggml-backend.h>
 #include <llama.h>
 
 #include <algorithm>
@@ -86,11 +87,10 @@ Model::Model(const ModelParams& params) : params_(params), verbose_(params.verbo
     llama_model_params mp = llama_model_default_params();
     mp.n_gpu_layers = params.n_gpu_layers;
     mp.use_extra_bufts = params.repack;
-    // Devices: the RPC workers, then the local accelerators. Named explicitly
-    // whenever a worker is registered in this process, or llama.cpp would put
-    // every model's layers (a local draft's too) on every worker it knows.
+    // Devices: the RPC workers, then the local accelerators (else llama.cpp's
+    // default: the local ones; workers are never in ggml's list, devices.h).
     std::vector<BackendDevice> devices;
-    if (!params.rpc.empty() || rpc_registered()) {
+    if (!params.rpc.empty()) {
         devices = rpc_devices(params.rpc);
         for (BackendDevice dev : local_gpus()) devices.push_back(dev);
         if (params.tensor_split.size() > devices.size()) {
@@ -100,6 +100,12 @@ Model::Model(const ModelParams& params) : params_(params), verbose_(params.verbo
         devices.push_back(nullptr);  // llama.cpp reads a NULL-terminated list
         mp.devices = devices.data();
     }
+    // The output layer's tensors, by name (a tied vocabulary's is token_embd's
+    // duplicate), on the CPU: llama.cpp's n_gpu_layers would only ever keep the
+    // *first* layers here.
+    const llama_model_tensor_buft_override output_here[] = {
+        {"^(output|output_norm|token_embd)\\.weight$", ggml_backend_cpu_buffer_type()}, {nullptr, nullptr}};
+    if (params.local_output) mp.tensor_buft_overrides = output_here;
     std::vector<float> split(llama_max_devices(), 0.0f);  // llama.cpp reads llama_max_devices() shares
     std::copy(params.tensor_split.begin(), params.tensor_split.end(), split.begin());
     if (!params.tensor_split.empty()) mp.tensor_split = split.data();

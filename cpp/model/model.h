@@ -40,6 +40,10 @@ struct ModelParams {
     // RPC workers ("host:port") that hold the offloaded layers (model/devices.h),
     // before any local accelerator; empty: this machine only.
     std::vector<std::string> rpc;
+    // Keep the output layer (norm and vocabulary projection) on this machine's
+    // CPU while the other layers are offloaded: a decode then brings back hidden
+    // states (n_embd floats a row) instead of logits (n_vocab floats a row).
+    bool local_output = false;
     // Share of the offloaded layers per device (RPC workers first, then local
     // GPUs), as llama.cpp's --tensor-split; empty: by free memory.
     std::vector<float> tensor_split;

@@ -131,12 +131,22 @@ class DelayProxy:
     # ------------------------------------------------------------ the loop
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)
+        # Connections cut by close() end cancelled: not an error worth a traceback.
+        self._loop.set_exception_handler(
+            lambda loop, ctx: None if isinstance(ctx.get("exception"), asyncio.CancelledError)
+            else loop.default_exception_handler(ctx))
         self._server = self._loop.run_until_complete(asyncio.start_server(self._client, "127.0.0.1", 0))
         self.port = self._server.sockets[0].getsockname()[1]
         self._ready.set()
         self._loop.run_forever()
 
     async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await self._relay(reader, writer)
+        except asyncio.CancelledError:  # close(): the connection ends with the proxy
+            writer.close()
+
+    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             up_reader, up_writer = await asyncio.open_connection(*self.upstream)
         except OSError:
@@ -148,7 +158,11 @@ class DelayProxy:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # as ggml-rpc's own sockets
             except (AttributeError, OSError):  # none, or closed already (a probe's connection)
                 pass
-        await asyncio.gather(self._pipe(reader, up_writer, up=True), self._pipe(up_reader, writer, up=False))
+        try:
+            await asyncio.gather(self._pipe(reader, up_writer, up=True), self._pipe(up_reader, writer, up=False))
+        finally:  # both ends close together: a worker serves its next driver once this one is gone
+            writer.close()
+            up_writer.close()
 
     async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *, up: bool) -> None:
         """Reads as fast as data comes; a second task writes each piece once its
@@ -169,6 +183,18 @@ class DelayProxy:
 
         sender = asyncio.ensure_future(deliver())
         try:
+            await self._read_into(reader, queue, up=up)
+        except asyncio.CancelledError:
+            sender.cancel()
+            raise
+        queue.put_nowait((0.0, None))  # the end: the writer closes after the last piece
+        try:
+            await sender
+        except (ConnectionError, OSError):
+            pass
+
+    async def _read_into(self, reader: asyncio.StreamReader, queue: asyncio.Queue, *, up: bool) -> None:
+        try:
             while True:
                 data = await reader.read(1 << 20)
                 if not data:
@@ -182,10 +208,5 @@ class DelayProxy:
                     self.bytes_down += len(data)
                     self._last_up = False
                 queue.put_nowait((self._loop.time() + self.delay_s, data))
-        except (ConnectionError, OSError):
-            pass
-        queue.put_nowait((0.0, None))
-        try:
-            await sender
         except (ConnectionError, OSError):
             pass

@@ -103,6 +103,9 @@ def bench(ctx, model, categories, per_category, max_tokens, sampling, reps, thre
         # llama-cpp-python takes a bool: give it what pyspec's context runs; and the same offload.
         llama = dict(n_ctx=n_ctx, n_threads=n_threads, flash_attn=target.flash_attn == "on",
                      n_gpu_layers=device["n_gpu_layers"])
+        if device["rpc"]:
+            click.echo("warning: llama-cpp-python 0.3.36 cannot reach RPC workers: its runners decode on this "
+                       "machine (compare pyspec's runners with each other, or use bench-rpc)", err=True)
         runners = [PyspecRunner(target, "pyspec plain")]
         names = lambda text: [x.strip() for x in text.split(",") if x.strip()]  # noqa: E731
         draft_model = None
@@ -142,7 +145,8 @@ def bench(ctx, model, categories, per_category, max_tokens, sampling, reps, thre
     result["threads"] = n_threads
     result["flash_attn"] = target.flash_attn  # what both pyspec and llama-cpp-python ran
     result["flash_attn_requested"] = device["flash_attn"]
-    result["n_gpu_layers"] = device["n_gpu_layers"]  # both sides
+    result["rpc"] = list(device["rpc"])  # the target's workers (docs/distributed.md); [] local
+    result["n_gpu_layers"] = device["n_gpu_layers"]  # both sides (pyspec's: all layers with --rpc)
     result["model"] = target.path
     result["draft"] = draft if draft_model is not None else None
     from ..bench.plot import plot

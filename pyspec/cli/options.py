@@ -212,21 +212,20 @@ def device_options(f):
     RPC workers (--rpc, --tensor-split, --draft-rpc; docs/distributed.md).
     Handed to the command as one ``device``, a dict that :func:`load_model` and
     :func:`load_pair` take as keywords (``**device``): ``{"n_gpu_layers",
-    "flash_attn", "strict", "rpc", "tensor_split", "draft_rpc"}``."""
+    "flash_attn", "strict", "rpc", "tensor_split", "local_output", "draft_rpc"}``."""
     @functools.wraps(f)
-    def command(*args, n_gpu_layers, flash_attn, strict, rpc, tensor_split, draft_rpc, **kwargs):
+    def command(*args, n_gpu_layers, flash_attn, strict, rpc, tensor_split, local_output, draft_rpc, **kwargs):
         from ..model import rpc_endpoints
 
         device = dict(n_gpu_layers=n_gpu_layers, flash_attn=flash_attn, strict=strict, rpc=rpc_endpoints(rpc),
-                      tensor_split=tensor_split, draft_rpc=rpc_endpoints(draft_rpc))
+                      tensor_split=tensor_split, local_output=local_output, draft_rpc=rpc_endpoints(draft_rpc))
         return f(*args, device=device, **kwargs)
 
     for opt in reversed([
         click.option("--n-gpu-layers", default=0, show_default=True, type=int,
                      help="Layers to offload on Metal/CUDA builds of llama.cpp (-1 = all); on a build without a GPU "
                           "backend this warns (see `pyspec info`), and --strict makes it an error. With --rpc: "
-                          "layers on the workers (all by default; the model's layer count keeps its output layer "
-                          "here)."),
+                          "layers on the workers (all by default)."),
         click.option("--flash-attn", type=click.Choice(["auto", "on", "off"]), default="auto", show_default=True,
                      help="Flash attention: auto lets llama.cpp enable it where the device supports it (on for the "
                           "CPU); on/off force it. Logits differ slightly between on and off."),
@@ -240,6 +239,10 @@ def device_options(f):
         click.option("--tensor-split", default=None, type=FloatList(),
                      help="With --rpc: the share of the layers per worker (then per local GPU), e.g. 3,1 for a "
                           "machine three times the other's memory [default: by free memory]."),
+        click.option("--rpc-local-output", "local_output", is_flag=True,
+                     help="With --rpc: keep the target's output layer here, so that the workers send back hidden "
+                          "states (6 KB a row for the default target) instead of the vocabulary's logits (600 KB): "
+                          "for networks slower than loopback."),
         click.option("--draft-rpc", default=None, metavar="HOST:PORT[,...]",
                      help="Put the draft model's layers on RPC workers too [default: the draft runs here]."),
     ]):
@@ -278,10 +281,10 @@ chat_template_option = click.option(
 def model_device(device: dict, *, role: str = "target") -> dict:
     """A command's ``device`` as :class:`pyspec.Model` keywords for the
     ``role`` ("target" or "draft") model: the draft gets --draft-rpc (and no
-    --tensor-split), the target --rpc."""
+    --tensor-split or --rpc-local-output), the target --rpc."""
     kwargs = {k: v for k, v in device.items() if k != "draft_rpc"}
     if role == "draft":
-        kwargs["rpc"], kwargs["tensor_split"] = device.get("draft_rpc", ()), None
+        kwargs["rpc"], kwargs["tensor_split"], kwargs["local_output"] = device.get("draft_rpc", ()), None, False
     return kwargs
 
 

@@ -85,6 +85,11 @@ def serve(model, draft, no_draft, drafter, policy, draft_max, host, port, parall
     draft_max, policy, drafter. Stop with Ctrl-C or SIGTERM: requests in flight
     end at the next round (their streams close properly) and the exit status
     is 0.
+
+    With --rpc (or --draft-rpc) the model's layers live on RPC workers, and a
+    lost worker would end the process: the server then runs as a child of a
+    supervisor that keeps the port, answers with errors and /health while the
+    worker is gone, and restarts the child when it is back (docs/distributed.md).
     """
     try:
         import uvicorn

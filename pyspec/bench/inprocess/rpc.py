@@ -31,29 +31,10 @@ from typing import Callable, Dict, List, Optional, Sequence
 from ...model import Model
 from ..rpc_net import DelayProxy, WorkerProcess
 from ..stats import bootstrap_interval, geo_mean, run_order
+from .simulate import batch_costs
 
 SIZES = (1, 2, 3, 5, 9, 17)  # V(n) rows: draft lengths 0, 1, 2, 4, 8, 16
 CONFIGS = ("plain", "default")
-
-
-def batch_costs(model: Model, sizes: Sequence[int] = SIZES, reps: int = 3) -> Dict[int, float]:
-    """V(n): the fastest of ``reps`` n-row decodes at the end of a short context."""
-    core = model.native
-    model.clear_cache()
-    filler = model.tokenize("The quick brown fox jumps over the lazy dog.", add_special=True)
-    core.decode(filler, 0, 0)
-    pos = len(filler)
-    out = {}
-    for n in sizes:
-        best = math.inf
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            core.decode([filler[-1]] * n, pos, n)
-            best = min(best, time.perf_counter() - t0)
-            core.truncate(pos)
-        out[n] = best
-    model.clear_cache()
-    return out
 
 
 def ceiling(costs: Dict[int, float]) -> Dict[str, float]:
@@ -72,7 +53,8 @@ def run_decoders(target: Model, draft: Model, prompts: List[List[int]], *, max_t
     decoders = {"plain": target, "default": SpeculativeDecoder(target, draft)}
     for name, dec in decoders.items():  # warm up: calibration (auto's V(n) over this network), caches
         progress(f"{label}: warm-up {name}")
-        dec.generate(prompts[0], max_tokens=8, temperature=0)
+        for prompt in prompts:
+            dec.generate(prompt, max_tokens=4, temperature=0)
     runs: List[dict] = []
     for p, prompt in enumerate(prompts):
         for rep in range(reps):
@@ -80,16 +62,16 @@ def run_decoders(target: Model, draft: Model, prompts: List[List[int]], *, max_t
                 progress(f"{label}: prompt {p + 1}/{len(prompts)}, rep {rep + 1}/{reps}, {name}")
                 for proxy in proxies:
                     proxy.reset_counts()
-                t0 = time.perf_counter()
                 out = decoders[name].generate(prompt, max_tokens=max_tokens, temperature=0)
-                seconds = time.perf_counter() - t0 - out.stats.prompt_s
                 n = len(out.tokens)
-                runs.append({"prompt": p, "rep": rep, "decoder": name, "tokens": n, "seconds": seconds,
-                             "tok_s": (n - 1) / seconds if n > 1 and seconds > 0 else float("nan"),
+                # First token to last, as llama-server's predicted_per_second: the prompt apart.
+                runs.append({"prompt": p, "rep": rep, "decoder": name, "tokens": n, "seconds": out.stats.decode_s,
+                             "tok_s": out.stats.decode_tok_s,
                              "round_trips": sum(x.round_trips for x in proxies),
                              "bytes_down": sum(x.bytes_down for x in proxies),
                              "accepted": out.stats.accepted if name == "default" else 0,
-                             "drafted": out.stats.drafted if name == "default" else 0})
+                             "drafted": out.stats.drafted if name == "default" else 0,
+                             "rounds": out.stats.rounds})
     return summarize(runs, len(prompts))
 
 
@@ -112,8 +94,11 @@ def summarize(runs: List[dict], n_prompts: int) -> dict:
         logs.append([math.log(v["default"] / v["plain"]) for v in pairs.values() if len(v) == 2])
     lo, hi = bootstrap_interval(logs)
     out["speedup"] = {"geo_mean": geo_mean(logs), "ci95": [lo, hi]}
-    drafted = sum(r["drafted"] for r in runs)
-    out["default"]["acceptance"] = sum(r["accepted"] for r in runs) / drafted if drafted else None
+    mine = [r for r in runs if r["decoder"] == "default"]
+    drafted = sum(r["drafted"] for r in mine)
+    out["default"]["acceptance"] = sum(r["accepted"] for r in mine) / drafted if drafted else None
+    rounds = sum(r["rounds"] for r in mine)
+    out["default"]["drafted_per_round"] = drafted / rounds if rounds else None  # grows where a row is cheap
     return out
 
 
@@ -124,7 +109,7 @@ def run_llama_server(llama_server: str, target_path: str, draft_path: str, specs
     from ..serve.process import llama_server_backends, request
 
     device = dict(n_gpu_layers=-1, flash_attn="auto", strict=False, rpc=tuple(endpoints), tensor_split=None,
-                  draft_rpc=())
+                  local_output=False, draft_rpc=())
     out: Dict[str, dict] = {}
     for backend in llama_server_backends(llama_server, target_path, parallel=1, n_ctx=n_ctx, threads=threads,
                                          specs=specs, draft=draft_path, device=device):
@@ -161,7 +146,7 @@ def bench_rpc(target_path: str, draft_path: str, prompt_texts: List[str], *, del
     # The local row: the same runs without workers.
     progress("local: loading")
     target = Model(target_path, n_ctx=n_ctx, n_threads=threads, memory_mb=0)
-    costs = batch_costs(target)
+    costs = batch_costs(target, SIZES)
     row = {"delay_ms": None, "costs": costs, "ceiling": ceiling(costs)}
     row.update(run_decoders(target, draft, prompts, max_tokens=max_tokens, reps=reps, proxies=[],
                             progress=progress, label="local"))
@@ -178,7 +163,7 @@ def bench_rpc(target_path: str, draft_path: str, prompt_texts: List[str], *, del
                 target = Model(target_path, n_ctx=n_ctx, n_threads=threads, memory_mb=0,
                                rpc=[p.endpoint for p in proxies])
                 load_s = time.perf_counter() - t0
-                costs = batch_costs(target)
+                costs = batch_costs(target, SIZES)
                 row = {"delay_ms": delay, "load_s": load_s, "costs": costs, "ceiling": ceiling(costs)}
                 row.update(run_decoders(target, draft, prompts, max_tokens=max_tokens, reps=reps,
                                         proxies=proxies, progress=progress, label=label))
@@ -205,7 +190,7 @@ def report(result: dict) -> str:
              f"copy-heavy prompts x {result['reps']} reps, {result['max_tokens']} greedy tokens; ceiling = best "
              f"(k+1)V(1)/V(k+1) of a perfect free draft",
              f"{'delay':>7} {'plain':>7} {'default':>8} {'speed-up [95% CI]':>22} {'ceiling':>8} {'of ceil':>8} "
-             f"{'RT/tok plain':>12} {'RT/tok def':>10} {'llama-server best':>22}"]
+             f"{'RT/tok plain':>12} {'RT/tok def':>10} {'draft/round':>11} {'llama-server best':>22}"]
     for r in result["rows"]:
         delay = "local" if r["delay_ms"] is None else f"{r['delay_ms']:g} ms"
         s = r["speedup"]
@@ -216,7 +201,8 @@ def report(result: dict) -> str:
         lines.append(f"{delay:>7} {r['plain']['tok_s']:>7.1f} {r['default']['tok_s']:>8.1f} "
                      f"{s['geo_mean']:>6.2f}x [{s['ci95'][0]:.2f}, {s['ci95'][1]:.2f}]{'':>5} {ceil:>7.2f}x "
                      f"{s['geo_mean'] / ceil:>8.0%} {r['plain']['round_trips_per_token']:>12.1f} "
-                     f"{r['default']['round_trips_per_token']:>10.2f} {llama_txt:>22}")
+                     f"{r['default']['round_trips_per_token']:>10.2f} {r['default']['drafted_per_round'] or 0:>11.1f} "
+                     f"{llama_txt:>22}")
     for r in result["rows"]:
         if r.get("llama_server") and r["delay_ms"] is not None:
             best = max(v["tok_s"] for v in r["llama_server"].values())

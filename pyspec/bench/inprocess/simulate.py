@@ -15,22 +15,23 @@ a better *what* (drafter) would have to raise.
 from __future__ import annotations
 
 import time
-from typing import Dict, List, Sequence
+from typing import Dict, List, Sequence, Union
 
 from ... import _core
 from ...model import Model
 
 
-def batch_costs(model: Model, max_batch: int, reps: int = 3) -> Dict[int, float]:
-    """V(n) for n = 1..max_batch: the fastest of `reps` timed decodes at the end of
-    a short context (the model's cache is cleared before and after)."""
+def batch_costs(model: Model, max_batch: Union[int, Sequence[int]], reps: int = 3) -> Dict[int, float]:
+    """V(n) for n = 1..max_batch (or for the batch sizes given): the fastest of
+    `reps` timed decodes at the end of a short context (the model's cache is
+    cleared before and after)."""
     core = model.native
     model.clear_cache()
     filler = model.tokenize("The quick brown fox jumps over the lazy dog.", add_special=True)
     core.decode(filler, 0, 0)
     pos = len(filler)
     out = {}
-    for n in range(1, max_batch + 1):
+    for n in (range(1, max_batch + 1) if isinstance(max_batch, int) else max_batch):
         best = float("inf")
         for _ in range(reps):
             t0 = time.perf_counter()

@@ -170,6 +170,7 @@ def pyspec_device_args(device: Optional[dict]) -> List[str]:
             + (["--strict"] if device.get("strict") else [])
             + (["--rpc", ",".join(device["rpc"])] if device.get("rpc") else [])
             + (["--tensor-split", _shares(device["tensor_split"])] if device.get("tensor_split") else [])
+            + (["--rpc-local-output"] if device.get("local_output") else [])
             + (["--draft-rpc", ",".join(device["draft_rpc"])] if device.get("draft_rpc") else []))
 
 
@@ -182,7 +183,9 @@ def llama_server_device_args(device: Optional[dict]) -> List[str]:
         return []
     return (["-ngl", _llama_layers(device), "-fa", device["flash_attn"]]
             + (["--rpc", ",".join(device["rpc"])] if device.get("rpc") else [])
-            + (["-ts", _shares(device["tensor_split"])] if device.get("tensor_split") else []))
+            + (["-ts", _shares(device["tensor_split"])] if device.get("tensor_split") else [])
+            # the same tensors as pyspec's local_output (cpp/model/model.cpp), by llama.cpp's -ot
+            + (["-ot", r"^(output|output_norm|token_embd)\.weight$=CPU"] if device.get("local_output") else []))
 
 
 def _llama_draft_layers(device: dict) -> str:
