@@ -93,7 +93,8 @@ class Child:
             if self.stopping.is_set():
                 return
             if status != LOST_WORKER_EXIT or not self.ever_ready:
-                self.exit_status = status or 1
+                # Its own status (0 after a Ctrl-C that reached both), or a shell's 128 + signal.
+                self.exit_status = status if status >= 0 else 128 - status
                 os.kill(os.getpid(), signal.SIGTERM)  # ends uvicorn; the command exits with exit_status
                 return
             with self.lock:
