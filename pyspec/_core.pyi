@@ -177,6 +177,8 @@ class Model:
     n_seq: int
     n_threads: int
     n_gpu_layers: int
+    rpc: List[str]
+    tensor_split: List[float]
     flash_attn: int  # as run: 1 on, 0 off, -1 auto and unreported
     flash_attn_requested: int
     description: str

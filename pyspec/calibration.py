@@ -57,8 +57,7 @@ def machine_key(core_model) -> str:
         path, str(st.st_size), str(int(st.st_mtime)), f"threads={core_model.n_threads}",
         f"gpu_layers={core_model.n_gpu_layers}", f"flash_attn={core_model.flash_attn}",
         # Layers on RPC workers cost the network's round trips: timed per set of workers.
-        *([f"rpc={','.join(core_model.params.rpc)}", f"split={list(core_model.params.tensor_split)}"]
-          if core_model.params.rpc else []),
+        *([f"rpc={','.join(core_model.rpc)}", f"split={list(core_model.tensor_split)}"] if core_model.rpc else []),
         # Timings recorded before decodes waited for their work (Model::wait_for_work)
         # timed a GPU's launches, not its work: they are not reused.
         "clock=work", _core.llama_system_info().strip(),

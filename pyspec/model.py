@@ -195,7 +195,7 @@ class Model(Generator):
     @property
     def rpc(self) -> Tuple[str, ...]:
         """The RPC workers holding its layers ("host:port"), in order; () when local."""
-        return tuple(self._core.params.rpc)
+        return tuple(self._core.rpc)
 
     @property
     def n_gpu_layers(self) -> int:

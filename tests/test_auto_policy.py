@@ -438,7 +438,7 @@ def test_memory_outlives_a_process(tmp_path, monkeypatch):
     monkeypatch.setattr(calibration, "_memory_written", {})
     model = tmp_path / "m.gguf"
     model.write_bytes(b"GGUF")
-    core = SimpleNamespace(path=str(model), n_threads=2, n_gpu_layers=0, flash_attn="on", n_batch=512, n_seq=1)
+    core = SimpleNamespace(path=str(model), n_threads=2, n_gpu_layers=0, flash_attn="on", rpc=[], tensor_split=[], n_batch=512, n_seq=1)
     calibration.keep(p, core, SimpleNamespace(calibrate_s=0.0))
     new = _core.make_policy(_core.PolicyParams(name="auto", draft_max=16))
     calibration.prepare([new], core)

@@ -267,7 +267,7 @@ CORRUPT = {
 def test_a_corrupt_calibration_cache_is_discarded_with_a_message(calibration_cache, damage):
     model = calibration_cache.parent / "m.gguf"
     model.write_bytes(b"GGUF")
-    core = SimpleNamespace(path=str(model), n_threads=2, n_gpu_layers=0, flash_attn="on")
+    core = SimpleNamespace(path=str(model), n_threads=2, n_gpu_layers=0, flash_attn="on", rpc=[], tensor_split=[])
     good = json.dumps({calibration.machine_key(core): GOOD})
     calibration_cache.write_text(good, encoding="utf-8")
     assert calibration.load(core) == {1: 0.01, 2: 0.02}  # the control: unknown fields ("later") are kept

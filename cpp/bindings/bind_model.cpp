@@ -66,6 +66,9 @@ void bind_model(py::module_& m) {
         .def_property_readonly("n_seq", &Model::n_seq, "sequences the context holds (one unified KV cache)")
         .def_property_readonly("n_threads", [](const Model& m) { return m.params().n_threads; })
         .def_property_readonly("n_gpu_layers", [](const Model& m) { return m.params().n_gpu_layers; })
+        .def_property_readonly("rpc", [](const Model& m) { return m.params().rpc; },
+                               "the RPC workers holding its layers (\"host:port\"); empty when local")
+        .def_property_readonly("tensor_split", [](const Model& m) { return m.params().tensor_split; })
         .def_property_readonly("flash_attn", &Model::flash_attn, "as run: 1 on, 0 off, -1 auto and unreported")
         .def_property_readonly("flash_attn_requested", [](const Model& m) { return m.params().flash_attn; })
         .def_property_readonly("description", &Model::description)
