@@ -43,3 +43,12 @@ def _physical_cores_on_host() -> int:
     except (OSError, ValueError, subprocess.SubprocessError):
         pass
     return max(1, os.cpu_count() or 1)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now (the OS's choice)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

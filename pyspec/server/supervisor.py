@@ -25,7 +25,6 @@ import http.client
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -34,6 +33,7 @@ import time
 from typing import Dict, Iterator, List, Optional, Sequence
 
 from .. import _core
+from .._platform import free_port
 from ..rpc import LOST_WORKER_EXIT
 
 #: Environment of the child: the private port it listens on (it serves, never supervises).
@@ -43,12 +43,6 @@ PROBE_INTERVAL_S = 1.0
 # Headers that describe one hop of HTTP, not the message (RFC 9110 7.6.1).
 HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "proxy-connection",
                "content-length", "host"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Child:

@@ -8,7 +8,6 @@ import http.client
 import json
 import os
 import signal
-import socket
 import subprocess
 import tempfile
 import sys
@@ -16,15 +15,11 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+from ..._platform import free_port  # noqa: F401  (the benches and the tests take it from here)
+
 #: Where a :class:`Backend`'s command takes its port.
 PORT = "{port}"
 LLAMA_SERVER = "llama-server"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class ServerProcess:
