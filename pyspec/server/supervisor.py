@@ -77,7 +77,7 @@ class Child:
             proc = self.proc
             status = proc.poll() if proc is not None else None
             if status is None:
-                if self.state == "starting" and self._child_health() == 200:
+                if self.state == "starting" and self._child_health()[0] == 200:
                     with self.lock:
                         self.state, self.ever_ready, self.fault = "ready", True, None
                     print(f"pyspec serve: ready (model on RPC workers {', '.join(self.endpoints)})",
@@ -128,15 +128,17 @@ class Child:
             pass
         return f"the server lost an RPC worker (exit status {status})"
 
-    def _child_health(self) -> Optional[int]:
+    def _child_health(self, timeout_s: float = 2.0) -> tuple:
+        """(status, body) of the child's /health; (None, None) when it does not answer."""
         try:
-            conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=2)
+            conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout_s)
             conn.request("GET", "/health")
-            status = conn.getresponse().status
+            resp = conn.getresponse()
+            status, raw = resp.status, resp.read()
             conn.close()
-            return status
-        except (OSError, http.client.HTTPException):
-            return None
+            return status, json.loads(raw or b"{}")
+        except (OSError, http.client.HTTPException, ValueError):
+            return None, None
 
     def health(self) -> tuple:
         """(status code, body) of the supervisor's /health."""
@@ -152,23 +154,13 @@ class Child:
             reachable = {e: True if state == "ready" else None for e in self.endpoints}
         rpc = {"workers": [{"endpoint": e, "reachable": ok} for e, ok in reachable.items()], "restarts": restarts}
         if state == "ready":
-            body = self._child_health_body()
+            _, body = self._child_health(timeout_s=5.0)
             if body is not None:
                 body["rpc"] = rpc
                 return (200 if body.get("status") == "ok" else 503), body
         body = {"status": "error" if state == "lost" else "starting",
                 "error": fault if state == "lost" else "loading the model onto the RPC workers", "rpc": rpc}
         return 503, body
-
-    def _child_health_body(self) -> Optional[dict]:
-        try:
-            conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
-            conn.request("GET", "/health")
-            body = json.loads(conn.getresponse().read() or b"{}")
-            conn.close()
-            return body
-        except (OSError, http.client.HTTPException, ValueError):
-            return None
 
     def unavailable(self) -> str:
         with self.lock:
