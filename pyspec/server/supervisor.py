@@ -24,6 +24,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -111,6 +112,7 @@ class Child:
                 proc.wait(30)
             except subprocess.TimeoutExpired:
                 proc.kill()
+        shutil.rmtree(os.path.dirname(self.fault_file), ignore_errors=True)  # leave no folder behind
 
     # ------------------------------------------------------------ facts
     def reachable(self) -> Dict[str, bool]:
