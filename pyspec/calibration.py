@@ -8,8 +8,10 @@ bucket and the host work per round), so that a new process, and a short
 answer in it, starts from what earlier ones learnt instead of the built-in
 priors.
 
-The policy object owns the numbers (it asks the engine to time batch sizes on
-first use, measures the draft model when it drafts, and refines both online);
+The policy object owns the numbers (the engine times the batch sizes it has
+not timed yet between rounds, never before the first token, and a round that
+uses a size times it too; it measures the draft model when it drafts, and
+refines both online);
 this module only persists them: :func:`prepare` hands a policy the timings on
 record before a generation, :func:`keep` records new ones after it.
 
@@ -20,7 +22,8 @@ build features. A missing or unreadable file only means calibrating again.
 
 Crash safety (docs/promises.md, "Caches and crashes"): the file is only ever
 replaced whole (written to ``.calibration-*.json``, fsynced, renamed, the
-folder fsynced), under ``calibration.json.lock`` so that concurrent processes
+folder fsynced), under ``calibration.json.lock`` (present only while held:
+pyspec/_locks.py) so that concurrent processes
 neither lose each other's entries nor see a half-written file. A file that is
 not valid JSON of the expected shape is discarded with a warning (its timings
 are measured again), and a temporary file that a killed writer left behind is
@@ -38,10 +41,10 @@ import warnings
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
-from filelock import FileLock, Timeout
 
 from . import _core
 from ._durable import replacing
+from ._locks import CacheLock, Timeout
 
 
 def cache_file() -> Path:
@@ -73,8 +76,8 @@ _draft_written: Dict[str, float] = {}   # a locked, fsynced write per request wo
 
 def prepare(policies: Sequence["_core.LengthPolicy"], core_model, draft_model=None) -> None:
     """Give each policy (a batch has one per sequence) the timings on record that
-    it still wants: the target's batch sizes (if all are known; the engine's
-    choice of sizes, :func:`pyspec._core.calibration_rows`), the draft model's
+    it still wants: the target's batch sizes on record (the engine's choice of
+    sizes, :func:`pyspec._core.calibration_rows`; it times the rest), the draft model's
     cost per token, and auto's memory to a policy that has seen no round yet. Each model's entry is read at most once."""
     entry = known = cost = None
     for policy in policies:
@@ -85,21 +88,31 @@ def prepare(policies: Sequence["_core.LengthPolicy"], core_model, draft_model=No
             entry = _entry(core_model)
         if sizes:
             known = _timings(entry) if known is None else known
-            if all(n in known for n in sizes):
-                policy.calibrated(sizes, [known[n] for n in sizes])
+            have = [n for n in sizes if n in known]
+            if have:
+                policy.calibrated(have, [known[n] for n in have], fresh=False)
         if draft_model is not None and auto and policy.draft_cost("model") < 0:
             cost = _entry(draft_model).get(DRAFT_TOKEN) if cost is None else cost
             if isinstance(cost, (int, float)) and cost > 0:
                 policy.recorded_draft_cost(float(cost))
+            elif _both_on_this_cpu(core_model, draft_model):
+                # Nothing on record (a first run): a CPU step reads every weight once,
+                # so the draft's step is about its share of the bytes. Where even that
+                # cannot pay, the first run does not spend a catch-up and probes to learn so.
+                policy.draft_cost_prior(os.path.getsize(draft_model.path) / os.path.getsize(core_model.path))
         if auto and policy.rounds_seen == 0:
             memory = entry.get(MEMORY)
             if isinstance(memory, list) and all(isinstance(x, (int, float)) for x in memory):
                 policy.remember([float(x) for x in memory])
 
 
-def keep(policy: "_core.LengthPolicy", core_model, stats, draft_model=None, *, defer: bool = False):
-    """Record the timings a generation just measured: new batch timings
-    (``stats.calibrate_s > 0``), the draft model's cost when it moved by more
+def _both_on_this_cpu(core_model, draft_model) -> bool:
+    return all(m.n_gpu_layers == 0 and not m.rpc for m in (core_model, draft_model))
+
+
+def keep(policy: "_core.LengthPolicy", core_model, draft_model=None, *, defer: bool = False):
+    """Record the timings a generation just measured: batch sizes it timed
+    first (``policy.take_new_timings()``), the draft model's cost when it moved by more
     than a tenth from the one on record, and the policy's memory; the last two
     at most once a minute per model file (not a file read and write per
     generation). The policy is read now; with ``defer`` the file work is
@@ -108,9 +121,9 @@ def keep(policy: "_core.LengthPolicy", core_model, stats, draft_model=None, *, d
     if not isinstance(policy, _core.AutoPolicy):
         return None
     writes: List[Callable[[], None]] = []
-    if stats.calibrate_s > 0:
-        calibration = policy.calibration
-        writes.append(lambda: save(core_model, calibration))
+    timed = policy.take_new_timings()
+    if timed:
+        writes.append(lambda: save(core_model, timed))
     # Throttled per model file in this process (machine_key would stat the file every call).
     if policy.rounds_seen > 0 and _due(_memory_written, core_model.path):
         memory = [float(x) for x in policy.memory]
@@ -159,7 +172,7 @@ def _warn(path: Path, why: str, then: str) -> None:
 
 def _lock(locked: bool = False, timeout: float = _LOCK_WAIT_S):
     """The cache's lock (a no-op context when the caller already holds it)."""
-    return contextlib.nullcontext() if locked else FileLock(str(cache_file()) + ".lock", timeout=timeout)
+    return contextlib.nullcontext() if locked else CacheLock(str(cache_file()) + ".lock", timeout=timeout)
 
 
 def _positive(x: object) -> bool:

@@ -119,6 +119,10 @@ class Generator:
     #: and answer) are remembered when ``remember``; None: none.
     memory: Optional["Memory"] = None
     remember: bool = True
+    #: Most share of decoding time that the ``auto`` policy may spend timing the
+    #: target's batch sizes between rounds (kept on disk per model and machine: a
+    #: first run's cost only); 1e9 times them all after the first round.
+    calibration_share: float = _core.GenerateParams().calibration_share
 
     def clear_cache(self) -> None:  # pragma: no cover - abstract
         """Forget the processed prompt, so the next call processes all of it."""
@@ -163,7 +167,8 @@ class Generator:
         native = sampling.native()
         params = _core.GenerateParams(max_tokens=max_tokens, sampling=native, draft_sampling=native,
                                       seed=check_seed(seed), stop=list(stop or []),
-                                      logprobs=-1 if logprobs is None else logprobs)
+                                      logprobs=-1 if logprobs is None else logprobs,
+                                      calibration_share=self.calibration_share)
         params.test = test_controls(_test)
         constraint = constraints.resolve(constraint, json_schema=json_schema, grammar=grammar, regex=regex)
         if constraint is not None:
@@ -199,7 +204,8 @@ class Generator:
         sequences set up with ``setup(drafters="slots")`` join and leave it
         between rounds (each drafts as its own policy says, none: plain). Caches
         the context gives up go to ``prompt_cache`` (host memory) and come back."""
-        shared = _core.GenerateParams(max_tokens=0, prefill_chunk=prefill_chunk)
+        shared = _core.GenerateParams(max_tokens=0, prefill_chunk=prefill_chunk,
+                                      calibration_share=self.calibration_share)
         shared.test = test_controls(_test)
         return self._engine.session(shared, on_token=on_token, draft_models=self._draft_models(),
                                     prompt_cache=prompt_cache)

@@ -117,7 +117,7 @@ class Model(Generator):
         verbose: bool = MODEL_DEFAULTS.verbose,
         flash_attn: str = "auto",
         strict: bool = False,
-        n_seq_max: int = MODEL_DEFAULTS.n_seq_max,
+        n_seq_max: Optional[int] = None,
         memory_mb: float = DEFAULT_CAP_MB,
         chat_template: Union[str, os.PathLike, None] = None,
         rpc: Union[str, Sequence[str], None] = None,
@@ -144,7 +144,9 @@ class Model(Generator):
             n_batch=n_batch,
             verbose=verbose,
             flash_attn=FLASH_ATTN[flash_attn],
-            n_seq_max=n_seq_max,
+            # Room for generate(n=...) costs nothing until used (one unified cache);
+            # a sequence needs a row of a batch, hence n_batch's bound.
+            n_seq_max=min(MODEL_DEFAULTS.n_seq_max, n_batch) if n_seq_max is None else n_seq_max,
             rpc=list(rpc),
             tensor_split=[float(x) for x in tensor_split or ()],
             repack=repack,

@@ -190,5 +190,5 @@ class SpeculativeDecoder(Generator):
 
     def record(self, setup, stats, *, defer: bool = False):
         if setup.policy is not None:
-            return calibration.keep(setup.policy, self.target.native, stats, self._draft_native, defer=defer)
+            return calibration.keep(setup.policy, self.target.native, self._draft_native, defer=defer)
         return None

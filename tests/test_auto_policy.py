@@ -47,15 +47,41 @@ def play(policy, rounds, *, accept, source="model", match_len=0, draft_step=0.0,
     return chosen
 
 
-def test_calibration_asks_for_the_menu_of_sizes_once():
+def test_calibration_asks_for_each_size_until_it_is_timed():
     p = _core.make_policy(_core.PolicyParams(name="auto", draft_max=16))
     assert p.calibration_sizes(17) == [1, 2, 4, 8, 16]
     assert p.calibration_sizes(5) == [1, 2, 4]  # limited by the room in the context
     p.calibrated([1, 2, 4], [0.03, 0.045, 0.07])
-    assert p.calibration_sizes(17) == []
+    assert p.calibration_sizes(17) == [8, 16]  # the engine times the rest between rounds
     assert p.verify_cost(4) == pytest.approx(0.07)
     assert p.verify_cost(3) == -1  # not measured: not a candidate
+    assert p.take_new_timings() == pytest.approx({1: 0.03, 2: 0.045, 4: 0.07})  # measured here: to keep
+    assert p.take_new_timings() == {}
+    p.calibrated([8, 16], [0.12, 0.14], fresh=False)  # read from disk: nothing new to keep
+    assert p.calibration_sizes(17) == [] and p.take_new_timings() == {}
     assert _core.make_policy(_core.PolicyParams(name="fixed", draft_max=4)).calibration_sizes(17) == []
+
+
+def test_a_first_run_drafts_before_calibration_and_its_rounds_time_the_sizes():
+    """Issue 39: nothing is timed before the first answer. The policy starts
+    plainly (its first step measures V(1)), judges the sizes still to time by
+    the prior (auto_tuning.h, kPriorSlope), so a copy it is sure of drafts at
+    once, and a round of such a size is that size's timing (kept on disk by
+    take_new_timings). Control: a size outside the calibration menu stays out
+    until measured, as before."""
+    p = _core.make_policy(_core.PolicyParams(name="auto", draft_max=16))
+    p.calibration_sizes(17)  # what the engine asks at a sequence's start: nothing timed
+    chosen = play(p, 40, accept=lambda i: True, source="ngram", match_len=12)
+    assert chosen[0] == 0, "the first round must be plain (it measures V(1))"
+    drafted = [k for k in chosen if k > 0]
+    assert drafted and all(k + 1 in (2, 4, 8, 16) for k in drafted), chosen
+    timed = p.take_new_timings()
+    assert 1 in timed and any(k + 1 in timed for k in drafted), timed
+    assert p.calibration_sizes(17) == [n for n in (2, 4, 8, 16) if n not in timed]
+    # Without the menu (no calibration_sizes call, as for a policy the engine never
+    # offered sizes), only a one-token draft is a candidate before anything is measured.
+    q = _core.make_policy(_core.PolicyParams(name="auto", draft_max=16))
+    assert set(play(q, 40, accept=lambda i: True, source="ngram", match_len=12)) <= {0, 1}
 
 
 def test_cpu_costs_make_a_draft_model_decode_plainly_and_stop_probing():
@@ -439,7 +465,7 @@ def test_memory_outlives_a_process(tmp_path, monkeypatch):
     model = tmp_path / "m.gguf"
     model.write_bytes(b"GGUF")
     core = SimpleNamespace(path=str(model), n_threads=2, n_gpu_layers=0, flash_attn="on", rpc=[], tensor_split=[], n_batch=512, n_seq=1)
-    calibration.keep(p, core, SimpleNamespace(calibrate_s=0.0))
+    calibration.keep(p, core)
     new = _core.make_policy(_core.PolicyParams(name="auto", draft_max=16))
     calibration.prepare([new], core)
     assert new.memory == pytest.approx(learnt)
@@ -468,3 +494,21 @@ def test_gpu_costs_a_draft_model_pays_only_at_high_acceptance(alpha, drafts):
     chosen = play(p, 200, accept=lambda i: rng.random() < alpha, draft_step=GPU_DRAFT_STEP, steps=GPU_STEPS)
     drafting = sum(k > 0 for k in chosen[20:]) / len(chosen[20:])
     assert (drafting > 0.5) if drafts else (drafting < 0.1), (alpha, drafting, chosen[:40])
+
+
+def test_a_draft_model_prior_spares_a_first_run_the_measurement_only_where_it_cannot_pay():
+    """Issue 39: with no draft cost measured or on record, a first run on a CPU
+    gets the draft's step as its share of the weights (0.44 target steps for the
+    default pair). On a CPU's batch costs even that cannot pay at 90 %
+    acceptance, so no draft decode is spent to learn it (no probe, no prefill).
+    Control: on a GPU's batch costs the same prior could pay, so it is measured
+    with one short draft, as without a prior."""
+    cpu = calibrated_policy(CPU_STEPS)
+    cpu.draft_cost_prior(0.44)
+    assert not cpu.may_draft("model")
+    assert all(k == 0 for k in play(cpu, 60, accept=lambda i: True, draft_step=0.44))
+    assert cpu.draft_cost("model") == -1  # never measured
+    gpu = calibrated_policy(GPU_STEPS)
+    gpu.draft_cost_prior(0.44)
+    chosen = play(gpu, 5, accept=lambda i: True, draft_step=0.44, steps=GPU_STEPS)
+    assert chosen[0] == 1 and gpu.draft_cost("model") > 0

@@ -133,7 +133,7 @@ def test_greedy_batch_drafting_with_a_draft_model(gemma_path, load_model, lone_m
 
 def test_a_batch_needs_a_draft_sequence_per_sample(gemma_path, load_model):
     target = load_model(gemma_path, n_ctx=512, n_seq_max=2)
-    draft = load_model(gemma_path, "draft", n_ctx=512)  # one sequence
+    draft = load_model(gemma_path, "draft", n_ctx=512, n_seq_max=1)  # one sequence
     spec = pyspec.SpeculativeDecoder(target, draft, drafter="model")
     with pytest.raises(ValueError, match="n_seq_max >= 2"):
         spec.generate("hi", n=2, max_tokens=2, chat=False)

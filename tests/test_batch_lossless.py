@@ -102,7 +102,7 @@ def pin_joint_costs(spec) -> None:
     round refines the estimates from real timings."""
     for slot in range(2):
         policy = spec.policy_object("auto", draft_max=2, key=slot)
-        policy.calibrated([1, 2, 3, 4], [100.0, 100.0, 100.0, 100.0])
+        policy.calibrated([1, 2, 3, 4], [100.0, 100.0, 100.0, 100.0], fresh=False)
         policy.clock = False  # pinned costs model another machine; the clock would judge this one
 
 
@@ -278,7 +278,7 @@ def spared_case(gemma_path, load_model, tmp_path_factory):
     for j in (0, 1):
         policy = spec.policy_object(key=j)
         sizes = policy.calibration_sizes(_core.calibration_rows(policy.draft_max, target.native.n_batch, 2))
-        policy.calibrated(sizes, [DEAR_ROWS[k] * STEP_S for k in sizes])
+        policy.calibrated(sizes, [DEAR_ROWS[k] * STEP_S for k in sizes], fresh=False)
         policy.recorded_draft_cost(0.05 * STEP_S)
         policy.clock = False  # decisions from the costs alone, however the rounds' times fall
         policy.learn_costs = False

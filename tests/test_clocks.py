@@ -33,8 +33,9 @@ def clock_readings(gemma_path, synced: bool, monkeypatch, tmp_path) -> dict:
     draft = pyspec.Model(gemma_path, n_ctx=512, seed=0, memory_mb=0)
     for m in (target, draft):
         m.native.test_simulate_async(LATENCY, synced)
-    # auto: the target's batch sizes are timed before its first round.
+    # auto: the target's batch sizes, all timed after its first round.
     auto = pyspec.SpeculativeDecoder(target, draft, drafter="model", policy="auto")
+    auto.calibration_share = 1e9
     auto.generate(PROMPT, max_tokens=2, temperature=0, seed=0)
     calibration = dict(auto.policy_object().calibration)
     # fixed, 3 tokens a round: every round drafts with the draft model.

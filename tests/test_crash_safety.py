@@ -145,7 +145,7 @@ def test_a_killed_pull_leaves_no_final_file_and_the_next_pull_says_what_it_disca
 
 # `pyspec generate`, stopped where the test wants to kill it: "calibrating"
 # touches MARK once the policy asked for the timings on record (there are none,
-# so the engine's first round calibrates next); "writing" touches MARK and
+# so its rounds and the engine between them time batch sizes next); "writing" touches MARK and
 # sleeps in the first fsync, i.e. inside the cache's write, after its data and
 # before the rename.
 GENERATE_CLI = """
@@ -209,9 +209,9 @@ def test_a_generation_killed_while_calibrating_or_saving_leaves_the_timings_whol
     common = ["generate", "-m", gemma_path, "--raw", "--n-ctx", "256", "--threads", "2", "--seed", "1"]
     args = [*common, "-k", "3"]  # batch sizes 1, 2 and 4 to time: short runs
 
-    # Killed in the prefill or the calibration after it (no hook tells them apart:
-    # 9 prompt tokens, then the default cap's batch sizes 1 to 64 timed twice).
-    # Neither writes: the timings are saved when the generation ends.
+    # Killed in the prefill or the rounds after it, which time batch sizes (no
+    # hook tells them apart). None writes: the timings are saved when the
+    # generation ends.
     mark = tmp_path / "calibrating"
     proc = _start(GENERATE_CLI, str(mark), "calibrating", *common, "--max-tokens", "200", PROMPT, env=env)
     _wait_for("the step before calibration", mark.exists, proc, timeout=120)
@@ -234,11 +234,10 @@ def test_a_generation_killed_while_calibrating_or_saving_leaves_the_timings_whol
     assert proc.returncode == 0, proc.stderr
     for name in (left, cut.name):
         assert f"discarded {cache / name}" in proc.stderr, proc.stderr
-    assert json.loads(proc.stdout)["stats"]["calibrate_s"] > 0  # measured, as nothing was on record
     after = _cache_state(cache)
     assert after[next(iter(before))] == before[next(iter(before))]
     gemma_entry = [v for k, v in after.items() if k.startswith(os.path.realpath(gemma_path))]
-    assert len(gemma_entry) == 1 and {"1", "2", "4"} <= set(gemma_entry[0])
+    assert len(gemma_entry) == 1 and "1" in gemma_entry[0]  # measured (its plain rounds), as nothing was on record
     assert _temps(cache) == []
 
 

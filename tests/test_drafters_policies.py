@@ -212,33 +212,47 @@ def test_auto_leaves_plain_mode_when_text_turns_repetitive(gemma_path, load_mode
     assert s.drafted > 0 and s.accepted > 0, "auto never drafted on repetitive text"
 
 
-def test_auto_times_batches_once_per_machine(gemma_path, tmp_path, monkeypatch):
+def test_auto_times_batches_off_the_first_answers_path_once_per_machine(gemma_path, tmp_path, monkeypatch):
+    """Issue 39: no batch size is timed before a first token. They are timed
+    between rounds within a share of the decoding time (a short answer's rounds
+    leave no room for one), kept on disk, and read back by a new process."""
     from pyspec import calibration
 
     monkeypatch.setenv("PYSPEC_CACHE", str(tmp_path))
     target = pyspec.Model(gemma_path, n_ctx=512)
+    eager = pyspec.SpeculativeDecoder(target, drafter="ngram")
+    eager.calibration_share = 1e9  # every size after the first round
+    one = eager.generate("one two one two", chat=False, max_tokens=1)
+    assert one.stats.calibrate_s == 0, "a size was timed before the first token"
+    assert set(calibration.load(target.native)) == {1}  # the plain first round's own step
     first = pyspec.SpeculativeDecoder(target, drafter="ngram").generate("one two one two", chat=False, max_tokens=4)
-    assert first.stats.calibrate_s > 0
+    assert first.stats.calibrate_s == 0, "a 4-token answer had room for a timing within 3 %"
+    # Control: with room, the sizes are timed after the first round and kept.
+    out = eager.generate("one two one two", chat=False, max_tokens=4)
+    assert out.stats.calibrate_s > 0
     recorded = calibration.load(target.native)
     assert set(recorded) >= {1, 2, 4, 8, 16} and all(s > 0 for s in recorded.values())
     # A new decoder (a new process, in effect) reuses the timings instead of measuring.
     spec = pyspec.SpeculativeDecoder(target, drafter="ngram")
+    spec.calibration_share = 1e9
     again = spec.generate("one two one two", chat=False, max_tokens=4)
     assert again.stats.calibrate_s == 0
     assert spec.policy_object().verify_cost(16) > 0
     # A corrupt record costs a recalibration, nothing else.
     calibration.cache_file().write_text("{not json", encoding="utf-8")
     third = pyspec.SpeculativeDecoder(target, drafter="ngram").generate("one two one two", chat=False, max_tokens=4)
-    assert third.stats.calibrate_s > 0 and third.n_generated_tokens == 4
+    assert third.n_generated_tokens == 4 and third.stats.calibrate_s == 0
 
 
 def test_auto_keeps_the_draft_models_cost_across_processes(gemma_path, tmp_path, monkeypatch):
-    """A draft model that cannot pay on this machine is measured once per machine:
-    a new process (new models, new decoder) reads its cost from disk and neither
-    prefills nor runs it. Control: the first process, with nothing on record and
-    a long enough answer to pay for the measurement, prefills it and measures it
-    (one draft decode: auto stops before the first token, and that decode is
-    what it costs)."""
+    """A draft model that cannot pay on this machine is measured at most once per
+    machine: a new process (new models, new decoder) reads its cost from disk and
+    neither prefills nor runs it. With both models on this CPU and nothing on
+    record, the draft's step is estimated as its share of the weights (issue 39),
+    and one that cannot pay even so is not measured at all. Control: without that
+    estimate (a model off this CPU), the first process with a long enough answer
+    catches the draft model up and measures it (one draft decode: auto stops
+    before the first token, and that decode is what it costs)."""
     from pyspec import calibration
 
     monkeypatch.setenv("PYSPEC_CACHE", str(tmp_path))
@@ -253,6 +267,14 @@ def test_auto_keeps_the_draft_models_cost_across_processes(gemma_path, tmp_path,
     assert out.stats.drafted == 0 and draft.native.cached() == [], "a short answer paid to measure the draft model"
     assert calibration._entry(draft.native).get(calibration.DRAFT_TOKEN, 0) == 0
 
+    # Its own draft: one target step a token by the size estimate, which cannot pay here.
+    draft = pyspec.Model(gemma_path, n_ctx=512)
+    spared = pyspec.SpeculativeDecoder(target, draft, drafter="model", policy="auto")
+    out = spared.generate(prompt, chat=False, max_tokens=40, temperature=0)
+    assert out.stats.drafted == 0 and draft.native.cached() == [], "the size estimate did not spare the measurement"
+    assert calibration._entry(draft.native).get(calibration.DRAFT_TOKEN, 0) == 0
+
+    monkeypatch.setattr(calibration, "_both_on_this_cpu", lambda *models: False)  # no estimate: measure it
     draft = pyspec.Model(gemma_path, n_ctx=512)
     first = pyspec.SpeculativeDecoder(target, draft, drafter="model", policy="auto")
     out = first.generate(prompt, chat=False, max_tokens=40, temperature=0)
@@ -301,7 +323,7 @@ def test_a_batch_spares_a_draft_model_that_cannot_pay_beside_the_others(gemma_pa
         for j in range(n):
             policy = spec.policy_object(key=j)
             sizes = policy.calibration_sizes(_core.calibration_rows(policy.draft_max, target.native.n_batch, 4))
-            policy.calibrated(sizes, [dear_rows[k] * step for k in sizes])
+            policy.calibrated(sizes, [dear_rows[k] * step for k in sizes], fresh=False)
             policy.recorded_draft_cost(0.05 * step)
             policy.clock = False  # decisions from the costs alone, however the rounds' times fall
             policy.learn_costs = False
@@ -345,7 +367,7 @@ def test_a_hybrid_whose_draft_model_cannot_pay_drafts_as_lookup_alone(gemma_path
         target = load_model(gemma_path, n_ctx=256)
         spec = pyspec.SpeculativeDecoder(target, draft_model, drafter=drafter, policy="auto")
         policy = spec.policy_object()
-        policy.calibrated(sizes, [1.0] * len(sizes))  # flat: every draft pays
+        policy.calibrated(sizes, [1.0] * len(sizes), fresh=False)  # flat: every draft pays
         policy.clock = False  # the same decisions in both runs, however their rounds' times fall
         policy.learn_costs = False  # ... and the same costs: timings do not refine the calibrated ones
         if draft_model is not None:
@@ -393,7 +415,7 @@ def _pin_free_verification(spec):
     the pin before every sample.)"""
     if spec.policy == "auto":
         policy = spec.policy_object(draft_max=1)
-        policy.calibrated([1, 2], [1.0, 1.0])
+        policy.calibrated([1, 2], [1.0, 1.0], fresh=False)
         policy.clock = False  # pinned costs model another machine; the clock would judge this one
 
 

@@ -92,7 +92,7 @@ def pin_costs(spec, seconds) -> None:
     pinned costs model another machine, so the clock, which judges this one's wall
     times, is off here (the clock's own tests pin it: pin_clock_suspension)."""
     policy = spec.policy_object()
-    policy.calibrated([1, 2, 3], seconds)
+    policy.calibrated([1, 2, 3], seconds, fresh=False)
     policy.clock = False
 
 
@@ -221,6 +221,49 @@ def test_negative_control_ngram_broken_residual_two_tokens(gemma_models, ngram_c
     assert_law(counts, exact, n, "ngram residual=p, draft_max=2", control=True)
 
 
+def first_run_sample(spec) -> None:
+    """auto as a first run meets it (issue 39): a new policy with no timings on
+    record (calibration.prepare is off in the test), so its first round is
+    plain and the engine times batch size 2 on the target between rounds 1 and 2
+    (calibration_share 1e9: at once). The lookup buckets' acceptance is remembered
+    high, so that round 2 drafts: it decides the second token from rows computed
+    after the timing decode was dropped from the cache."""
+    spec._policies.clear()
+    spec.policy_object().remember([0.99] * 7 + [0.0, 0.0])
+
+
+def first_run(target, tokens, n, monkeypatch, **kw) -> tuple:
+    from pyspec import calibration
+
+    monkeypatch.setattr(calibration, "prepare", lambda *a, **k: None)  # nothing on record
+    monkeypatch.setattr(calibration, "keep", lambda *a, **k: None)     # and nothing kept
+    spec = pyspec.SpeculativeDecoder(target, drafter="ngram", policy="auto", draft_max=2, memory=False)
+    spec.calibration_share = 1e9
+    counts, totals, drafting = run(spec, tokens, n, pin=first_run_sample, **kw)
+    # The path under test fired: every sample timed a size between its rounds, and drafted after.
+    assert totals["calibrate_s"] > 0 and totals["length_hist"][0] >= n, totals
+    assert drafting >= n // 2, f"too few samples drafted after the timing: {drafting}/{n}"
+    return counts, totals, drafting
+
+
+def test_first_run_timing_between_rounds_is_lossless(gemma_models, ngram_case, monkeypatch):
+    """Issue 39: batch sizes are timed between rounds (a filler decode on the
+    sequence, then dropped), never before the first token. The next round's
+    rows must be the same as without it: the two-token law must not move."""
+    target, _ = gemma_models
+    tokens, exact, _, n = ngram_case
+    counts, totals, drafting = first_run(target, tokens, n, monkeypatch)
+    assert_law(counts, exact, n, "auto, first run", note=f"{totals} drafting={drafting}")
+
+
+def test_negative_control_first_run_broken_residual(gemma_models, ngram_case, monkeypatch):
+    """The same first-run configuration with the broken residual must be rejected."""
+    target, _ = gemma_models
+    tokens, exact, _, n = ngram_case
+    counts, totals, _ = first_run(target, tokens, n, monkeypatch, _test=dict(variant="residual_is_p"))
+    assert_law(counts, exact, n, "auto first run, residual=p", control=True)
+
+
 def pin_guess_costs(spec) -> None:
     """auto with CPU-shaped costs (a 2-token batch costs 1.6 steps): whether a
     lookup pays hangs on its estimated acceptance, which the n-gram's guesses,
@@ -274,7 +317,7 @@ def pin_clock_suspension(spec) -> None:
     policy.observe(0, 0, 0.0, 100.0, "ngram", 20, 1, round_s=100.0, length=0)
     for _ in range(3):
         policy.observe(2, 0, 0.0, 300.0, "ngram", 20, 1, round_s=300.0, length=2)
-    policy.calibrated([1, 2, 3], [100.0, 100.0, 100.0])
+    policy.calibrated([1, 2, 3], [100.0, 100.0, 100.0], fresh=False)
 
 
 def clock_run(target, tokens, n, **kw) -> tuple:

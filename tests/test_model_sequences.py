@@ -49,7 +49,7 @@ def multi(gemma_path):
 
 @pytest.fixture(scope="module")
 def single(gemma_path):
-    return _core.Model(gemma_path, n_ctx=512, flash_attn=0)
+    return _core.Model(gemma_path, n_ctx=512, n_seq_max=1, flash_attn=0)
 
 
 def alone(model, tokens) -> np.ndarray:

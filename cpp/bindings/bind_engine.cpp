@@ -168,6 +168,7 @@ void bind_engine(py::module_& m) {
         .field("test", &GenerateParams::test)
         .field("parallel_prefill", &GenerateParams::parallel_prefill)
         .field("prefill_chunk", &GenerateParams::prefill_chunk)
+        .field("calibration_share", &GenerateParams::calibration_share)
         .field("logprobs", &GenerateParams::logprobs)
         .field("grammar", &GenerateParams::grammar)
         .done();

@@ -89,12 +89,13 @@ void bind_policies(py::module_& m) {
                  Calibrated* c = p.as_calibrated();
                  return c ? c->calibration_sizes(max_batch) : std::vector<int32_t>{};
              },
-             py::arg("max_batch"), "Target batch sizes to time before it drafts ([] for a policy that needs none).")
+             py::arg("max_batch"), "Target batch sizes still to be timed ([] for a policy that needs none).")
         .def("calibrated",
-             [](LengthPolicy& p, const std::vector<int32_t>& sizes, const std::vector<double>& seconds) {
-                 if (Calibrated* c = p.as_calibrated()) c->calibrated(sizes, seconds);
+             [](LengthPolicy& p, const std::vector<int32_t>& sizes, const std::vector<double>& seconds, bool fresh) {
+                 if (Calibrated* c = p.as_calibrated()) c->calibrated(sizes, seconds, fresh);
              },
-             py::arg("sizes"), py::arg("seconds"))
+             py::arg("sizes"), py::arg("seconds"), py::arg("fresh") = true,
+             "Timings of target batch sizes; fresh=False: read from disk (take_new_timings leaves them out).")
         .def("begin_generation", &LengthPolicy::begin_generation);
     py::class_<AutoPolicy, LengthPolicy>(m, "AutoPolicy", "The cost-aware policy; exposes its estimates.")
         // JointPlanner (policy.h): what the engine tells and asks a batch-aware policy.
@@ -124,6 +125,9 @@ void bind_policies(py::module_& m) {
              py::arg("source"), "Estimated drafter seconds per token (-1: not measured).")
         .def("recorded_draft_cost", &AutoPolicy::recorded_draft_cost, py::arg("seconds"),
              "The draft model's seconds per token from an earlier process; used until measured here.")
+        .def("draft_cost_prior", &AutoPolicy::draft_cost_prior, py::arg("steps"),
+             "With no cost measured or on record: the draft model's step estimated as this many target steps "
+             "(it only decides whether measuring the draft model could pay).")
         .def("acceptance",
              [](const AutoPolicy& p, const std::string& s, int32_t match_len) {
                  return p.acceptance(make_plan(s, match_len, 0));
@@ -163,7 +167,11 @@ void bind_policies(py::module_& m) {
                                "Rounds where the model's choice was suspended by the clock, since construction.")
         .def_property_readonly("calibration", [](const AutoPolicy& p) {
             return std::map<int32_t, double>(p.calibration().begin(), p.calibration().end());
-        }, "The target batch timings it was calibrated with ({size: seconds}), to keep on disk.");
+        }, "The target batch timings it has ({size: seconds}): calibrated, or a round's.")
+        .def("take_new_timings", [](AutoPolicy& p) {
+            const auto t = p.take_new_timings();
+            return std::map<int32_t, double>(t.begin(), t.end());
+        }, "Timings first measured in this process since the last call ({size: seconds}): new to keep on disk.");
     m.def("expected_tokens", py::overload_cast<const std::vector<double>&, int32_t>(&expected_tokens),
           py::arg("alpha"), py::arg("k"));
 }

@@ -1,8 +1,14 @@
 // Timing the target's batch sizes for a policy that asks (policy.h,
-// Calibrated), once per session and size.
+// Calibrated): never before a sequence's first token, but between rounds, one
+// size at a time, within a small share of the session's round time
+// (GenerateParams::calibration_share: 3 %, well inside run-to-run noise here).
+// A round that uses a size not timed yet times it for free (auto_costs.cpp);
+// the rest costs a filler decode each.
 #include <algorithm>
 
+#include "core/errors.h"
 #include "engine/sequence.h"
+#include "policies/auto_tuning.h"
 
 namespace pyspec {
 
@@ -11,39 +17,59 @@ int32_t calibration_rows(int32_t draft_max, int32_t n_batch, int32_t n_seq) {
     return static_cast<int32_t>(std::min<int64_t>(n_batch, rows));
 }
 
-double BatchSession::calibrate(Calibrated& policy, int32_t max_batch, int32_t filler, int32_t seq) {
-    const std::vector<int32_t> sizes = policy.calibration_sizes(max_batch);
-    if (sizes.empty()) return 0;
-    // The sequences of a session share the target: its timings are measured once.
-    if (std::all_of(sizes.begin(), sizes.end(), [&](int32_t n) { return timings_.count(n) > 0; })) {
-        std::vector<double> known;
-        for (int32_t n : sizes) known.push_back(timings_[n]);
-        policy.calibrated(sizes, known);
-        return 0;
-    }
-    // Time each batch size twice (the faster run counts: noise only adds time)
-    // at the position the first target decode of drafts will use, then drop it again.
-    const auto t0 = Clock::now();
-    std::vector<double> best(sizes.size(), -1.0);
-    const int32_t pos = static_cast<int32_t>(target_.cached(seq).size());
-    std::vector<int32_t>& batch = batch_;
-    for (int rep = 0; rep < 2; ++rep) {
-        for (size_t i = 0; i < sizes.size(); ++i) {
-            const int32_t n = sizes[i];
-            if (n < 1 || pos + n > target_.n_ctx() || n > target_.n_batch()) continue;
-            batch.assign(static_cast<size_t>(n), filler);
-            const auto t1 = Clock::now();
-            target_.decode(batch.data(), n, pos, n, seq);
-            const double t = since(t1);
-            target_.truncate(pos, seq);
-            if (best[i] < 0 || t < best[i]) best[i] = t;
+std::vector<int32_t> BatchSession::offer_timings(Sequence& s, Calibrated& policy) {
+    const int32_t room = target_.n_ctx() - static_cast<int32_t>(s.history.size());
+    // Rows its batches may reach: one draft per live sequence (not per sequence the
+    // context could hold: a single answer in a context of 16 would time 64 rows).
+    const int32_t live = std::max(1, n_active() + n_waiting());
+    const int32_t rows = calibration_rows(s.policy->draft_max(), target_.n_batch(), live);
+    std::vector<int32_t> sizes = policy.calibration_sizes(std::min(rows, room));
+    // The sequences of a session share the target: a size is timed once for all.
+    std::vector<int32_t> known, pending;
+    std::vector<double> seconds;
+    for (int32_t n : sizes) {
+        const auto it = timings_.find(n);
+        if (it == timings_.end()) {
+            pending.push_back(n);
+        } else {
+            known.push_back(n);
+            seconds.push_back(it->second);
         }
     }
-    policy.calibrated(sizes, best);
-    for (size_t i = 0; i < sizes.size(); ++i) {
-        if (best[i] > 0) timings_[sizes[i]] = best[i];
+    if (!known.empty()) policy.calibrated(known, seconds, false);
+    return pending;
+}
+
+void BatchSession::calibrate_between_rounds(const std::vector<Sequence*>& active, double round_s) {
+    rounds_s_ += round_s;
+    if (round_s > 0 && (fastest_round_s_ <= 0 || round_s < fastest_round_s_)) fastest_round_s_ = round_s;
+    if (calibrate_s_ >= shared_.calibration_share * rounds_s_) return;
+    for (Sequence* s : active) {
+        Calibrated* c = s->done || !s->policy ? nullptr : s->policy->as_calibrated();
+        if (!c) continue;
+        // The smallest first (short drafts are the common ones), while the share
+        // allows: one decode of n filler rows where s's next round decodes, dropped again.
+        for (const int32_t n : offer_timings(*s, *c)) {
+            const int32_t pos = static_cast<int32_t>(target_.cached(s->id).size());
+            if (n < 1 || pos + n > target_.n_ctx() || n > target_.n_batch()) return;
+            // This decode's cost by the prior, from the fastest round (~ V(1)).
+            const double expected = fastest_round_s_ * (1 + auto_tuning::kPriorSlope * (n - 1));
+            if (calibrate_s_ + expected > shared_.calibration_share * rounds_s_) return;
+            batch_.assign(static_cast<size_t>(n), s->history.back());
+            const auto t0 = Clock::now();
+            try {
+                target_.decode(batch_.data(), n, pos, n, s->id);
+            } catch (const ContextOverflowError&) {
+                return;  // the shared cache is full (the decode left it as it was): time it another round
+            }
+            const double t = since(t0);
+            target_.truncate(pos, s->id);
+            timings_[n] = t;
+            c->calibrated({n}, {t}, true);
+            s->stats().calibrate_s += t;
+            calibrate_s_ += t;
+        }
     }
-    return since(t0);
 }
 
 }  // namespace pyspec

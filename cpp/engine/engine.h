@@ -10,7 +10,7 @@
 //   5. emit:       the new tokens are committed and streamed (emit.cpp).
 // A single generation is the batch of one: there is one loop. Runs without the
 // GIL; Python sees it through a per-token callback. session.cpp admits and
-// starts sequences; calibrate.cpp times batch sizes for the policies.
+// starts sequences; calibrate.cpp times batch sizes for the policies between rounds.
 // In this code and its docs "target decode" is step 2 and "accept" step 3;
 // "verify" survives only in public names kept for users (verify_s: seconds of
 // target decodes; AutoPolicy.verify_cost: V(n); verify_many, bench_verify: the
@@ -91,6 +91,11 @@ struct GenerateParams {
     // are generating (0: as many as the batch has room for). Bounds how long a
     // newly added long prompt can hold up the others' next token.
     int32_t prefill_chunk = 0;
+    // Most share of the session's round time spent timing target batch sizes
+    // between rounds for the auto policy (engine/calibrate.cpp): small, so that a
+    // first run is not slower than plain decoding; a huge one (1e9) times every
+    // size after the first round. The session's settings count, not a sequence's.
+    double calibration_share = 0.03;
     // Log-probabilities recorded for each emitted token (GenerateResult::logprobs):
     // -1 none; k >= 0 the token's own and the k most likely alternatives. They are
     // the target's (token_logprobs in sampling.h), from the verification row that
@@ -322,7 +327,10 @@ private:
     // the grammar's cut and masks over whatever s drafted (grammar.h).
     bool draft_forced(Sequence& s, int32_t round_max);
     void constrain_drafts(Sequence& s);
-    double calibrate(Calibrated& policy, int32_t max_batch, int32_t filler, int32_t seq);
+    // calibrate.cpp: hand s's policy the sizes this session timed (returns those
+    // still to time); time one of them between rounds, within the share.
+    std::vector<int32_t> offer_timings(Sequence& s, Calibrated& policy);
+    void calibrate_between_rounds(const std::vector<Sequence*>& active, double round_s);
     void finish(Sequence& s, const char* reason);
     void cancel_all();
 
@@ -343,7 +351,9 @@ private:
     std::vector<std::pair<int32_t, GenerateResult>> finished_;
     int32_t next_handle_ = 0;
     BatchStats bs_;
-    std::map<int32_t, double> timings_;  // target batch size -> seconds, measured by calibrate()
+    std::map<int32_t, double> timings_;  // target batch size -> seconds, timed between rounds
+    double rounds_s_ = 0, calibrate_s_ = 0;  // the session's round time, and what timing sizes took
+    double fastest_round_s_ = -1;            // ~ V(1): what a timing decode's cost is predicted from
     int64_t after_first_ = 0;     // tokens after each finished sequence's first
     bool any_token_ = false;
     std::chrono::steady_clock::time_point first_token_{}, last_token_{};

@@ -45,15 +45,17 @@ public:
     // decode, distributions, the accept test, emitting): what the clock judges
     // choices by. Then the round's host work (sampling, emitting) is shared
     // among its sequences.
-    void close(const std::vector<Sequence*>& active) {
+    // Returns the round's wall time.
+    double close(const std::vector<Sequence*>& active) {
         const double round_s = since(t0_);
         for (Sequence* s : active) {
             s->report.round_s = round_s;
             if (s->policy && !s->report.plan.forced) s->policy->observe(s->report);  // forced: not its choice
         }
-        if (active.empty()) return;
+        if (active.empty()) return round_s;
         const double overhead = since(t0_) - (timed(active) - timed_before_) / static_cast<double>(active.size());
         for (Sequence* s : active) s->stats().overhead_s += overhead;
+        return round_s;
     }
 
 private:
@@ -97,7 +99,7 @@ bool BatchSession::step() {
             meter.count(*s);
         }
         for (Sequence* s : active) emit(*s);  // 5. the accepted drafts, then t
-        meter.close(active);
+        calibrate_between_rounds(active, meter.close(active));  // auto's batch timings, off the rounds' clock
         start_ready();
         return true;
     } catch (const Cancelled&) {

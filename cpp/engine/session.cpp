@@ -378,11 +378,8 @@ void BatchSession::start(Sequence& s) {
     s.stats().prompt_s = since(s.t_start);
     s.stats().n_cached_tokens = std::max(0, static_cast<int32_t>(prompt.size()) - 1 - s.prompt_decoded);
     bs_.cached_tokens += s.stats().n_cached_tokens;
-    if (Calibrated* c = s.policy ? s.policy->as_calibrated() : nullptr) {
-        const int32_t room = target_.n_ctx() - static_cast<int32_t>(prompt.size()) + 1;
-        const int32_t rows = calibration_rows(s.policy->draft_max(), target_.n_batch(), target_.n_seq());
-        s.stats().calibrate_s = calibrate(*c, std::min(rows, room), prompt.back(), s.id);
-    }
+    // What this session has timed already; the rest is timed between rounds.
+    if (Calibrated* c = s.policy ? s.policy->as_calibrated() : nullptr) offer_timings(s, *c);
     s.started = true;
 }
 

@@ -24,7 +24,7 @@ struct GenerationStats {
     double draft_s = 0;       // drafter time (its decodes and sampling)
     double verify_s = 0;      // target decodes (public name kept: users read it; "target time")
     double overhead_s = 0;    // host work: distributions, the accept test, text, callbacks
-    double calibrate_s = 0;   // timing the target's batch sizes for the policy (first use only)
+    double calibrate_s = 0;   // timing the target's batch sizes between rounds for the policy (first uses only)
     std::vector<int32_t> drafted_at;   // per draft position 1..k: rounds that drafted it
     std::vector<int32_t> accepted_at;  // ... and accepted it
     std::vector<int32_t> length_hist;  // rounds by number of drafted tokens (index 0: plain steps)

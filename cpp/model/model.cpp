@@ -62,6 +62,10 @@ void ModelParams::validate() const {
         throw std::invalid_argument("n_seq_max must be in [1, " + std::to_string(kMaxSequences) + "], got " +
                                     std::to_string(n_seq_max));
     }
+    if (n_seq_max > n_batch) {  // llama.cpp's worst-case graph gives every sequence a row of one batch (it aborts)
+        throw std::invalid_argument("n_seq_max must be <= n_batch, got n_seq_max " + std::to_string(n_seq_max) +
+                                    " and n_batch " + std::to_string(n_batch));
+    }
     float share_sum = 0.0f;
     for (float share : tensor_split) {
         if (!std::isfinite(share) || share < 0.0f) {

@@ -31,7 +31,7 @@ struct ModelParams {
     int32_t n_gpu_layers = 0;   // Metal/CUDA builds; -1 = all
     int32_t n_batch = 512;      // prompt chunk size and the largest verification batch
     int32_t flash_attn = -1;    // llama_flash_attn_type: -1 auto (llama.cpp decides per device), 0 off, 1 on
-    int32_t n_seq_max = 1;      // sequences the context holds (one unified KV cache of n_ctx cells)
+    int32_t n_seq_max = 16;     // sequences the context holds (one unified KV cache of n_ctx cells)
     bool verbose = false;       // forward llama.cpp's info logs to stderr
     // Let llama.cpp repack weights into this CPU's faster layouts (its "extra
     // buffer types"). Repacked kernels round differently, so rows move by a few
@@ -51,7 +51,7 @@ struct ModelParams {
     static constexpr int32_t kMaxSequences = 256;  // llama.cpp's own limit
 
     // std::invalid_argument unless n_ctx >= 16, n_threads >= 0, n_batch >= 1,
-    // flash_attn in {-1, 0, 1}, 1 <= n_seq_max <= kMaxSequences, and a
+    // flash_attn in {-1, 0, 1}, 1 <= n_seq_max <= min(kMaxSequences, n_batch), and a
     // tensor_split of finite non-negative shares, not all 0, no longer than
     // llama_max_devices().
     void validate() const;

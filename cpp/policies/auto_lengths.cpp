@@ -40,7 +40,7 @@ int AutoPolicy::conf_bin(double c) {
 }
 
 bool AutoPolicy::plans_jointly(bool model) const {
-    // Calibrated, and no draft model that could pay: its draft length is
+    // v1 known, and no draft model that could pay: its draft length is
     // decided during the draft (stop_before/stop_after), not before it.
     return v1_ > 0 && (!model || !could_pay(buckets_[kModelBucket]));
 }
@@ -102,9 +102,9 @@ std::vector<int32_t> AutoPolicy::allot_lengths(const std::vector<LengthBid>& bid
     for (size_t m = 1; m <= gains.size() && n + static_cast<int32_t>(m) <= top; ++m) {
         tokens += gains[m - 1].value;
         drafting += bids[gains[m - 1].seq].cost;
-        double v = verify_cost(n + static_cast<int32_t>(m));
-        if (v <= 0) continue;  // only measured sizes: CPU batch costs are jagged
-        v += host_cost(n + static_cast<int32_t>(m));
+        const int32_t rows = n + static_cast<int32_t>(m);
+        if (!candidate(rows)) continue;  // measured sizes (or ones to time): CPU batch costs are jagged
+        const double v = target_cost_estimate(rows) + host_cost(rows);
         const double r = tokens / (drafting + v);
         if (r > best * kTieMargin) {
             best = r;
@@ -143,12 +143,12 @@ void AutoPolicy::begin_generation() {
 }
 
 bool AutoPolicy::could_pay(const Bucket& b) const {
-    if (b.cost < 0 || v1_ <= 0) return true;  // not measured yet: find out
+    if (cost_of(b) < 0 || v1_ <= 0) return true;  // not measured (nor estimated) yet: find out
     const double opt = std::max(b.alpha(), kOptimistic);
     const double plain = rate(b, opt, 0);
     // Up to the ordinary cap: only a long copy drafts longer, and it needs no probes.
     for (int32_t k = 1; k <= std::min(draft_max_, kShortCap); ++k) {
-        const bool measured = k == 1 || verify_cost(std::min(other_rows_ + k + 1, kMaxBatch)) > 0;
+        const bool measured = k == 1 || candidate(std::min(other_rows_ + k + 1, kMaxBatch));
         if (measured && rate(b, opt, k) > plain * kTieMargin) return true;
     }
     return false;
@@ -159,9 +159,11 @@ bool AutoPolicy::may_draft(DraftSource source) const {
     plan.source = source;
     plan.match_len = source == DraftSource::kNgram ? 12 : 0;
     const Bucket& b = buckets_[static_cast<size_t>(bucket_of(plan))];
-    // A drafter whose cost is unknown is only used to measure it, which a short
-    // answer does not pay for (next_length): then it is not even prefilled.
-    if (b.cost < 0 && remaining_ < kExploreMin) return false;
+    // A drafter whose cost is unknown is only used to measure it (next_length):
+    // it is not prefilled, since the probe catches it up itself. So a first
+    // answer's first token does not wait for a draft model that may not pay
+    // here, and a short answer, which never probes, never runs it.
+    if (b.cost < 0) return false;
     return could_pay(b);
 }
 
@@ -170,8 +172,9 @@ int32_t AutoPolicy::next_length(int32_t round_max, const DraftPlan& plan) {
     const int32_t longest = longest_for(round_max, plan);
     if (longest <= 0 || v1_ <= 0) return 0;  // a plain step measures v1 first
     const bool may_explore = remaining_ >= kExploreMin;
-    if (b.cost < 0) {  // the drafter's cost is unknown: one short draft measures it
-        if (!may_explore || kind_suspended(planned_bucket_, 1)) return 0;
+    if (b.cost < 0) {  // the drafter's cost is unknown: one short draft measures it,
+        // unless even its prior (draft_cost_prior) says it cannot pay here
+        if (!may_explore || kind_suspended(planned_bucket_, 1) || !could_pay(b)) return 0;
         b.probing = true;
         return planned_k_ = 1;
     }
@@ -183,7 +186,7 @@ int32_t AutoPolicy::next_length(int32_t round_max, const DraftPlan& plan) {
     // alpha is steadier, and its belief re-plans the draft as it goes.
     const double alpha = plan.source == DraftSource::kModel ? b.alpha() : lookup_alpha(b, plan);
     for (int32_t k = 1; k <= longest; ++k) {
-        if (k > 1 && verify_cost(std::min(other_rows_ + k + 1, kMaxBatch)) <= 0) continue;  // only measured sizes
+        if (k > 1 && !candidate(std::min(other_rows_ + k + 1, kMaxBatch))) continue;  // measured (or to time)
         const double r = rate(b, alpha, k);
         if (r > model_best * kTieMargin) {
             model_best = r;

