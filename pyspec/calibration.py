@@ -41,7 +41,6 @@ import warnings
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
-
 from . import _core
 from ._durable import replacing
 from ._locks import CacheLock, Timeout
