@@ -242,6 +242,10 @@ def test_auto_times_batches_off_the_first_answers_path_once_per_machine(gemma_pa
     calibration.cache_file().write_text("{not json", encoding="utf-8")
     third = pyspec.SpeculativeDecoder(target, drafter="ngram").generate("one two one two", chat=False, max_tokens=4)
     assert third.n_generated_tokens == 4 and third.stats.calibrate_s == 0
+    for bad in (-0.1, float("nan")):  # a clear error, not a silent setting
+        spec.calibration_share = bad
+        with pytest.raises(ValueError, match="calibration_share must be >= 0"):
+            spec.generate("one two", chat=False, max_tokens=2)
 
 
 def test_auto_keeps_the_draft_models_cost_across_processes(gemma_path, tmp_path, monkeypatch):

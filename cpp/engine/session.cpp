@@ -15,6 +15,9 @@ BatchSession::BatchSession(Engine& engine, const GenerateParams& shared, BatchTo
     : target_(engine.target()), shared_(shared), on_token_(std::move(on_token)), hold_locks_(hold_locks),
       prompt_cache_(prompt_cache) {
     if (shared_.prefill_chunk < 0) throw std::invalid_argument("prefill_chunk must be >= 0");
+    if (!(shared_.calibration_share >= 0)) {  // NaN too
+        throw std::invalid_argument("calibration_share must be >= 0 (0: never time batch sizes between rounds)");
+    }
     models_.push_back(&target_);
     for (Model* m : draft_models) {
         if (m == &target_) {
