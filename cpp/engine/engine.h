@@ -328,7 +328,7 @@ private:
     bool draft_forced(Sequence& s, int32_t round_max);
     void constrain_drafts(Sequence& s);
     // calibrate.cpp: hand s's policy the sizes this session timed (returns those
-    // still to time); time one of them between rounds, within the share.
+    // still to time); between rounds, time them smallest first, within the share.
     std::vector<int32_t> offer_timings(Sequence& s, Calibrated& policy);
     void calibrate_between_rounds(const std::vector<Sequence*>& active, double round_s);
     void finish(Sequence& s, const char* reason);
