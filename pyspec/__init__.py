@@ -33,6 +33,7 @@ from .errors import (
     ModelNotFoundError,
     PyspecError,
     RpcError,
+    UnsupportedCPUError,
 )
 from .memory import Memory
 from .model import Model
@@ -70,6 +71,7 @@ __all__ = [
     "DecodeError",
     "GPUOffloadUnavailableError",
     "RpcError",
+    "UnsupportedCPUError",
     "IncompatibleModelsError",
     "__version__",
 ]

@@ -45,5 +45,10 @@ class RpcError(ModelLoadError, ConnectionError):
     it: ggml-rpc cannot recover in-process; docs/distributed.md#faults.)"""
 
 
+class UnsupportedCPUError(ModelLoadError, RuntimeError):
+    """The llama.cpp build uses an instruction set this CPU lacks (a wheel built
+    on another machine): its first matmul would die of SIGILL (pyspec/cpu.py)."""
+
+
 class GPUOffloadUnavailableError(PyspecError, ValueError):
     """GPU layers were asked for (``strict``), but this llama.cpp build has no GPU backend."""

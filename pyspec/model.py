@@ -7,11 +7,12 @@ import random
 import secrets
 import warnings
 from pathlib import Path
-from typing import Any, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from . import _core
 from .chat import ChatTemplate
 from .constraints import Grammars
+from .cpu import check_instruction_sets, excluded_buffer_types
 from ._native import native_property
 from ._platform import physical_cores
 from .errors import GPUOffloadUnavailableError, ModelNotFoundError
@@ -94,7 +95,10 @@ class Model(Generator):
     output layer here: the workers send back hidden states, not the
     vocabulary's logits (docs/distributed.md). ``repack=False`` keeps llama.cpp from
     repacking weights for this CPU's faster kernels: slower, but its rows are
-    then bit-identical to a CPU worker's (which never repacks).
+    then bit-identical to a CPU worker's (which never repacks). On a CPU whose AMX
+    instructions fault (a probe finds out once per machine: pyspec/cpu.py), the
+    AMX layout is left out and the other repacked kernels kept;
+    :attr:`weight_buffers` tells where the weights went.
 
     :attr:`memory` (a :class:`~pyspec.Memory` of ``memory_mb``; 0: none) keeps
     the prompts and answers of its generations, and of decoders over it, for
@@ -136,6 +140,7 @@ class Model(Generator):
         if not rpc:
             check_gpu_offload(n_gpu_layers, strict)
         path = resolve_path(model)
+        check_instruction_sets()  # a wheel built for another CPU: a clear error, not SIGILL
         self._core = _core.Model(_core.ModelParams(
             path=str(path),
             n_ctx=n_ctx,
@@ -150,6 +155,8 @@ class Model(Generator):
             rpc=list(rpc),
             tensor_split=[float(x) for x in tensor_split or ()],
             repack=repack,
+            # AMX where its instructions fault here (pyspec/cpu.py): the other repacked kernels stay.
+            excluded_buffer_types=excluded_buffer_types() if repack else [],
             local_output=local_output,
         ))
         self._engine = _core.Engine(self._core)
@@ -193,6 +200,15 @@ class Model(Generator):
     n_ctx = native_property[int]("n_ctx", "Cells of the context, shared by all its sequences.")
     n_seq_max = native_property[int]("n_seq",
                                      "Sequences one batch may hold (``generate(n=...)``); they share the n_ctx cells.")
+
+    @property
+    def weight_buffers(self) -> Dict[str, float]:
+        """MiB of its weights per buffer type, as llama.cpp placed them ("CPU_Mapped",
+        "CPU_REPACK", "AMX", "CUDA0", ...)."""
+        out: Dict[str, float] = {}
+        for name, mib in self._core.weight_buffers:
+            out[name] = out.get(name, 0.0) + mib
+        return out
 
     @property
     def rpc(self) -> Tuple[str, ...]:

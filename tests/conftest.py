@@ -63,6 +63,14 @@ def private_calibration_cache(tmp_path_factory):
         os.environ["PYSPEC_CACHE"] = old
 
 
+@pytest.fixture(scope="session", autouse=True)
+def cpu_verdict(private_calibration_cache):
+    """Learn (or read) whether this CPU's AMX kernels work before any test
+    loads a model, so that models made through the core directly leave them
+    out too where they fault (pyspec/cpu.py)."""
+    return pyspec.cpu.verdict()
+
+
 @pytest.fixture(scope="session")
 def gemma_path() -> str:
     """The small Gemma-3-270M model: for tests where any model will do."""

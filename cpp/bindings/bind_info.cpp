@@ -15,7 +15,9 @@
 #endif
 
 #include "bindings/bind.h"
+#include "model/cpu_kernels.h"
 #include "model/devices.h"
+#include "model/fatal_signals.h"
 
 namespace py = pybind11;
 
@@ -83,6 +85,32 @@ void bind_info(py::module_& m) {
           "process ends, returns only if it cannot listen.");
     m.def("rpc_lost_exit_status", []() { return pyspec::kRpcLostExit; },
           "Exit status of a process whose RPC worker was lost mid-run.");
+    m.def("cpu_extra_buffer_types", &pyspec::cpu_extra_buffer_types,
+          "Names of the CPU's extra buffer types this build would put weights in, in llama.cpp's order of "
+          "preference ([\"AMX\", \"CPU_REPACK\"] on an AMX Xeon); [] when none.");
+    m.attr("AMX_BUFFER_TYPE") = pyspec::kAmxBufferType;
+    m.def("probe_buffer_type", &pyspec::probe_buffer_type, py::arg("name"), py::arg("n_threads"),
+          py::call_guard<py::gil_scoped_release>(),
+          "Multiply small Q4_K and Q8_0 weights held in the extra buffer type NAME and in plain memory: '' when "
+          "they agree, else why not. A CPU that refuses its instructions kills the process: run it in a child "
+          "(pyspec/cpu.py).");
+    m.def("buffer_overrides_without",
+          [](const std::string& path, const std::vector<std::string>& excluded) {
+              py::list out;
+              for (const pyspec::BufferOverride& o : pyspec::overrides_without(path, excluded)) {
+                  out.append(py::make_tuple(o.pattern, ggml_backend_buft_name(o.buft), o.bytes));
+              }
+              return out;
+          },
+          py::arg("path"), py::arg("excluded"),
+          "[(tensor-name regex, buffer type, bytes)]: where a model loaded with EXCLUDED left out puts the "
+          "weights that another extra buffer type holds (model/cpu_kernels.h); the rest go to plain memory.");
+    m.def("set_default_excluded_buffer_types", &pyspec::set_default_excluded_buffer_types, py::arg("names"),
+          "The process's default ModelParams.excluded_buffer_types (pyspec/cpu.py sets it from its verdict).");
+    m.def("default_excluded_buffer_types", &pyspec::default_excluded_buffer_types);
+    m.def("install_fatal_signal_notice", &pyspec::install_fatal_signal_notice,
+          "On SIGILL, SIGSEGV, SIGBUS or SIGFPE write one line naming the likely cause, then let the previous "
+          "handler act (the CLI installs it).");
     m.def("supports_mmap", []() { return llama_supports_mmap(); });
     m.def("supports_mlock", []() { return llama_supports_mlock(); });
     m.def("max_devices", []() { return llama_max_devices(); });

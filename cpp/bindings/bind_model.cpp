@@ -29,6 +29,7 @@ void bind_model(py::module_& m) {
         .field("n_seq_max", &ModelParams::n_seq_max)
         .field("verbose", &ModelParams::verbose)
         .field("repack", &ModelParams::repack)
+        .field("excluded_buffer_types", &ModelParams::excluded_buffer_types)
         .field("rpc", &ModelParams::rpc)
         .field("local_output", &ModelParams::local_output)
         .field("tensor_split", &ModelParams::tensor_split)
@@ -74,6 +75,9 @@ void bind_model(py::module_& m) {
         .def_property_readonly("description", &Model::description)
         .def_property_readonly("n_params", &Model::n_params)
         .def_property_readonly("file_type", &Model::file_type, "llama_model_ftype (LLAMA_FTYPE_*)")
+        .def_property_readonly("weight_buffers", &Model::weight_buffers,
+                               "[(buffer name, MiB)] holding its weights, as llama.cpp reported them while loading "
+                               "(\"CPU_Mapped\", \"CPU_REPACK\", \"AMX\", ...)")
         .def_property_readonly("vocab_type", &Model::vocab_type)
         .def_property_readonly("bos", &Model::bos)
         .def_property_readonly("eos", &Model::eos)

@@ -29,6 +29,21 @@ void note_flash_attn(const char* text) {
     else if (std::strstr(text, "not supported")) t_flash_attn_chosen = 0;
 }
 
+thread_local std::vector<std::pair<std::string, double>> t_weight_buffers;
+
+void note_weight_buffer(const char* text) {
+    static constexpr const char* kMarker = " model buffer size = ";
+    const char* marker = std::strstr(text, kMarker);
+    const char* colon = std::strchr(text, ':');
+    if (!marker || !colon || colon > marker) return;
+    std::string name(colon + 1, marker);
+    name.erase(0, name.find_first_not_of(' '));
+    double mib = 0.0;
+    if (!name.empty() && std::sscanf(marker + std::strlen(kMarker), "%lf", &mib) == 1) {
+        t_weight_buffers.emplace_back(name, mib);
+    }
+}
+
 // Called from C frames inside llama.cpp: nothing may escape it.
 void log_callback(ggml_log_level level, const char* text, void*) noexcept {
     if (text == nullptr) return;
@@ -36,6 +51,7 @@ void log_callback(ggml_log_level level, const char* text, void*) noexcept {
         if (level == GGML_LOG_LEVEL_CONT) level = g_prev_level;
         else g_prev_level = level;
         note_flash_attn(text);
+        note_weight_buffer(text);
         if (auto observer = g_observer.load()) observer(text);
         if (level == GGML_LOG_LEVEL_ERROR) {
             std::lock_guard<std::mutex> lock(g_log_mutex);
@@ -59,6 +75,10 @@ void count_verbose_model(int delta) { g_verbose_models += delta; }
 void forget_flash_attn_choice() { t_flash_attn_chosen = -1; }
 
 int32_t logged_flash_attn_choice() { return t_flash_attn_chosen; }
+
+void forget_weight_buffers() { t_weight_buffers.clear(); }
+
+std::vector<std::pair<std::string, double>> logged_weight_buffers() { return t_weight_buffers; }
 
 void set_log_observer(void (*observer)(const char* text)) { g_observer.store(observer); }
 

@@ -5,6 +5,8 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace pyspec {
 
@@ -21,5 +23,10 @@ void count_verbose_model(int delta);
 // unsaid. Forget before creating the context, read after.
 void forget_flash_attn_choice();
 int32_t logged_flash_attn_choice();
+// The weight buffers llama.cpp reported while this thread loaded a model
+// ("load_tensors: CPU_REPACK model buffer size = 540.00 MiB"): name and MiB.
+// Forget before loading, read after.
+void forget_weight_buffers();
+std::vector<std::pair<std::string, double>> logged_weight_buffers();
 
 }  // namespace pyspec

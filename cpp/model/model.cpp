@@ -15,6 +15,7 @@
 #include "core/errors.h"
 #include "core/tokens.h"
 #include "core/utf8.h"
+#include "model/cpu_kernels.h"
 #include "model/devices.h"
 #include "model/gguf_check.h"
 #include "model/llama_log.h"
@@ -104,16 +105,35 @@ Model::Model(const ModelParams& params) : params_(params), verbose_(params.verbo
         devices.push_back(nullptr);  // llama.cpp reads a NULL-terminated list
         mp.devices = devices.data();
     }
+    std::vector<llama_model_tensor_buft_override> overrides;
     // The output layer's tensors, by name (a tied vocabulary's is token_embd's
     // duplicate), on the CPU: llama.cpp's n_gpu_layers would only ever keep the
     // *first* layers here.
-    const llama_model_tensor_buft_override output_here[] = {
-        {"^(output|output_norm|token_embd)\\.weight$", ggml_backend_cpu_buffer_type()}, {nullptr, nullptr}};
-    if (params.local_output) mp.tensor_buft_overrides = output_here;
+    if (params.local_output) {
+        overrides.push_back({"^(output|output_norm|token_embd)\\.weight$", ggml_backend_cpu_buffer_type()});
+    }
+    // Extra buffer types left out (AMX where it faults): llama.cpp can only turn
+    // them all off, so the others are given back weight by weight. Offloaded
+    // layers must not be pinned here, so with an accelerator or workers in play
+    // the CPU's layers just go without (correct, a little slower).
+    std::vector<BufferOverride> kept_extras;
+    if (params.repack && has_extra_buffer_type(params.excluded_buffer_types)) {
+        mp.use_extra_bufts = false;
+        if (params.rpc.empty() && (params.n_gpu_layers == 0 || !has_local_gpu())) {
+            kept_extras = overrides_without(params.path, params.excluded_buffer_types);
+        }
+        for (const BufferOverride& o : kept_extras) overrides.push_back({o.pattern.c_str(), o.buft});
+    }
+    if (!overrides.empty()) {
+        overrides.push_back({nullptr, nullptr});  // llama.cpp reads a NULL-terminated list
+        mp.tensor_buft_overrides = overrides.data();
+    }
     std::vector<float> split(llama_max_devices(), 0.0f);  // llama.cpp reads llama_max_devices() shares
     std::copy(params.tensor_split.begin(), params.tensor_split.end(), split.begin());
     if (!params.tensor_split.empty()) mp.tensor_split = split.data();
+    forget_weight_buffers();
     model_.reset(llama_model_load_from_file(params.path.c_str(), mp));
+    weight_buffers_ = logged_weight_buffers();
     if (!model_) {
         throw InvalidModelError(with_llama_reason(
             "failed to load GGUF model " + params.path + ": the file is truncated or corrupt"));

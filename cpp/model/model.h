@@ -18,6 +18,8 @@
 #include <utility>
 #include <vector>
 
+#include "model/cpu_kernels.h"
+
 struct llama_model;
 struct llama_context;
 struct llama_vocab;
@@ -37,6 +39,9 @@ struct ModelParams {
     // buffer types"). Repacked kernels round differently, so rows move by a few
     // ulps; an RPC worker never repacks: off, local rows equal a worker's bit for bit.
     bool repack = true;
+    // Extra buffer types not to use even where repack is on, by name ("AMX" where
+    // its instructions fault here: model/cpu_kernels.h); the others are kept.
+    std::vector<std::string> excluded_buffer_types = default_excluded_buffer_types();
     // RPC workers ("host:port") that hold the offloaded layers (model/devices.h),
     // before any local accelerator; empty: this machine only.
     std::vector<std::string> rpc;
@@ -77,6 +82,9 @@ public:
     std::string description() const;
     uint64_t n_params() const;   // llama_model_n_params
     int32_t file_type() const;   // llama_model_ftype: the quantisation the file declares (LLAMA_FTYPE_*)
+    // The buffers holding its weights, as llama.cpp reported them while loading
+    // ("CPU_Mapped", "CPU_REPACK", "AMX", "CUDA0"...), with their MiB.
+    const std::vector<std::pair<std::string, double>>& weight_buffers() const { return weight_buffers_; }
 
     // Tokenizer. add_special adds BOS/EOS as the model's metadata asks;
     // parse_special turns "<|im_start|>"-style text into control tokens.
@@ -221,6 +229,7 @@ private:
     std::atomic<const std::atomic<bool>*> abort_flag_{nullptr};
     std::atomic<const void*> claim_{nullptr};
     int32_t flash_attn_ = -1;       // flash attention as run: 1 on, 0 off, -1 unknown
+    std::vector<std::pair<std::string, double>> weight_buffers_;
     std::vector<std::vector<int32_t>> cached_;  // per sequence
     std::atomic<int64_t> n_decoded_{0};
     std::vector<int32_t> logit_rows_;            // batch row of logits(i) in the last decode

@@ -6,7 +6,7 @@ import warnings
 
 import click
 
-from .. import __version__
+from .. import __version__, _core
 from .options import DEFAULT_DRAFT, DEFAULT_MODEL
 
 __all__ = ["DEFAULT_DRAFT", "DEFAULT_MODEL", "main"]
@@ -23,6 +23,9 @@ def _say_plainly(message, category, filename, lineno, line=None) -> str:
 
 
 warnings.formatwarning = _say_plainly
+# A CPU that refuses an instruction (AMX in a VM) or a model file cut while
+# mapped says so in one line, not a bare "Illegal instruction" (cpp/model/fatal_signals.h).
+_core.install_fatal_signal_notice()
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

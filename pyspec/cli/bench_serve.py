@@ -172,6 +172,13 @@ def bench_serve(ctx, model, draft, counts, max_tokens, reps, threads, device, n_
     except ImportError as e:
         raise click.ClickException(f"llama-cpp-python's server is not installed: pip install "
                                    f"'pyspec-llama[bench]' ({e})") from e
+    from .. import cpu
+
+    if cpu.excluded_buffer_types():  # its Llama cannot be told to leave a buffer type out
+        raise click.ClickException(
+            f"skipped: llama-cpp-python's server would put weights in the {cpu.verdict().buffer_type} buffer type, "
+            f"which is unusable on this CPU ({cpu.verdict().reason}); compare against llama-server instead "
+            f"(--llama-server PATH), which pyspec starts with --no-repack here")
     n_threads = threads or physical_cores()
     with command_errors():
         load = dict(n_ctx=N_CTX_BENCH, n_threads=n_threads, **device)

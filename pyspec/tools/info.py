@@ -9,7 +9,7 @@ import platform
 import sys
 from typing import Any, Dict, List
 
-from .. import _core
+from .. import _core, cpu
 from .._loader import llama_lib_path
 from .._platform import physical_cores
 from ..server.scheduler import DEFAULT_CACHE_RAM_MB, DEFAULT_CACHE_SLOTS
@@ -34,6 +34,7 @@ KEYS = (
     "llama_cpp_flash_attn_default",
     "llama_cpp_python_flash_attn_default",
     "threads",
+    "cpu_kernels",
     "prompt_cache",
 )
 
@@ -96,13 +97,38 @@ def build_info() -> Dict[str, Any]:
         "llama_cpp_flash_attn_default": _core.flash_attn_default(),
         "llama_cpp_python_flash_attn_default": _llama_cpp_python_flash_attn_default(),
         "threads": physical_cores(),
+        "cpu_kernels": _cpu_kernels(),
         # pyspec serve's prompt cache as it starts by default (--cache-slots, --cache-ram).
         "prompt_cache": {"cache_slots": DEFAULT_CACHE_SLOTS, "cache_ram_mib": DEFAULT_CACHE_RAM_MB},
     }
 
 
+def _cpu_kernels() -> Dict[str, Any]:
+    """The CPU's extra weight layouts this build offers, which models leave out
+    here, and the AMX verdict (pyspec/cpu.py) with its reason."""
+    v = cpu.verdict()
+    return {
+        # instruction sets the build was compiled for that this CPU lacks (a wheel built elsewhere)
+        "missing_instruction_sets": cpu.missing_instruction_sets(),
+        "extra_buffer_types": list(_core.cpu_extra_buffer_types()),
+        "excluded": cpu.excluded_buffer_types(),
+        v.buffer_type.lower(): {"state": v.state, "reason": v.reason, "record": v.recorded},
+    }
+
+
 def _mib(n: int) -> str:
     return f"{n / 2**20:,.0f} MiB"
+
+
+def _format_cpu_kernels(k: Dict[str, Any]) -> str:
+    kept = [b for b in k["extra_buffer_types"] if b not in k["excluded"]]
+    verdicts = [f"{name.upper()} {v['state']} ({v['reason']})" for name, v in k.items() if isinstance(v, dict)]
+    return (f"CPU kernels       repacked weights: {', '.join(kept) or 'none'}"
+            + (f"; left out: {', '.join(k['excluded'])}" if k["excluded"] else "")
+            + "".join(f"\n                  {v}" for v in verdicts)
+            + (f"\n                  MISSING on this CPU: {', '.join(k['missing_instruction_sets'])} "
+               f"(the build was compiled elsewhere: reinstall llama-cpp-python here)"
+               if k["missing_instruction_sets"] else ""))
 
 
 def format_info(info: Dict[str, Any]) -> str:
@@ -122,6 +148,7 @@ def format_info(info: Dict[str, Any]) -> str:
         f"flash attention   default {info['flash_attn_default']} (llama.cpp: {info['llama_cpp_flash_attn_default']}; "
         f"llama-cpp-python's Llama: flash_attn={info['llama_cpp_python_flash_attn_default']})",
         f"threads           {info['threads']} (physical cores; --threads overrides)",
+        _format_cpu_kernels(info["cpu_kernels"]),
         f"prompt cache      pyspec serve keeps {info['prompt_cache']['cache_slots']} finished conversations in the "
         f"context (--cache-slots) and up to {info['prompt_cache']['cache_ram_mib']:g} MiB more in host memory "
         f"(--cache-ram)",

@@ -12,6 +12,7 @@ import subprocess
 import tempfile
 import sys
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -183,6 +184,19 @@ def llama_server_device_args(device: Optional[dict]) -> List[str]:
             + (["-ot", r"^(output|output_norm|token_embd)\.weight$=CPU"] if device.get("local_output") else []))
 
 
+def _llama_cpu_args() -> List[str]:
+    """Where AMX faults here (pyspec/cpu.py), llama-server (a native build would
+    use it) runs without repacked weights: it can leave out all extra buffer
+    types, not one, so it is a little slower than it could be; said once."""
+    from ... import cpu
+
+    if not cpu.excluded_buffer_types():
+        return []
+    warnings.warn(f"pyspec: llama-server runs with --no-repack: {cpu.verdict().buffer_type} is unusable on this "
+                  f"CPU ({cpu.verdict().reason}), and llama-server can only leave out every repacked layout")
+    return ["--no-repack"]
+
+
 def _llama_draft_layers(device: dict) -> str:
     """-ngld: as the target's, except that with --rpc the draft stays here (as
     pyspec's) unless --draft-rpc; llama-server then offloads it to every device
@@ -225,7 +239,8 @@ def llama_server_backends(llama_server: str, model_path: str, *, parallel: int, 
     SPEC``; the ``draft-*`` types draft with ``-md draft``, its layers
     offloaded as the target's: ``-ngld``), ``args`` last."""
     base = [llama_server, "-m", model_path, "-t", str(threads), "-np", str(parallel), "-c", str(n_ctx),
-            *llama_server_device_args(device), "--no-webui", "--host", "127.0.0.1", "--port", PORT]
+            *llama_server_device_args(device), *_llama_cpu_args(), "--no-webui", "--host", "127.0.0.1",
+            "--port", PORT]
     out = []
     for spec in specs:
         extra = [] if spec == "none" else ["--spec-type", spec]
