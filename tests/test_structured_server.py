@@ -12,7 +12,10 @@ from concurrent.futures import ThreadPoolExecutor
 import openai
 import pytest
 
+from pyspec.bench.structured import TASKS
 from server_helpers import ServerProcess
+
+TOOL_TASKS = TASKS["tools"]
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "The current weather in a city",
@@ -223,3 +226,20 @@ def test_a_call_cut_by_max_tokens_leaves_no_markup_in_content(client, max_tokens
     assert "<tool_call>" not in (c.message.content or "") and "</tool" not in (c.message.content or "")
     content, streamed, finish = _streamed(client, **kw)
     assert finish == "length" and "<tool" not in content and streamed == _calls(c.message)
+
+
+@pytest.mark.parametrize("choice", ["required", "auto", "named"])
+@pytest.mark.parametrize("prompt, task", [(p, t) for p, t in TOOL_TASKS if len(t.tools) > 1],
+                         ids=lambda x: x[:24] if isinstance(x, str) else "")
+def test_every_bench_request_with_several_tools_ends_with_its_calls(default_client, prompt, task, choice):
+    """The bench's tool prompts (pyspec bench --category tools), through the
+    server: calls, finish_reason "tool_calls", no markup in content."""
+    tools = [dict(t) for t in task.tools]
+    if choice == "named":  # the tool the bench's own check finds the model calls under "required"
+        first = chat(default_client, messages=[{"role": "user", "content": prompt}], tools=tools,
+                     tool_choice="required", max_tokens=200)
+        choice = {"type": "function", "function": {"name": first.choices[0].message.tool_calls[0].function.name}}
+    c = chat(default_client, messages=[{"role": "user", "content": prompt}], tools=tools, tool_choice=choice,
+             max_tokens=200).choices[0]
+    assert c.finish_reason == "tool_calls" and c.message.tool_calls, (c.finish_reason, c.message.content)
+    assert "<tool_call>" not in (c.message.content or "")
