@@ -299,6 +299,9 @@ def bodies(draw, kind: str, live: "Live", loose: Optional[bool] = None) -> Tuple
                 wrong = st.just({"type": "json_schema"}) | st.lists(st.dictionaries(clean_text, clean_junk,
                                                                                       max_size=3), max_size=2)
                 body[name] = draw(maybe(valid, wrong) if loose else valid)
+        if (not loose and body.get("tools") and "response_format" not in body
+                and not any(n in body for n in CONSTRAINTS) and draw(st.booleans())):
+            body["tool_choice"] = "required"  # issue 48: the calls' grammar must let the turn end
         budget = ["max_tokens", "max_completion_tokens"]
     for name in budget:
         if draw(st.integers(0, 7)):
@@ -310,6 +313,8 @@ def bodies(draw, kind: str, live: "Live", loose: Optional[bool] = None) -> Tuple
         else:
             body["messages"] = [{"role": "user", "content": live.long_text}]
             body.pop("tools", None)
+            if body.get("tool_choice") == "required":  # needs tools
+                del body["tool_choice"]
             body.pop("chat_template_kwargs", None)
     return body, loose
 
@@ -390,6 +395,25 @@ def _logprobs_k(body: Dict[str, Any], kind: str) -> Optional[int]:
     return body.get("logprobs")
 
 
+def _calls_are_constrained(body: Dict[str, Any]) -> bool:
+    """The calls' grammar shapes this chat (tools, no other constraint)."""
+    return (isinstance(body.get("tools"), list) and bool(body["tools"]) and body.get("tool_choice") != "none"
+            and "response_format" not in body and not any(n in body for n in CONSTRAINTS))
+
+
+def check_calls(body: Dict[str, Any], content: str, n_calls: int, finish: str, where: str) -> None:
+    """Under the calls' grammar no call markup is content, even of a call cut
+    short; an answer with calls ends "tool_calls" unless cut; under "required",
+    an answer that ended on its own made a call (issue 48)."""
+    if not _calls_are_constrained(body):
+        return
+    assert "<tool_call>" not in content and "</tool_call>" not in content, (where, content)
+    if n_calls:
+        assert finish in ("tool_calls", "length"), (where, finish)
+    if body.get("tool_choice") == "required" and not body.get("stop") and finish != "length":
+        assert n_calls and finish == "tool_calls", (where, finish, content)
+
+
 def check_whole(body: Dict[str, Any], kind: str, answer: Dict[str, Any], where: str) -> None:
     """A 200 answer's documented shape: one choice per prompt and n, each with its
     text and finish reason, usage adding up, no choice past max_tokens."""
@@ -410,6 +434,7 @@ def check_whole(body: Dict[str, Any], kind: str, answer: Dict[str, Any], where: 
                     assert isinstance(json.loads(call["function"]["arguments"]), dict), where
             else:
                 assert isinstance(m["content"], str), where
+            check_calls(body, m["content"] or "", len(m.get("tool_calls") or []), c["finish_reason"], where)
         else:
             assert isinstance(c["text"], str), where
         assert c["finish_reason"] in ("stop", "length", "tool_calls"), where
@@ -442,6 +467,7 @@ def check_stream(body: Dict[str, Any], kind: str, lines: List[str], where: str, 
     finished = [0] * n_choices
     k = _logprobs_k(body, kind)
     tokens = [0] * n_choices
+    contents, calls, finishes = [""] * n_choices, [set() for _ in range(n_choices)], [""] * n_choices
     usage = None
     for ch in chunks:
         assert ch["object"] == ("chat.completion.chunk" if kind == "chat" else "text_completion"), where
@@ -449,6 +475,10 @@ def check_stream(body: Dict[str, Any], kind: str, lines: List[str], where: str, 
         for c in ch["choices"]:
             i = c["index"]
             assert finished[i] == 0, (where, "a chunk after the choice's finish", ch)
+            delta = c.get("delta") or {}
+            contents[i] += delta.get("content") or ""
+            calls[i].update(t["index"] for t in delta.get("tool_calls") or [])
+            finishes[i] = c["finish_reason"] or finishes[i]
             if c["finish_reason"] is not None:
                 assert c["finish_reason"] in ("stop", "length", "tool_calls"), where
                 finished[i] += 1
@@ -457,6 +487,9 @@ def check_stream(body: Dict[str, Any], kind: str, lines: List[str], where: str, 
                 _check_logprobs(c["logprobs"], kind, k, where)
                 tokens[i] += len(c["logprobs"]["content" if kind == "chat" else "tokens"])
     assert finished == [1] * n_choices, (where, finished)
+    if kind == "chat":
+        for i in range(n_choices):
+            check_calls(body, contents[i], len(calls[i]), finishes[i], where)
     assert all(t <= _limit(body, kind) for t in tokens), (where, tokens)
     assert usage is not None and usage["completion_tokens"] <= n_choices * _limit(body, kind), (where, usage)
     if (body.get("stream_options") or {}).get("include_usage"):

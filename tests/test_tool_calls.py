@@ -24,6 +24,7 @@ HERMES = ('Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"ci
 ANSWERS = {
     "hermes": [HERMES, "No call here, just text <tool", "<tool_call>\n{not json}\n</tool_call> after",
                '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>', "<tool_call>\n{\"name\": \"unfin",
+               '<tool_call>\n{"name": "get_time", "arguments": {}}', HERMES + "\n<tool_c",
                '```json\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n```',
                '{"name": "get_time", "arguments": {}}', '```json\n{"name": "other", "arguments": {}}\n```',
                "```python\nprint(1)\n```", "{not a call"],
@@ -109,3 +110,39 @@ def test_grammars_per_choice():
     named = tool_constraint("llama3", tools, ToolChoice("required", "get_time", parallel=False))
     assert "get_weather" not in named.text and '"parameters"' in named.text
     assert tool_constraint("mistral", tools, ToolChoice("required")) is None
+
+
+# Issue 48: the hermes grammar under "required" must let the turn end after any
+# complete call (after its JSON, its closing tag, or the newline after that),
+# the tag written as one token or as text, and the parser must read such an end.
+CALL = '<tool_call>\n{"name": "get_time", "arguments": {}}'
+
+
+@pytest.mark.parametrize("parallel", [True, False])
+def test_the_required_grammar_lets_the_turn_end_after_any_complete_call(draft_path, load_model, parallel):
+    model = load_model(draft_path, "tools", n_ctx=512)
+    grammar = model.grammars.compile(tool_constraint("hermes", [WEATHER, TIME], ToolChoice("required",
+                                                                                           parallel=parallel)))
+    native = model.native
+    eos = native.eos
+
+    def tokens(text, tags):  # tags: the tag as the model's own token (as its template writes it), or as text
+        return native.tokenize(text, False, tags)
+
+    for tags in (True, False):
+        for end in (CALL, CALL + "\n</tool_call>", CALL + "\n</tool_call>\n"):
+            prefix = tokens(end, tags)
+            assert grammar.valid_prefix(prefix) == len(prefix), (end, tags)
+            assert grammar.allowed(prefix)[eos], (end, tags)
+        more = tokens(CALL + "\n</tool_call>\n<tool_call>", tags)
+        assert (grammar.valid_prefix(more) == len(more)) == parallel
+        assert not grammar.allowed(tokens(CALL[:-1], tags))[eos]  # the JSON is not complete
+
+
+def test_a_call_the_answer_ends_in():
+    assert [(c.name, c.arguments) for c in parse_calls("hermes", CALL)[1]] == [("get_time", "{}")]
+    closed = CALL + "\n</tool_call>\n"
+    for cut in ('<tool_call>\n{"name": "get_ti', closed + "<", closed + "<tool_c", closed + '<tool_call>\n{"na'):
+        content, calls = parse_calls("hermes", cut, ["get_time"])
+        assert content == "" and len(calls) == (1 if cut.startswith(closed) else 0), cut
+    assert parse_calls("hermes", "a < b <") == ("a < b <", [])  # text that ends in "<" keeps it

@@ -3,7 +3,9 @@ much of the text is forced (the frame of a JSON object, of a tool call).
 
 * ``json``: extraction into a JSON schema of 5 to 10 fields;
 * ``tools``: a tool call through the model's chat template (``tool_choice``
-  "required": the call's grammar from pyspec/chat/tools.py);
+  "required", parallel calls allowed: the calls' grammar from
+  pyspec/chat/tools.py), some with several tools; an answer is valid when it
+  is calls and nothing else (no markup of a call cut short);
 * ``grammar``: a llama.cpp GBNF grammar.
 
 Each task knows how to check its answer without the engine that wrote it
@@ -60,6 +62,10 @@ _SEARCH = {"type": "function", "function": {
     "parameters": _obj({"origin": S, "destination": S, "date": S, "passengers": I,
                         "cabin": {"type": "string", "enum": ["economy", "business", "first"]}})}}
 
+_CURRENCY = {"type": "function", "function": {
+    "name": "convert_currency", "description": "Convert an amount between currencies",
+    "parameters": _obj({"amount": N, "from": S, "to": S})}}
+
 _LIST_GBNF = 'root ::= item item item\nitem ::= "- " [A-Za-z ,]+ "\\n"'
 _CSV_GBNF = ('root ::= header row row row\nheader ::= "name,quantity,price\\n"\n'
              'row ::= [a-z]+ "," [0-9]+ "," [0-9]+ "." [0-9] [0-9] "\\n"')
@@ -82,6 +88,8 @@ TASKS: Dict[str, List[tuple]] = {
          Task(tools=(_WEATHER, _CALENDAR, _SEARCH))),
         ("Find me business class flights from Berlin to Tokyo on 2025-09-10 for two people.",
          Task(tools=(_WEATHER, _CALENDAR, _SEARCH))),
+        # Issue 48: one call asked for, two tools: this ran to max_tokens.
+        ("What is the weather in Oslo right now, in celsius?", Task(tools=(_WEATHER, _CURRENCY))),
     ],
     "grammar": [
         ("List three fruits.", Task(gbnf=_LIST_GBNF, pattern=r"(- [A-Za-z ,]+\n){3}")),
@@ -99,7 +107,8 @@ def constraint_for(task: Task, template_source: Optional[str]) -> Constraint:
     if task.schema is not None:
         return Constraint.json_schema(task.schema)
     if task.tools is not None:
-        c = tool_constraint(tool_format(template_source), task.tools, ToolChoice("required", parallel=False))
+        # As a request with the defaults asks (parallel_tool_calls true): the turn must end by itself.
+        c = tool_constraint(tool_format(template_source), task.tools, ToolChoice("required"))
         if c is None:
             raise ValueError("this chat template's tool-call format has no grammar for tool_choice 'required'")
         return c
@@ -138,7 +147,7 @@ def valid(task: Task, text: str, template_source: Optional[str]) -> bool:
             return False
     if task.tools is not None:
         tools = {t["function"]["name"]: t["function"] for t in task.tools}
-        _, calls = parse_calls(tool_format(template_source), text, list(tools))
-        return bool(calls) and all(conforms(json.loads(c.arguments), tools[c.name].get("parameters") or {})
+        content, calls = parse_calls(tool_format(template_source), text, list(tools))
+        return bool(calls) and not content and all(conforms(json.loads(c.arguments), tools[c.name].get("parameters") or {})
                                    for c in calls)
     return re.fullmatch(task.pattern, text) is not None

@@ -120,16 +120,30 @@ def _call_schema(tools: Sequence[Mapping[str, Any]], name: Optional[str], args_k
     return {**schema, "x-guidance": JSON_WHITESPACE}
 
 
+def _hermes_required(call_json: str, parallel: bool) -> str:
+    """The whole answer is calls (one unless ``parallel``), and the turn may end
+    wherever the template's model ends it after a complete call: right after
+    its JSON (models that never learnt the closing tag end there, and would
+    otherwise be made to write it as text, whose last token may be ">\\n"),
+    after the closing tag, or after the newline that follows it. A separator
+    that must be followed by another call would leave a model that writes
+    ">\\n", or "</tool_call>" then "\\n", no way to stop: it runs to max_tokens
+    (issue 48). The parser reads a last call without its closing tag."""
+    close = f'"\\n{HERMES_CLOSE}"'
+    rules = f'body: "{HERMES_OPEN}\\n" {call_json}\nlast: body ({close} "\\n"?)?\n'
+    if not parallel:
+        return "start: last\n" + rules
+    return f'start: (body {close} "\\n")* last\n' + rules
+
+
 def tool_constraint(fmt: str, tools: Sequence[Mapping[str, Any]], choice: ToolChoice) -> Optional[Constraint]:
     """The grammar of a request's answer under ``choice`` (None: free text)."""
     if choice.mode == "none" or not tools:
         return None
     if fmt == "hermes":
         call_json = "%json " + json.dumps(_call_schema(tools, choice.name, "arguments"))
-        call = f'"{HERMES_OPEN}\\n" {call_json} "\\n{HERMES_CLOSE}"'
         if choice.mode == "required":
-            more = ' ("\\n" call)*' if choice.parallel else ""
-            return Constraint("lark", f"start: call{more}\ncall: {call}\n")
+            return Constraint("lark", _hermes_required(call_json, choice.parallel))
         # auto: any text, until the model opens a call; then the call's grammar.
         calls = "call*" if choice.parallel else "call?"
         return Constraint("lark", f"start: {calls} TEXT\n"
@@ -171,6 +185,14 @@ def _call_of(obj: Any, args_keys: Tuple[str, ...]) -> Optional[ToolCall]:
     return None
 
 
+def _hermes_call(body: str) -> Optional[ToolCall]:
+    """The call a <tool_call> block's body writes (None: it writes none)."""
+    try:
+        return _call_of(json.loads(body), ("arguments", "parameters"))
+    except ValueError:
+        return None
+
+
 def _new_id() -> str:
     return "call_" + uuid.uuid4().hex[:24]
 
@@ -182,7 +204,8 @@ class CallParser:
     """Reads an answer's text as it comes (:meth:`feed`, then :meth:`finish`)
     and returns its events: content text, and each call once it is complete.
     Whitespace between calls and around them is not content. A call that does
-    not parse stays in the content as the model wrote it."""
+    not parse stays in the content as the model wrote it; one the answer ends
+    in (hermes) is a call if its JSON is complete, else dropped."""
 
     def __init__(self, fmt: str, names: Sequence[str] = ()) -> None:
         if fmt not in FORMATS:
@@ -193,6 +216,7 @@ class CallParser:
         self._in_call = False   # hermes: inside <tool_call> ... </tool_call>
         self._ws = ""           # whitespace held back: content only if more content follows
         self._whole: Optional[bool] = None  # llama3/mistral: the answer may be one JSON call (wait for its end)
+        self._after_call = False  # no content since the last call
         self.n_calls = 0
 
     def feed(self, text: str) -> List[Event]:
@@ -212,9 +236,11 @@ class CallParser:
             return
         out.append(("content", self._ws + stripped))
         self._ws = text[len(stripped):]
+        self._after_call = False
 
     def _call(self, call: ToolCall, out: List[Event]) -> None:
         self._ws = ""
+        self._after_call = True
         call.id, call.index = _new_id(), self.n_calls
         self.n_calls += 1
         out.append(("call", call))
@@ -239,8 +265,12 @@ class CallParser:
             if not self._in_call:
                 at = self._buf.find(HERMES_OPEN)
                 if at < 0:
-                    # Keep back what may be the start of an opening tag.
-                    keep = 0 if final else _partial_suffix(self._buf, HERMES_OPEN)
+                    # Keep back what may be the start of an opening tag; at the
+                    # end, one right after a call is a call cut short: it goes.
+                    keep = _partial_suffix(self._buf, HERMES_OPEN)
+                    if final:
+                        cut = keep and self._after_call and not self._buf[:-keep].strip()
+                        self._buf, keep = (self._buf[:-keep], 0) if cut else (self._buf, 0)
                     self._content(self._buf[:len(self._buf) - keep], out)
                     self._buf = self._buf[len(self._buf) - keep:]
                     return out
@@ -249,22 +279,26 @@ class CallParser:
                 self._in_call = True
             end = self._buf.find(HERMES_CLOSE)
             if end < 0:
-                if final:  # an unfinished call stays text
-                    self._content(self._buf, out)
-                    self._buf = ""
-                    self._in_call = False
+                if final:
+                    self._unclosed(out)
                 return out
             raw = self._buf[:end + len(HERMES_CLOSE)]
             self._buf = self._buf[end + len(HERMES_CLOSE):]
             self._in_call = False
-            try:
-                call = _call_of(json.loads(raw[len(HERMES_OPEN):-len(HERMES_CLOSE)]), ("arguments", "parameters"))
-            except ValueError:
-                call = None
+            call = _hermes_call(raw[len(HERMES_OPEN):-len(HERMES_CLOSE)])
             if call is None:
                 self._content(raw, out)
             else:
                 self._call(call, out)
+
+    def _unclosed(self, out: List[Event]) -> None:
+        """The answer ended inside a call: one whose JSON is complete is a call
+        (the grammar lets a turn end there); one cut short (max_tokens) is
+        markup, not content, and goes."""
+        call = _hermes_call(self._buf[len(HERMES_OPEN):])
+        self._buf, self._in_call = "", False
+        if call is not None:
+            self._call(call, out)
 
     def _whole_answer(self, final: bool) -> List[Event]:
         out: List[Event] = []

@@ -330,7 +330,9 @@ class Answer:
             if self.kind == "chat":
                 message: Dict[str, Any] = {"role": "assistant", "content": texts[i]}
                 if self.tool_fmt is not None:
+                    # The parsed content also without calls: a call cut short is not content.
                     content, calls = parse_calls(self.tool_fmt, texts[i], self.tool_names)
+                    message["content"] = content
                     if calls:
                         message = {"role": "assistant", "content": content or None,
                                    "tool_calls": [c.to_openai() for c in calls]}
