@@ -180,3 +180,33 @@ def test_loading_on_a_cpu_the_build_was_not_made_for_is_a_clear_error(gemma_path
         pytest.skip("this build uses no instruction set beyond SSE3")
     with pytest.raises(pyspec.UnsupportedCPUError, match="reinstall it here"):
         pyspec.Model(gemma_path, n_ctx=128)
+
+
+@pytest.mark.parametrize("state", [cpu.UNUSABLE, cpu.USABLE])
+def test_the_llama_cpp_python_baseline_follows_the_verdict(state, monkeypatch):
+    """pyspec bench's in-process llama-cpp-python baseline cannot be told to leave
+    one buffer type out: where one faults it loads with none (and says so); the
+    usable verdict (the control) leaves its defaults alone."""
+    import llama_cpp.llama_cpp as lib
+
+    from pyspec.bench.inprocess.backends import _without_faulting_kernels
+
+    monkeypatch.setattr(cpu, "_verdict", cpu.KernelVerdict(REPACK, state, "test"))
+    before = lib.llama_model_default_params
+    with pytest.warns(UserWarning, match="without repacked weights") if state == cpu.UNUSABLE else _no_warning():
+        with _without_faulting_kernels():
+            loaded_with = lib.llama_model_default_params().use_extra_bufts
+    assert loaded_with is (state == cpu.USABLE)
+    assert lib.llama_model_default_params is before and lib.llama_model_default_params().use_extra_bufts
+
+
+class _no_warning:
+    def __enter__(self):
+        import warnings
+
+        self._w = warnings.catch_warnings()
+        self._w.__enter__()
+        warnings.simplefilter("error")
+
+    def __exit__(self, *exc):
+        return self._w.__exit__(*exc)

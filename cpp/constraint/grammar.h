@@ -45,7 +45,7 @@ class Model;
 // at 152k tokens. The model must outlive it.
 class GrammarVocab {
 public:
-    // `library`: the path of llguidance's native module (pyspec/structured.py finds it).
+    // `library`: the path of llguidance's native module (pyspec/constraints.py, library_path, finds it).
     GrammarVocab(const Model& model, const std::string& library);
     ~GrammarVocab();
     GrammarVocab(const GrammarVocab&) = delete;

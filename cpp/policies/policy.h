@@ -49,7 +49,7 @@ class Calibrated;
 // timed implements JointPlanner or Calibrated too, and says so through
 // as_planner() and as_calibrated(); the engine asks for them, never assumes them.
 //
-// The draft length, from the user to the round (engine.h, BatchSession::plan):
+// The draft length, from the user to the round (engine/plan.cpp, BatchSession::plan_alone):
 //   draft_max   the user's cap (PolicyParams::draft_max, or the policy's default),
 //               which the policy keeps and never exceeds;
 //   round_max   this round's bound: context room, tokens left, batch rows;
@@ -86,7 +86,7 @@ struct LengthBid {
 // round's target decode and how much is left to generate, judges whether a
 // draft model may pay at all, and can have its lengths allotted jointly.
 //
-// Joint planning of a decode shared by several sequences (BatchSession::plan):
+// Joint planning of a decode shared by several sequences (engine/plan.cpp, BatchSession::plan_jointly):
 // alone, a sequence beside seven others can only reach the next cheap batch
 // size (8 -> 16 rows on a CPU) by drafting eight tokens itself; eight sequences
 // drafting one each fill the same rows and can pay where that cannot. So the

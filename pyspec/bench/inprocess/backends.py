@@ -3,7 +3,9 @@ tokens with the same settings and reports the same measurements."""
 
 from __future__ import annotations
 
+import contextlib
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
@@ -63,6 +65,35 @@ class PyspecRunner:
         return Sample(self.name, "", "", len(tokens), st.n_generated, st.ttft_s, st.decode_s, extra)
 
 
+@contextlib.contextmanager
+def _without_faulting_kernels():
+    """Where AMX faults here (pyspec/cpu.py), llama-cpp-python's Llama loads with
+    no extra buffer types (it has no argument for it, nor for leaving one out:
+    its model defaults are patched while it loads), so that the baseline runs,
+    without repacked weights, instead of killing the bench; said once."""
+    from ... import cpu
+
+    if not cpu.excluded_buffer_types():
+        yield
+        return
+    import llama_cpp.llama_cpp as lib
+
+    warnings.warn(f"pyspec: llama-cpp-python runs without repacked weights: {cpu.verdict().buffer_type} is "
+                  f"unusable on this CPU ({cpu.verdict().reason}), and its Llama can only leave out all of them")
+    defaults = lib.llama_model_default_params
+
+    def without_extra_buffer_types():
+        params = defaults()
+        params.use_extra_bufts = False
+        return params
+
+    lib.llama_model_default_params = without_extra_buffer_types
+    try:
+        yield
+    finally:
+        lib.llama_model_default_params = defaults
+
+
 class LlamaCppRunner:
     """llama-cpp-python's ``Llama.create_completion``, optionally with its
     prompt-lookup drafter. Streams so that time to first token is visible.
@@ -80,9 +111,10 @@ class LlamaCppRunner:
             from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
             draft = LlamaPromptLookupDecoding(num_pred_tokens=prompt_lookup)
-        self.llm = llama_cpp.Llama(model_path, n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads,
-                                   n_batch=n_batch, flash_attn=flash_attn, n_gpu_layers=n_gpu_layers, draft_model=draft,
-                                   verbose=False)
+        with _without_faulting_kernels():
+            self.llm = llama_cpp.Llama(model_path, n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads,
+                                       n_batch=n_batch, flash_attn=flash_attn, n_gpu_layers=n_gpu_layers,
+                                       draft_model=draft, verbose=False)
         self.name = name or ("llama-cpp-python lookup" if prompt_lookup else "llama-cpp-python")
 
     def run(self, tokens: List[int], s: Settings) -> Sample:
