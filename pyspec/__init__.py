@@ -40,6 +40,7 @@ from .model import Model
 from .speculative import SpeculativeDecoder
 from .results import BatchStats, Completion, Completions, GenerationStats
 from .settings import Sampling
+from .drafting import Drafting
 
 #: Set from another thread to stop a generation (``generate(..., cancel=token)``).
 CancelToken = _core.CancelToken
@@ -56,6 +57,7 @@ __all__ = [
     "Model",
     "SpeculativeDecoder",
     "Sampling",
+    "Drafting",
     "Constraint",
     "Completion",
     "Completions",

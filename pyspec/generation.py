@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Callable, Iterator, List, Mapping, Optional, S
 
 from . import _core, constraints
 from .constraints import Constraint
+from .drafting import FIELDS as DRAFTING_FIELDS
+from .drafting import Drafting
 from .memory import resolve as resolve_memory
 from .results import BatchStats, Completion, Completions, GenerationStats
 from .settings import MAX_TOKENS, Sampling, check_seed
@@ -145,11 +147,9 @@ class Generator:
         slots: Sequence[int] = (0,),
         drafters: str = "engine",
         constraint: Optional[Constraint] = None,
-        json_schema=None,
-        grammar: Optional[str] = None,
-        regex: Optional[str] = None,
+        drafting: Optional[Drafting] = None,
+        policy_keys: Optional[List] = None,
         _test=None,
-        **draft_kwargs,
     ) -> List[SequenceSetup]:
         """The one way to set up sequences: ``generate``, ``generate_batch`` and
         the server all come here. Returns one :class:`SequenceSetup` per entry of
@@ -159,22 +159,24 @@ class Generator:
         ``drafters`` says whose drafters the sequences use: ``"engine"`` (the
         engine's own: a single generation), ``"batch"`` (new ones for this
         batch) or ``"slots"`` (each slot's, kept across calls: a server).
-        The output follows at most one constraint: ``constraint`` (a
-        :class:`~pyspec.Constraint`), ``json_schema``, ``grammar`` or ``regex``
-        (pyspec/constraints.py). ``draft_kwargs`` are the drafting settings (subclasses); ``_test`` the
-        TEST-ONLY negative controls (:func:`test_controls`). The core validates
-        every setting (ValueError)."""
+        Three values, each resolved where the call entered: ``sampling``,
+        ``drafting`` (a :class:`~pyspec.Drafting` from :meth:`drafting`; None:
+        plain) and ``constraint`` (one :class:`~pyspec.Constraint`, or None).
+        ``policy_keys``: whose length policy each slot uses (default: the
+        slot's own; a server's follow the user). ``_test``: the TEST-ONLY
+        negative controls (:func:`test_controls`). The core validates every
+        setting (ValueError)."""
         native = sampling.native()
         params = _core.GenerateParams(max_tokens=max_tokens, sampling=native, draft_sampling=native,
                                       seed=check_seed(seed), stop=list(stop or []),
                                       logprobs=-1 if logprobs is None else logprobs,
                                       calibration_share=self.calibration_share)
         params.test = test_controls(_test)
-        constraint = constraints.resolve(constraint, json_schema=json_schema, grammar=grammar, regex=regex)
         if constraint is not None:
             params.grammar = self.target.grammars.compile(constraint)
+        keys = list(slots) if policy_keys is None else list(policy_keys)
         return [SequenceSetup(params, drafter, policy)
-                for drafter, policy in self._drafting(params, list(slots), drafters, **draft_kwargs)]
+                for drafter, policy in self._drafting(params, list(slots), drafters, drafting, keys)]
 
     @staticmethod
     def sampling(sampling: Optional[Sampling] = None, **changes) -> Sampling:
@@ -183,12 +185,21 @@ class Generator:
         ``top_k=``, ``top_p=``, ``min_p=``; None keeps the field)."""
         return (Sampling.API if sampling is None else sampling).replace(**changes)
 
+    def drafting(self, drafting: Optional[Drafting] = None, **changes) -> Optional[Drafting]:
+        """The :class:`~pyspec.Drafting` of a call (None: plain decoding). A
+        plain generator takes none: any drafting setting is a TypeError."""
+        given = sorted(k for k, v in changes.items() if v is not None)
+        if drafting is not None or given:
+            raise TypeError(f"unexpected arguments for plain generation: {', '.join(given) or 'drafting'}")
+        return None
+
     def _drafting(self, params: "_core.GenerateParams", slots: List[int], drafters: str,
-                  **kwargs) -> List[Tuple[Optional["_core.Drafter"], Optional["_core.LengthPolicy"]]]:
+                  drafting: Optional[Drafting], policy_keys: List
+                  ) -> List[Tuple[Optional["_core.Drafter"], Optional["_core.LengthPolicy"]]]:
         """Fill the drafting fields of ``params``; each slot's (drafter, policy).
         Plain generation: nothing to fill, nothing drafts."""
-        if kwargs:
-            raise TypeError(f"unexpected arguments for plain generation: {', '.join(sorted(kwargs))}")
+        if drafting is not None:
+            raise TypeError("a plain generator does not draft")
         return [(None, None)] * len(slots)
 
     def record(self, setup: SequenceSetup, stats: "_core.GenerationStats", *, defer: bool = False):
@@ -274,7 +285,16 @@ class Generator:
         grammar: Optional[str] = None,
         regex: Optional[str] = None,
         constraint: Optional[Constraint] = None,
-        **draft_kwargs,
+        drafting: Optional[Drafting] = None,
+        drafter: Optional[str] = None,
+        policy: Optional[str] = None,
+        draft_max: Optional[int] = None,
+        p_min: Optional[float] = None,
+        svip_gamma: Optional[float] = None,
+        svip_h: Optional[float] = None,
+        draft_sampling: Optional[Sampling] = None,
+        memory=None,
+        _test=None,
     ) -> Union[Completion, Completions]:
         """Generate a continuation of ``prompt``.
 
@@ -310,15 +330,25 @@ class Generator:
         distribution restricted to what the constraint allows, exactly
         (speculation included); an invalid one raises
         :class:`~pyspec.ConstraintError`.
+
+        Drafting (a :class:`~pyspec.SpeculativeDecoder`; a plain model takes
+        none): ``drafting`` (a :class:`~pyspec.Drafting`) with any of
+        ``drafter``, ``policy``, ``draft_max`` (0: plain), ``p_min``,
+        ``svip_gamma``, ``svip_h``, ``draft_sampling`` and ``memory`` given by
+        name changed; None keeps the decoder's. ``_test``: TEST-ONLY negative
+        controls (:func:`test_controls`).
         """
         sampling = self.sampling(sampling, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
         constraint = constraints.resolve(constraint, json_schema=json_schema, grammar=grammar, regex=regex)
+        drafting = self.drafting(drafting, drafter=drafter, policy=policy, draft_max=draft_max, p_min=p_min,
+                                 svip_gamma=svip_gamma, svip_h=svip_h, draft_sampling=draft_sampling, memory=memory)
         if n != 1:
             if on_text is not None:
                 raise TypeError("with n > 1 use on_token(index, text, drafted): on_text cannot tell samples apart")
-            return self.generate_batch([prompt] * n, max_tokens=max_tokens, sampling=sampling, seed=seed, stop=stop,
-                                       chat=chat, on_token=on_token, cancel=cancel, constraint=constraint,
-                                       **draft_kwargs)
+            return self._generate_batch([self.prompt_tokens(prompt, chat=chat)] * n, seed=seed,
+                                        on_token=on_token, cancel=cancel, max_tokens=max_tokens,
+                                        sampling=sampling, stop=stop, constraint=constraint, drafting=drafting,
+                                        _test=_test)
         tokens = self.prompt_tokens(prompt, chat=chat)
         callback = None
         if on_text is not None or on_token is not None:
@@ -330,7 +360,7 @@ class Generator:
                 return on_token(text, drafted) if on_token is not None else on_text(text)
 
         return self._run(tokens, callback, cancel, max_tokens=max_tokens, sampling=sampling, seed=seed, stop=stop,
-                         constraint=constraint, **draft_kwargs)
+                         constraint=constraint, drafting=drafting, _test=_test)
 
     def generate_batch(
         self,
@@ -358,11 +388,25 @@ class Generator:
                             "or generate(prompt, n=k) for k samples of it)")
         if not prompts:
             raise ValueError("generate_batch needs at least one prompt")
-        n_seq = self.target.n_seq_max
-        if len(prompts) > n_seq:
-            raise ValueError(f"{len(prompts)} sequences in one batch need a target loaded with n_seq_max >= "
-                             f"{len(prompts)} (this one holds {n_seq}): pyspec.Model(..., n_seq_max={len(prompts)})")
         token_lists = [self.prompt_tokens(p, chat=chat) for p in prompts]
+        # The call's three values, each resolved here once.
+        sampling = self.sampling(sampling, **{f.name: settings.pop(f.name, None) for f in dataclasses.fields(Sampling)})
+        constraint = constraints.resolve(settings.pop("constraint", None), json_schema=settings.pop("json_schema", None),
+                                         grammar=settings.pop("grammar", None), regex=settings.pop("regex", None))
+        drafting = self.drafting(settings.pop("drafting", None),
+                                 **{name: settings.pop(name, None) for name in DRAFTING_FIELDS})
+        return self._generate_batch(token_lists, seed=seed, on_token=on_token, cancel=cancel, sampling=sampling,
+                                    constraint=constraint, drafting=drafting, **settings)
+
+    def _generate_batch(self, token_lists: List[List[int]], *, seed: Optional[int],
+                        on_token: Optional[BatchTokenCallback], cancel: Optional["_core.CancelToken"],
+                        sampling: Sampling, constraint: Optional[Constraint], drafting: Optional[Drafting],
+                        max_tokens: int = MAX_TOKENS, stop: Optional[Sequence[str]] = None,
+                        _test=None) -> Completions:
+        n, n_seq = len(token_lists), self.target.n_seq_max
+        if n > n_seq:
+            raise ValueError(f"{n} sequences in one batch need a target loaded with n_seq_max >= {n} "
+                             f"(this one holds {n_seq}): pyspec.Model(..., n_seq_max={n})")
         callback = None
         if on_token is not None:
 
@@ -371,11 +415,9 @@ class Generator:
 
         if seed is None:
             seed = self.target.next_seed()
-        fields = {f.name: settings.pop(f.name, None) for f in dataclasses.fields(Sampling)}
-        settings.setdefault("max_tokens", MAX_TOKENS)
-        seqs = self.setup(sampling=self.sampling(sampling, **fields), seed=seed, slots=range(len(token_lists)),
-                          drafters="batch", **settings)
-        drafting = seqs[0].policy is not None
+        seqs = self.setup(max_tokens=max_tokens, sampling=sampling, seed=seed, stop=stop,
+                          slots=range(len(token_lists)), drafters="batch", constraint=constraint, drafting=drafting,
+                          _test=_test)
         cancel = cancel if cancel is not None else _core.CancelToken()
 
         def call():
@@ -389,7 +431,7 @@ class Generator:
         choices = []
         for j, (seq, tokens, out) in enumerate(zip(seqs, token_lists, outs)):
             self.record(seq, out.stats)
-            self._remember(tokens, out.tokens, settings.get("memory", True))
+            self._remember(tokens, out.tokens, drafting)
             choices.append(self._completion(tokens, out, _core.sequence_seed(seed, j)))
         return Completions(choices, BatchStats(batch, seed, tuple(o.stats.ttft_s for o in outs)))
 
@@ -441,11 +483,14 @@ class Generator:
             stats=GenerationStats(out.stats, seed=seed),
         )
 
-    def _run(self, tokens, callback, cancel, *, seed: Optional[int], **settings):
-        """One generation of ``tokens`` with ``settings`` (:meth:`setup`'s)."""
+    def _run(self, tokens, callback, cancel, *, seed: Optional[int], max_tokens: int, sampling: Sampling,
+             stop: Optional[Sequence[str]], constraint: Optional[Constraint], drafting: Optional[Drafting],
+             _test=None):
+        """One generation of ``tokens`` (the call's values resolved: :meth:`setup`)."""
         if seed is None:
             seed = self.target.next_seed()
-        seq = self.setup(seed=seed, **settings)[0]
+        seq = self.setup(max_tokens=max_tokens, sampling=sampling, seed=seed, stop=stop, constraint=constraint,
+                         drafting=drafting, _test=_test)[0]
         cancel = cancel if cancel is not None else _core.CancelToken()
 
         def call() -> "_core.GenerateResult":
@@ -454,12 +499,12 @@ class Generator:
         on_main = threading.current_thread() is threading.main_thread()
         out = run_interruptible(call, cancel) if on_main else call()
         self.record(seq, out.stats)
-        self._remember(tokens, out.tokens, settings.get("memory", True))
+        self._remember(tokens, out.tokens, drafting)
         return self._completion(tokens, out, seed)
 
-    def _remember(self, prompt: Sequence[int], output: Sequence[int], memory=True) -> None:
-        """A finished generation joins the memory it drafted from (``memory=``
-        of the call: True is the generator's own): later ones may copy from it."""
-        store = resolve_memory(memory, self.memory)
+    def _remember(self, prompt: Sequence[int], output: Sequence[int], drafting: Optional[Drafting]) -> None:
+        """A finished generation joins the memory it drafted from (the call's
+        ``memory``; plain, and by default, the generator's own): later ones may copy from it."""
+        store = resolve_memory(drafting.memory if drafting is not None else True, self.memory)
         if self.remember and store is not None and len(output) > 0:
             store.add(list(prompt) + list(output))

@@ -8,21 +8,20 @@ one-line summaries come from the C++ core (:data:`DRAFTERS`, :data:`POLICIES`).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Dict, List, Optional, Tuple, Union
 
 from . import _core, calibration
 from . import memory as memory_
+from .drafting import Drafting
 from .generation import Generator
 from .memory import Memory
 from .model import Model
-from .settings import Sampling
 
 #: name -> {"needs_draft_model", "summary"}, in the core's order.
 DRAFTERS: Dict[str, dict] = {d["name"]: d for d in _core.drafters()}
 #: name -> {"default_draft_max", "summary"}, in the core's order (the default, "auto", last).
 POLICIES: Dict[str, dict] = {p["name"]: p for p in _core.policies()}
-#: The policies' settings as the core defaults them (p_min, gamma, h).
-POLICY_DEFAULTS = _core.PolicyParams()
 #: The drafters' settings as the core defaults them (n-gram sizes).
 DRAFTER_DEFAULTS = _core.DrafterParams()
 
@@ -87,19 +86,31 @@ class SpeculativeDecoder(Generator):
         if self.draft is not None:
             self.draft.clear_cache()
 
+    def drafting(self, drafting: Optional[Drafting] = None, **changes) -> Optional[Drafting]:
+        """The :class:`~pyspec.Drafting` of a call: ``drafting`` (default: this
+        decoder's policy and cap) with the fields given by name changed (None
+        keeps the field). None when the cap is 0: plain decoding, which only
+        the surface spells as ``draft_max=0``."""
+        base = drafting if drafting is not None else Drafting(policy=self.policy, draft_max=self.draft_max)
+        out = dataclasses.replace(base, **{k: v for k, v in changes.items() if v is not None})
+        return None if out.draft_max == 0 else out
+
     def policy_object(self, policy: Optional[str] = None, *, draft_max: Optional[int] = None,
-                      p_min: float = POLICY_DEFAULTS.p_min, svip_gamma: float = POLICY_DEFAULTS.gamma,
-                      svip_h: float = POLICY_DEFAULTS.h, key=0) -> "_core.LengthPolicy":
+                      p_min: Optional[float] = None, svip_gamma: Optional[float] = None,
+                      svip_h: Optional[float] = None, key=0) -> "_core.LengthPolicy":
         """The live length-policy object that generations with these settings use
         (one per setting, kept across calls; each ``key`` has its own: sequence j
         of a batch, a server's (user, index)). ``auto`` returns a
         :class:`_core.AutoPolicy`, which exposes its cost model's estimates:
         ``verify_cost(n)``, ``draft_cost(source)``, ``acceptance(source, match_len)``."""
-        draft_max = self.draft_max if draft_max is None else draft_max
+        drafting = self.drafting(policy=policy, draft_max=draft_max, p_min=p_min, svip_gamma=svip_gamma,
+                                 svip_h=svip_h) or Drafting(policy=policy or self.policy, draft_max=0)
+        return self._policy(drafting, key)
+
+    def _policy(self, drafting: Drafting, key) -> "_core.LengthPolicy":
         # The user's cap goes in as given (None: the policy's default); the core
         # resolves and checks it, and the engine reads it from the policy.
-        params = _core.PolicyParams(name=policy or self.policy, draft_max=draft_max,
-                                    p_min=p_min, gamma=svip_gamma, h=svip_h)
+        params = drafting.policy_params()
         # One object per setting, kept across calls: adaptive policies remember.
         # Building it is where the core validates the settings (ValueError).
         setting = tuple(getattr(params, f) for f in params.FIELDS) + (key,)
@@ -107,52 +118,31 @@ class SpeculativeDecoder(Generator):
             self._policies[setting] = _core.make_policy(params)
         return self._policies[setting]
 
-    def _drafting(
-        self,
-        params: "_core.GenerateParams",
-        slots: List[int],
-        drafters: str,
-        *,
-        drafter: Optional[str] = None,
-        draft_max: Optional[int] = None,
-        policy: Optional[str] = None,
-        p_min: float = POLICY_DEFAULTS.p_min,
-        svip_gamma: float = POLICY_DEFAULTS.gamma,
-        svip_h: float = POLICY_DEFAULTS.h,
-        draft_sampling: Optional[Sampling] = None,
-        memory: Union[bool, Memory] = True,
-        policy_keys: Optional[List] = None,
-    ) -> List[Tuple[Optional["_core.Drafter"], Optional["_core.LengthPolicy"]]]:
+    def _drafting(self, params: "_core.GenerateParams", slots: List[int], drafters: str,
+                  drafting: Optional[Drafting], policy_keys: List
+                  ) -> List[Tuple[Optional["_core.Drafter"], Optional["_core.LengthPolicy"]]]:
         """Fill the drafting fields of ``params``; each slot's (drafter, policy)
-        (see :meth:`~pyspec.generation.Generator.setup`). ``drafter`` (a name)
-        is for sessions' slots, which may draft with another drafter than the
-        decoder's; a batch drafts as :meth:`_batch_drafters` says. ``memory``
-        is what the drafters look up (True: the decoder's; a server passes
-        each user's). ``policy_keys``: whose length policy each slot uses
-        (default: the slot's own; a server's follow the user)."""
-        keys = list(slots) if policy_keys is None else list(policy_keys)
-        if draft_sampling is not None:  # else setup() gave the draft the target's settings
-            params.draft_sampling = draft_sampling.native()
-        # Off: the drafter's prefill thread needs the draft model's lock, which the
-        # session holds while it waits for that thread (a deadlock whenever it was on,
-        # i.e. with one model offloaded; found by --draft-rpc, issue 38). Kept in the
-        # core until the session hands the draft model to that thread properly.
-        params.parallel_prefill = False
-        if (self.draft_max if draft_max is None else draft_max) == 0:
+        (see :meth:`~pyspec.generation.Generator.setup`). ``drafting.drafter``
+        (a name) is for sessions' slots, which may draft with another drafter
+        than the decoder's; a batch drafts as :meth:`_batch_drafters` says.
+        ``drafting.memory`` is what the drafters look up (True: the decoder's;
+        a server passes each user's)."""
+        if drafting is None:
             return [(None, None)] * len(slots)  # plain: a sequence without a policy does not draft
-        policies = [self.policy_object(policy, draft_max=draft_max, p_min=p_min, svip_gamma=svip_gamma,
-                                       svip_h=svip_h, key=k) for k in keys]
+        if drafting.draft_sampling is not None:  # else setup() gave the draft the target's settings
+            params.draft_sampling = drafting.draft_sampling.native()
+        policies = [self._policy(drafting, k) for k in policy_keys]
         calibration.prepare(policies, self.target.native, self._draft_native)
         if drafters == "engine":
             chosen: List[Optional["_core.Drafter"]] = [None] * len(slots)
         elif drafters == "batch":
             chosen = list(self._batch_drafters(len(slots)))
         elif drafters == "slots":
-            pool = self._slot_drafters(drafter or self.drafter)
+            pool = self._slot_drafters(drafting.drafter or self.drafter)
             chosen = [pool[j] for j in slots]
         else:
             raise ValueError(f"drafters must be 'engine', 'batch' or 'slots', got {drafters!r}")
-        store = memory_.resolve(memory, self.memory)
+        store = memory_.resolve(drafting.memory, self.memory)
         for d in chosen if drafters != "engine" else [self._core_drafter]:
             d.use_memory(store.native if store is not None else None)
         return list(zip(chosen, policies))

@@ -3,7 +3,8 @@
 A round with S sequences evaluates S rows at once, and this build's CPU kernels
 take another path for several rows than for one (the weights are repacked for
 multi-row products), so a row's probabilities differ from a lone decode's, by
-up to ~0.05 on the small test model (measured). A greedy sequence may then flip
+up to ~0.05 on the small test model (measured; up to 0.10 on an AMD EPYC Zen 4).
+A greedy sequence may then flip
 where its two most likely tokens are close: a divergence from the lone output
 is accepted only where the lone run's top two are within NEAR_TIE (in
 probability at T = 1), and such flips are counted (at most one per sequence).

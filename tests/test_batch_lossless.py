@@ -298,7 +298,7 @@ def spared_samples(spec, draft, tokens, n, variant="correct"):
             handles = []
             for slot, max_tokens in ((0, 1), (1, 3)):
                 setup = spec.setup(max_tokens=max_tokens, seed=60_000 + i, slots=[slot], drafters="slots",
-                                   draft_max=1, sampling=Sampling(**TARGET), **GREEDY_DRAFT)[0]
+                                   drafting=spec.drafting(draft_max=1, **GREEDY_DRAFT), sampling=Sampling(**TARGET))[0]
                 handles.append(s.add(tokens, setup.params, drafter=setup.drafter, policy=setup.policy,
                                      stream=slot, slot=slot))
             s.step()

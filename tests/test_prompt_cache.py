@@ -62,12 +62,13 @@ class Conversations:
         self.session = decoder.open_session(lambda *a: True, prompt_cache=cache, _test=_test)
         self.choose = choose
 
-    def run(self, prompt, max_tokens=6, seed=1, **settings):
+    def run(self, prompt, max_tokens=6, seed=1, logprobs=None, **settings):
         s = self.session
         slot = s.pick_slot(prompt) if self.choose == "engine" else 0
         fields = {k: settings.pop(k) for k in GREEDY if k in settings}  # sampling given by field; the rest drafts
         setup = self.decoder.setup(max_tokens=max_tokens, seed=seed, sampling=Sampling(**{**GREEDY, **fields}),
-                                   slots=[slot], drafters="slots", **settings)[0]
+                                   logprobs=logprobs, slots=[slot], drafters="slots",
+                                   drafting=self.decoder.drafting(**settings))[0]
         s.add(prompt, setup.params, drafter=setup.drafter, policy=setup.policy, slot=slot)
         while s.step():
             pass
@@ -184,14 +185,17 @@ def test_host_memory_stays_within_its_bound(pair):
 
 def test_a_restored_cache_answers_as_a_prefill(pair):
     """Restored cells are the computed cells: the greedy answer is the same token
-    for token. Negative control: the other conversation's state under this
-    conversation's tokens gives another answer, and the same check sees it."""
+    for token, and so are its rows (each token's log-probability and the five
+    likeliest). Negative control: the other conversation's state under this
+    conversation's tokens gives other rows, and the same check sees it. (The
+    rows, not the text alone: the 270M test model answers "Name a ship." with
+    the same words whatever its system prompt says.)"""
     decoder = pair(1)
     model = decoder.target
     a, b = chat(model, SYSTEM_A, "Name a ship."), chat(model, SYSTEM_B, "Count to ten.")
     conv = Conversations(decoder)
     try:
-        fresh = conv.run(a, max_tokens=12).tokens
+        fresh = answer(conv.run(a, max_tokens=12, logprobs=5))
         conv.session.release_cache()
     finally:
         conv.close()
@@ -200,9 +204,9 @@ def test_a_restored_cache_answers_as_a_prefill(pair):
     try:
         conv.run(a, max_tokens=12)
         conv.run(b, max_tokens=12)  # A goes to host memory
-        restored = conv.run(a, max_tokens=12)
+        restored = answer(conv.run(a, max_tokens=12, logprobs=5))
         assert cache.stats["restored"] == 1
-        assert list(restored.tokens) == list(fresh), "a restored cache answered differently from a prefill"
+        assert restored == fresh, "a restored cache answered differently from a prefill"
 
         # The wrong state: B's cells (both models) labelled with A's tokens.
         conv.run(b, max_tokens=12)
@@ -215,12 +219,17 @@ def test_a_restored_cache_answers_as_a_prefill(pair):
 
         assert cache.put([(m, labelled_a(toks), state) for m, toks, state in b_parts])
         before = cache.stats["restored"]
-        wrong = conv.run(a, max_tokens=12)
+        wrong = answer(conv.run(a, max_tokens=12, logprobs=5))
         assert cache.stats["restored"] == before + 1
     finally:
         conv.close()
-    print("NEGATIVE CONTROL fresh", list(fresh), "wrong state", list(wrong.tokens))
-    assert list(wrong.tokens) != list(fresh), "a wrong cache state went unnoticed"
+    print("NEGATIVE CONTROL fresh", fresh[1][:2], "wrong state", wrong[1][:2])
+    assert wrong != fresh, "a wrong cache state went unnoticed"
+
+
+def answer(result):
+    """A result's tokens and rows (log-probabilities, as computed: compared exactly)."""
+    return list(result.tokens), [(lp, list(top)) for lp, top in result.logprobs]
 
 
 def test_law_after_a_restore(gemma_path, load_model):

@@ -31,7 +31,10 @@ openai = pytest.importorskip("openai")
 from server_helpers import ServerProcess  # noqa: E402
 
 KEY = "test-key-123"
-ROUNDING = 0.05
+# How far a row's probabilities move between a lone decode and a multi-row
+# batch (other kernels): up to 0.05 on the CPUs of earlier machines, up to 0.10
+# on an AMD EPYC (Zen 4) one (measured over the PROMPTS' answers, issue 48).
+ROUNDING = 0.10
 NEAR_TIE = 4 * ROUNDING
 PROMPTS = ["The capital of France is", "def add(a, b):", "Once upon a time", "1, 2, 3, 4,",
            "The quick brown fox", "import numpy as", "Water boils at", "Monday, Tuesday,"]

@@ -19,7 +19,10 @@ import pytest
 
 from server_helpers import ServerProcess
 
-ROUNDING = 0.05
+# How far a row's probabilities move between a lone decode and a multi-row
+# batch (other kernels): up to 0.05 on the CPUs of earlier machines, up to 0.10
+# on an AMD EPYC (Zen 4) one (measured over the PROMPTS' answers, issue 48).
+ROUNDING = 0.10
 NEAR_TIE = 4 * ROUNDING
 # Its greedy answer (24 tokens) has no top-2 gap below 0.65 in plain evaluation: no
 # near tie, so the answers must be the same. ("The capital of France is" flips at

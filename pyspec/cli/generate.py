@@ -10,7 +10,8 @@ from typing import Optional
 import click
 
 from ..errors import ConstraintError
-from ..speculative import DRAFTERS, POLICIES, POLICY_DEFAULTS
+from ..drafting import POLICY_DEFAULTS
+from ..speculative import DRAFTERS, POLICIES
 from ..settings import MAX_SEQUENCES
 from .options import (DEFAULT_DRAFT, DEFAULT_MODEL, chat_template_option, command_errors, constraint_options,
                       load_pair, max_tokens_option, model_options, sampling_options)
@@ -82,13 +83,14 @@ def generate(prompt, model, draft, no_draft, draft_max, drafter, policy, p_min, 
         target, gen = load_pair(model, draft, no_draft=no_draft, drafter=drafter, policy=policy,
                                 draft_max=draft_max, default_draft=default_draft, n_ctx=n_ctx, n_threads=threads,
                                 n_seq_max=n_samples, chat_template=chat_template, **device)
-        kwargs = dict(p_min=p_min, svip_h=svip_h, svip_gamma=svip_gamma) if gen.speculative else {}
+        # The call's drafting, built once (the pair's drafter, policy and cap came with the decoder).
+        drafting = gen.drafting(p_min=p_min, svip_h=svip_h, svip_gamma=svip_gamma) if gen.speculative else None
+        kwargs = dict(drafting=drafting, constraint=constraint)
         if constraint is not None:
             try:
                 target.grammars.compile(constraint)  # an invalid one is a usage error, before any work
             except ConstraintError as e:
                 raise click.UsageError(f"the constraint does not compile: {e}") from None
-            kwargs["constraint"] = constraint
         memory = _open_memory(memory_file, gen)
 
         def echo(text: str, drafted: bool) -> None:

@@ -24,7 +24,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from .. import __version__
-from ..chat.tools import CallParser, parse_calls, tool_constraint, tool_format
+from ..chat.tools import CallParser, parse_calls
 from ..errors import ConstraintError
 from ..memory import DEFAULT_CAP_MB
 from ..settings import PARALLEL, PREFILL_CHUNK
@@ -144,25 +144,15 @@ def create_app(decoder, *, model_name: str, parallel: int = PARALLEL, queue_size
                            code="context_length_exceeded")
         return ids
 
-    async def constrain(kind: str, parsed) -> Optional[str]:
-        """The request's one constraint, compiled (a 400 naming the field when it
-        does not compile), and the format its tool calls are parsed from (None:
-        no tools)."""
+    async def compile_constraint(parsed) -> None:
+        """Compile the request's one constraint (protocol.parse decided it): a
+        400 naming the field when it does not compile."""
         s = parsed.settings
-        fmt = tool_format(target.chat_template.source) if kind == "chat" and parsed.tools else None
-        if fmt is not None:
-            calls = tool_constraint(fmt, parsed.tools, parsed.tool_choice)
-            if calls is not None and s.constraint is not None and parsed.tool_choice.mode == "required":
-                raise APIError(400, f"tool_choice requires a call, and '{s.constraint_param}' constrains the answer "
-                                    f"otherwise: give one of them", param="tool_choice")
-            if calls is not None and s.constraint is None:  # with a response format, calls are only parsed
-                s.constraint, s.constraint_param = calls, "tools"
         if s.constraint is not None:
             try:
                 await asyncio.get_running_loop().run_in_executor(None, target.grammars.compile, s.constraint)
             except ConstraintError as e:
                 raise APIError(400, f"'{s.constraint_param}': {e}", param=s.constraint_param) from None
-        return fmt
 
     async def generate(request: Request, kind: str) -> Response:
         clock = metrics.clock()  # the request's arrival
@@ -172,11 +162,11 @@ def create_app(decoder, *, model_name: str, parallel: int = PARALLEL, queue_size
         try:
             body = await read_body(request)
             parsed = protocol.parse(kind, body, max_n=parallel, policies=policies, drafters=drafters,
-                                    max_draft=MAX_DRAFT)
+                                    max_draft=MAX_DRAFT, template=target.chat_template.source)
             if parsed.model not in (None, model_name):
                 raise APIError(404, f"the model '{parsed.model}' does not exist (this server has '{model_name}')",
                                param="model", code="model_not_found")
-            tool_fmt = await constrain(kind, parsed)
+            await compile_constraint(parsed)
             prompts = [tokens_of(kind, p, parsed) for p in parsed.prompts]
             job = Job(parsed.settings, prompts, asyncio.get_running_loop(), user=parsed.user or "")
             state["scheduler"].submit(job)
@@ -185,7 +175,7 @@ def create_app(decoder, *, model_name: str, parallel: int = PARALLEL, queue_size
         except APIError as e:
             return error(e)
         metrics.request_started(kind)
-        answer = Answer(kind, parsed, job, model_name, target, metrics, clock, tool_fmt)
+        answer = Answer(kind, parsed, job, model_name, target, metrics, clock, parsed.tool_format)
         if parsed.stream:
             return EventSourceResponse(answer.stream(request), ping=15, sep="\n")
         return await answer.whole(request)

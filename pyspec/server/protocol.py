@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from ..chat import RESERVED
-from ..chat.tools import ToolChoice, check_choice, check_tools
+from ..chat.tools import ToolChoice, check_choice, check_tools, tool_constraint, tool_format
 from ..constraints import Constraint
 from ..errors import ConstraintError
 from ..settings import SEED_BITS, Sampling
@@ -45,9 +45,10 @@ class APIError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
-@dataclass
+@dataclass(frozen=True)
 class RequestSettings:
-    """One request's settings for every choice it asks for."""
+    """One request's settings for every choice it asks for, decided once by
+    :func:`parse` (its constraint too: the body's, or its tool calls')."""
 
     max_tokens: Optional[int]  # None: until the context is full
     sampling: Sampling = Sampling.OPENAI
@@ -59,7 +60,7 @@ class RequestSettings:
     policy: Optional[str] = None
     drafter: Optional[str] = None
     constraint: Optional[Constraint] = None  # what the answer must match (pyspec/constraints.py)
-    constraint_param: Optional[str] = None   # the field that asked for it, named in errors
+    constraint_param: Optional[str] = None   # the field that asked for it ("tools" for calls), named in errors
 
 
 @dataclass
@@ -73,6 +74,7 @@ class ParsedRequest:
     user: str = ""                             # the end user (memory is kept per user: memories.py)
     tools: Optional[List[Dict[str, Any]]] = None         # chat: tool definitions, for the template
     tool_choice: ToolChoice = field(default_factory=lambda: ToolChoice("none"))  # chat: what calls are allowed
+    tool_format: Optional[str] = None          # chat: the format its calls are parsed from (None: no tools)
     template_vars: Dict[str, Any] = field(default_factory=dict)  # chat: chat_template_kwargs
 
 
@@ -297,9 +299,28 @@ def _template_vars(body: Dict[str, Any]) -> Dict[str, Any]:
     return extra
 
 
+def _request_constraint(body: Dict[str, Any], tools, choice: ToolChoice,
+                        fmt: Optional[str]) -> Tuple[Optional[Constraint], Optional[str]]:
+    """The request's one constraint and the field that asked for it: the body's
+    (:func:`_constraint`), else its tool calls' grammar under ``tool_choice``
+    (with a response format, calls are only parsed). A call required beside a
+    constrained answer is a 400."""
+    constraint, param = _constraint(body)
+    calls = tool_constraint(fmt, tools, choice) if fmt is not None else None
+    if calls is None:
+        return constraint, param
+    if constraint is None:
+        return calls, "tools"
+    if choice.mode == "required":
+        raise APIError(400, f"tool_choice requires a call, and '{param}' constrains the answer otherwise: give one "
+                            f"of them", param="tool_choice")
+    return constraint, param
+
+
 def parse(kind: str, body: Any, *, max_n: int, policies: Sequence[str], drafters: Sequence[str],
-          max_draft: int) -> ParsedRequest:
-    """Validate a request body (already JSON-decoded) for ``kind`` ("completion", "chat")."""
+          max_draft: int, template: Optional[str] = None) -> ParsedRequest:
+    """Validate a request body (already JSON-decoded) for ``kind`` ("completion", "chat").
+    ``template``: the chat template's source, whose format tool calls take."""
     if not isinstance(body, dict):
         raise APIError(400, "the request body must be a JSON object")
     for name in sorted(body):
@@ -356,6 +377,9 @@ def parse(kind: str, body: Any, *, max_n: int, policies: Sequence[str], drafters
     )
     if sampling.top_p == 0:
         raise APIError(400, "'top_p' must be > 0", param="top_p")
+    tools, choice = _tools(body) if kind == "chat" else (None, ToolChoice("none"))
+    fmt = tool_format(template) if tools and template is not None else None
+    constraint, constraint_param = _request_constraint(body, tools, choice, fmt)
     settings = RequestSettings(
         max_tokens=max_tokens,
         sampling=sampling,
@@ -366,16 +390,16 @@ def parse(kind: str, body: Any, *, max_n: int, policies: Sequence[str], drafters
         draft_max=_int(body, "draft_max", 0, max_draft),
         policy=_choice(body, "policy", policies),
         drafter=_choice(body, "drafter", drafters),
+        constraint=constraint,
+        constraint_param=constraint_param,
     )
-    settings.constraint, settings.constraint_param = _constraint(body)
     user = body.get("user")
     user = "" if user is None else user  # some clients send null
     if not isinstance(user, str):
         raise APIError(400, "'user' must be a string", param="user")
     if kind == "chat":
-        tools, choice = _tools(body)
         return ParsedRequest(kind, model, prompts, settings, stream, include_usage, user, tools=tools,
-                             tool_choice=choice, template_vars=_template_vars(body))
+                             tool_choice=choice, tool_format=fmt, template_vars=_template_vars(body))
     return ParsedRequest(kind, model, prompts, settings, stream, include_usage, user)
 
 

@@ -344,15 +344,14 @@ class Scheduler:
                 c = Choice(index=index, prompt=prompt, seed=_core.sequence_seed(base, index), slot=slot)
                 key = self._policy_key(job.user)
                 # Drafting settings only where the decoder drafts (a plain server ignores them).
-                drafting = (dict(drafter=s.drafter, policy=s.policy, draft_max=s.draft_max, memory=job.memory,
-                                 policy_keys=[key]) if self.decoder.speculative else {})
+                drafting = (self.decoder.drafting(drafter=s.drafter, policy=s.policy, draft_max=s.draft_max,
+                                                  memory=job.memory) if self.decoder.speculative else None)
                 # No answer outgrows the context.
                 n_ctx = self.target.n_ctx
                 c.setup = self.decoder.setup(
                     max_tokens=n_ctx if s.max_tokens is None else min(s.max_tokens, n_ctx),
-                    sampling=s.sampling, seed=base,
-                    stop=s.stop, logprobs=s.logprobs, constraint=s.constraint, slots=[slot], drafters="slots",
-                    **drafting)[0]
+                    sampling=s.sampling, seed=base, stop=s.stop, logprobs=s.logprobs, constraint=s.constraint,
+                    slots=[slot], drafters="slots", drafting=drafting, policy_keys=[key])[0]
                 c.handle = self._session.add(prompt, c.setup.params, drafter=c.setup.drafter,
                                              policy=c.setup.policy, stream=index, slot=slot)
                 self._busy.add(slot)
