@@ -60,7 +60,7 @@ def _greedy(client, prompt, n=16, **kw):
 
 
 def test_completions_whole_and_streamed_agree(client):
-    whole = _greedy(client, PROMPTS[0], logprobs=1)
+    whole = _greedy(client, PROMPTS[0], logprobs=2)
     c = whole.choices[0]
     assert whole.object == "text_completion" and c.finish_reason == "length"
     assert whole.usage.completion_tokens == 16 and whole.usage.prompt_tokens > 0
@@ -73,7 +73,9 @@ def test_completions_whole_and_streamed_agree(client):
             finish = chunk.choices[0].finish_reason or finish
         if chunk.usage:
             usage = chunk.usage
-    assert "".join(pieces) == c.text and finish == "length"
+    # The same text, up to a flip at a near tie: the second request's rounds draft
+    # as auto has learnt by then, and rows of other batch shapes round differently.
+    assert _text_flip_is_near_tie(c, "".join(pieces)) <= 1 and finish == "length"
     assert usage.completion_tokens == 16
     extra = whole.model_extra["timings"]
     for field in ("prompt_n", "prompt_ms", "predicted_n", "predicted_ms", "predicted_per_second", "draft_n",
@@ -133,6 +135,22 @@ def test_n_samples_seeds_and_stop_strings(client):
     stopped = _greedy(client, "One, two, three, four,", n=24, stop=[" seven"])
     c = stopped.choices[0]
     assert c.finish_reason == "stop" and "seven" not in c.text and "six" in c.text
+
+
+def _text_flip_is_near_tie(choice, text: str) -> int:
+    """0 when `text` is the choice's text; 1 when it leaves it where the choice's
+    top two tokens were within NEAR_TIE (its logprobs, top 2); fails otherwise."""
+    if text == choice.text:
+        return 0
+    done = ""
+    for i, piece in enumerate(choice.logprobs.tokens):
+        if not text.startswith(done + piece):
+            top = sorted(choice.logprobs.top_logprobs[i].values(), reverse=True)
+            gap = math.exp(top[0]) - math.exp(top[1])
+            assert gap < NEAR_TIE, f"the texts part at token {i}, not a near tie (gap {gap:.3f})"
+            return 1
+        done += piece
+    raise AssertionError(f"the streamed text runs on past the whole one's 16 tokens: {text!r}")
 
 
 def _first_divergence_is_near_tie(solo, other) -> int:

@@ -320,7 +320,8 @@ def _request_constraint(body: Dict[str, Any], tools, choice: ToolChoice,
 def parse(kind: str, body: Any, *, max_n: int, policies: Sequence[str], drafters: Sequence[str],
           max_draft: int, template: Optional[str] = None) -> ParsedRequest:
     """Validate a request body (already JSON-decoded) for ``kind`` ("completion", "chat").
-    ``template``: the chat template's source, whose format tool calls take."""
+    ``template``: the chat template's source, whose format tool calls take
+    (None: the built-in ChatML's, hermes)."""
     if not isinstance(body, dict):
         raise APIError(400, "the request body must be a JSON object")
     for name in sorted(body):
@@ -378,7 +379,7 @@ def parse(kind: str, body: Any, *, max_n: int, policies: Sequence[str], drafters
     if sampling.top_p == 0:
         raise APIError(400, "'top_p' must be > 0", param="top_p")
     tools, choice = _tools(body) if kind == "chat" else (None, ToolChoice("none"))
-    fmt = tool_format(template) if tools and template is not None else None
+    fmt = tool_format(template) if tools else None  # a template that does not say: hermes
     constraint, constraint_param = _request_constraint(body, tools, choice, fmt)
     settings = RequestSettings(
         max_tokens=max_tokens,
