@@ -35,6 +35,7 @@ makes the probe child die of SIGILL as a refusing CPU would. Child processes
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -133,8 +134,10 @@ def guarded_buffer_type() -> str:
     return switch[1] if switch else _core.AMX_BUFFER_TYPE
 
 
+@functools.lru_cache(maxsize=1)
 def _cpu_flags() -> Tuple[str, str]:
-    """The CPU's model name and flags as /proc/cpuinfo lists them ('' elsewhere)."""
+    """The CPU's model name and flags as /proc/cpuinfo lists them ('' elsewhere;
+    read once: every model load checks them)."""
     model = flags = ""
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
