@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from . import _core
 
@@ -58,6 +58,30 @@ class GenerationStats:
         d["mean_accepted_len"] = self.mean_accepted_len
         d["accepted_per_position"] = list(self.accepted_per_position)
         return d
+
+
+class PositionCounts:
+    """Draft tokens verified (``drafted``) and accepted (``accepted``) at each
+    draft position (index 0: the first), summed over generations: the one
+    per-position sum (the server's /metrics, the benchmarks' acceptance by
+    position). ``add`` a generation's ``GenerationStats.drafted_at`` and
+    ``accepted_at``; the lists grow to the longest draft added."""
+
+    def __init__(self, n: int = 0) -> None:
+        self.drafted: List[int] = [0] * n
+        self.accepted: List[int] = [0] * n
+
+    def add(self, drafted_at: Sequence[int], accepted_at: Sequence[int]) -> None:
+        for i, (d, a) in enumerate(zip(drafted_at, accepted_at)):
+            if i == len(self.drafted):
+                self.drafted.append(0)
+                self.accepted.append(0)
+            self.drafted[i] += d
+            self.accepted[i] += a
+
+    def rates(self) -> List[float]:
+        """The acceptance rate of each position that was drafted (the others left out)."""
+        return [a / d for a, d in zip(self.accepted, self.drafted) if d]
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""`pyspec bench-multiturn`: the conversations are well-formed data, a turn's
+"""`pyspec bench multiturn`: the conversations are well-formed data, a turn's
 prompt holds what it should, and the command runs end to end on the small
 test model (speed itself is never asserted in tests)."""
 
@@ -57,7 +57,7 @@ def test_bench_multiturn_end_to_end(gemma_path, tmp_path):
     exe = shutil.which("pyspec")
     cmd = [exe] if exe else [sys.executable, "-m", "pyspec.cli"]
     out = tmp_path / "mt.json"
-    run = subprocess.run([*cmd, "bench-multiturn", "-m", gemma_path, "--raw", "--conversations", "1",
+    run = subprocess.run([*cmd, "bench", "multiturn", "-m", gemma_path, "--raw", "--conversations", "1",
                           "--max-tokens", "24", "--n-ctx", "2048", "--json", str(out)],
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr

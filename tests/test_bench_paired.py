@@ -1,4 +1,4 @@
-"""`pyspec bench --paired`: the arithmetic of paired ratios and their bootstrap
+"""`pyspec bench paired --paired`: the arithmetic of paired ratios and their bootstrap
 interval, on hand-made samples whose truth is known (speed itself is never
 asserted in tests), and the command end to end.
 
@@ -127,7 +127,7 @@ def test_paired_command_end_to_end(gemma_path, tmp_path):
     exe = shutil.which("pyspec")
     cmd = [exe] if exe else [sys.executable, "-m", "pyspec.cli"]
     out_json, out_png = tmp_path / "p.json", tmp_path / "p.png"
-    args = [*cmd, "bench", "-m", gemma_path, "--category", "translation", "--category", "code_editing",
+    args = [*cmd, "bench", "paired", "-m", gemma_path, "--category", "translation", "--category", "code_editing",
             "--per-category", "1", "--max-tokens", "12", "--reps", "2", "--n-ctx", "1024", "--raw",
             "--paired", "plain,ngram"]
     run = subprocess.run([*args, "--json", str(out_json), "--plot", str(out_png)], capture_output=True, text=True,

@@ -96,9 +96,9 @@ def test_bench_command_end_to_end(gemma_path, tmp_path):
     exe = shutil.which("pyspec")
     cmd = [exe] if exe else [sys.executable, "-m", "pyspec.cli"]
     out_json, out_png = tmp_path / "b.json", tmp_path / "b.png"
-    run = subprocess.run([*cmd, "bench", "-m", gemma_path, "--raw", "--category", "translation", "--per-category", "1",
-                          "--max-tokens", "8", "--policy", "", "--hybrid", "", "--ngram", "auto", "--lookup", "4",
-                          "--n-ctx", "512", "--json", str(out_json), "--plot", str(out_png)],
+    run = subprocess.run([*cmd, "bench", "paired", "-m", gemma_path, "--raw", "--category", "translation",
+                          "--per-category", "1", "--max-tokens", "8", "--policy", "", "--hybrid", "", "--ngram", "auto",
+                          "--lookup", "4", "--n-ctx", "512", "--json", str(out_json), "--plot", str(out_png)],
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr
     result = json.loads(out_json.read_text())
@@ -118,7 +118,7 @@ def test_bench_parallel_end_to_end(gemma_path, tmp_path):
     from cli_helpers import pyspec_cmd
 
     out_json, out_png = tmp_path / "p.json", tmp_path / "p.png"
-    run = pyspec_cmd("bench-parallel", "-m", gemma_path, "--raw", "--n", "2", "--max-tokens", "6", "--reps", "1",
+    run = pyspec_cmd("bench", "parallel", "-m", gemma_path, "--raw", "--n", "2", "--max-tokens", "6", "--reps", "1",
                      "--consensus-n", "2", "--per-category", "1", "--json", str(out_json), "--plot", str(out_png))
     assert run.returncode == 0, run.stderr
     result = json.loads(out_json.read_text())

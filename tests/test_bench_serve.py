@@ -1,4 +1,4 @@
-"""`pyspec bench-serve --llama-server`: the summaries, paired ratios and answer
+"""`pyspec bench serve --llama-server`: the summaries, paired ratios and answer
 comparisons on synthetic waves (no server), the orchestration on fake servers,
 option checks, an end-to-end run of pyspec's own two server backends (real
 `pyspec serve` processes, in CI), and one of the whole CLI with llama.cpp's
@@ -243,7 +243,7 @@ def test_bench_serve_option_errors(tmp_path, args, message):
 
     fake = tmp_path / "llama-server"
     fake.write_text("")
-    out = CliRunner().invoke(main, ["bench-serve", *[a.replace("{bin}", str(fake)) for a in args]])
+    out = CliRunner().invoke(main, ["bench", "serve", *[a.replace("{bin}", str(fake)) for a in args]])
     assert out.exit_code == 2, out.output
     assert message in out.output
 
@@ -296,7 +296,7 @@ def test_bench_serve_llama_server_end_to_end(gemma_path, tmp_path):
     exe = shutil.which("pyspec")
     cmd = [exe] if exe else [sys.executable, "-m", "pyspec.cli"]
     out = tmp_path / "bs.json"
-    run = subprocess.run([*cmd, "bench-serve", "--llama-server", LLAMA_SERVER_BIN, "-m", gemma_path, "--draft", "",
+    run = subprocess.run([*cmd, "bench", "serve", "--llama-server", LLAMA_SERVER_BIN, "-m", gemma_path, "--draft", "",
                           "--raw", "--clients", "2", "-n", "6", "--reps", "1", "--threads", "2", "--json", str(out)],
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
@@ -328,7 +328,7 @@ def test_llama_server_draft_variant_gets_the_draft_model():
 
 @pytest.mark.parametrize("resend", [False, True])
 def test_conversations_in_turn_on_fake_servers(monkeypatch, resend):
-    """bench-serve --turns: conversations sent in turn, each request the whole
+    """bench serve --turns: conversations sent in turn, each request the whole
     conversation so far (answers included) or, with --resend, the first request
     again; no `user`; cached tokens read from usage (or timings); later-turn
     TTFT ratios paired by (repetition, turn)."""

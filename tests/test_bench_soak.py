@@ -1,4 +1,4 @@
-"""`pyspec bench-soak`: the verdict on synthetic samples (a leak is caught, a flat
+"""`pyspec bench soak`: the verdict on synthetic samples (a leak is caught, a flat
 run passes, every idle bound bites), the request mix, and one short real run
 of the command on the small test model."""
 
@@ -137,7 +137,7 @@ def test_bench_soak_runs_on_the_test_model(gemma_path, tmp_path):
     shared), after the fill and 3 s of warm-up: exit 0, the JSON's shape, and
     the mix really cancelled requests and asked for n > 1."""
     out, png = tmp_path / "soak.json", tmp_path / "soak.png"
-    run = pyspec_cmd("bench-soak", "--model", gemma_path, "--minutes", "0.2", "--warmup", "3",
+    run = pyspec_cmd("bench", "soak", "--model", gemma_path, "--minutes", "0.2", "--warmup", "3",
                      "--clients", "4", "--interval", "2", "--threads", "1", "--parallel", "4", "--n-ctx", "1024",
                      "--max-tokens", "32", "--json", str(out), "--plot", str(png), timeout=120)
     assert run.returncode == 0, run.stdout + run.stderr

@@ -95,13 +95,59 @@ def test_bad_setting_is_a_clear_error(gemma_path):
     assert "Traceback" not in out.stderr
 
 
-@pytest.mark.parametrize("args", [("bench-serve", "--clients", "1,x"), ("bench-parallel", "--n", "0,2"),
-                                  ("bench", "--draft-max", "2,-1")])
+@pytest.mark.parametrize("args", [("bench", "serve", "--clients", "1,x"), ("bench", "parallel", "--n", "0,2"),
+                                  ("bench", "paired", "--draft-max", "2,-1")])
 def test_bad_integer_lists_are_clear_errors(args):
     """The benches' comma-separated integer options share one parser (cli/options.IntList)."""
     out = pyspec_cmd(*args)
     assert out.returncode == 2, out.stderr
-    assert f"Invalid value for '{args[1]}'" in out.stderr and "Traceback" not in out.stderr
+    assert f"Invalid value for '{args[2]}'" in out.stderr and "Traceback" not in out.stderr
+
+
+BENCHMARKS = ["paired", "multiturn", "parallel", "serve", "soak", "rpc", "verify", "simulate"]
+
+
+def _listed(help_text: str) -> list:
+    """The command names of a --help's Commands section."""
+    section = help_text.split("\nCommands:\n", 1)[1]
+    return [line.split()[0] for line in section.splitlines() if line.startswith("  ") and not line.startswith("   ")]
+
+
+def test_the_benchmarks_are_one_group():
+    """The top level shows what a user does: one `bench`, whose --help lists the eight benchmarks."""
+    from pyspec.cli.bench_group import RENAMED
+
+    top = pyspec_cmd("--help")
+    assert top.returncode == 0, top.stderr
+    names = _listed(top.stdout)
+    assert "bench" in names and {"generate", "serve", "models", "info", "check"} <= set(names), names
+    assert not [n for n in names if n.startswith("bench-") or n in RENAMED], names
+    group = pyspec_cmd("bench", "--help")
+    assert group.returncode == 0, group.stderr
+    assert _listed(group.stdout) == BENCHMARKS
+    assert "Start with `pyspec bench paired" in group.stdout
+    assert sorted(RENAMED.values()) == sorted(set(BENCHMARKS) - {"paired"})
+
+
+def test_an_old_name_runs_as_before_after_one_line_on_stderr():
+    """`pyspec bench-verify` (like the other old names, bench_group.RENAMED) runs
+    `pyspec bench verify`: the same output, stdout untouched (--json)."""
+    out = pyspec_cmd("bench-verify", "--json", "--seconds", "0.1")
+    assert out.returncode == 0, out.stderr
+    assert out.stderr.splitlines() == [
+        "pyspec: 'pyspec bench-verify' is now 'pyspec bench verify' (the old name goes in a later release)"]
+    assert json.loads(out.stdout)["verify_only_rounds_per_s"] > 0
+
+
+def test_bench_with_options_is_bench_paired_after_one_line_on_stderr():
+    """The old `pyspec bench [options]` (no subcommand) runs `pyspec bench paired`:
+    here its usage error, exit 2, with the notice first."""
+    out = pyspec_cmd("bench", "--draft-max", "2,-1")
+    assert out.returncode == 2 and out.stdout == "", out.stderr
+    notice, *rest = out.stderr.splitlines()
+    assert notice == ("pyspec: 'pyspec bench [options]' is now 'pyspec bench paired [options]' "
+                      "(the old spelling goes in a later release)")
+    assert "Invalid value for '--draft-max'" in rest[-1] and "Traceback" not in out.stderr
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")

@@ -19,13 +19,13 @@ from pyspec.cli.options import device_options
 from cli_helpers import pyspec_cmd
 
 #: The commands that load a model, or start a `pyspec serve` that does.
-DEVICE_COMMANDS = {"generate", "serve", "agree", "bench", "simulate", "bench-parallel", "bench-multiturn",
-                   "bench-serve", "bench-soak"}
+DEVICE_COMMANDS = {"generate", "serve", "agree", "bench paired", "bench simulate", "bench parallel",
+                   "bench multiturn", "bench serve", "bench soak"}
 
 #: Commands that take a model but run nothing on it: nothing to offload.
 # Commands that take a model but no device flags, and why.
 NO_INFERENCE = {"quantize": "llama_model_quantize rewrites SOURCE's tensors on the CPU; no context",
-                "bench-rpc": "places the target itself, on the loopback RPC workers (behind delay proxies) it starts"}
+                "bench rpc": "places the target itself, on the loopback RPC workers (behind delay proxies) it starts"}
 
 DEVICE_OPTIONS = ("n_gpu_layers", "flash_attn", "strict", "rpc", "tensor_split", "local_output", "draft_rpc")
 
@@ -67,7 +67,7 @@ def test_every_command_that_takes_a_model_has_the_device_options():
         defined = {(tuple(p.opts), p.default, p.is_flag, p.help, repr(p.type))
                    for name in DEVICE_COMMANDS for p in cmds[name].params if p.name == opt}
         assert len(defined) == 1, (opt, defined)
-    params = {p.name: p for p in cmds["bench"].params}
+    params = {p.name: p for p in cmds["bench paired"].params}
     assert params["n_gpu_layers"].opts == ["--n-gpu-layers"] and params["n_gpu_layers"].default == 0
     assert params["flash_attn"].type.choices == ("auto", "on", "off") and params["flash_attn"].default == "auto"
     assert params["strict"].is_flag  # off unless given: test_device_options_hand_the_command_one_device
@@ -120,12 +120,12 @@ STRICT_ARGS = {
     "generate": ["hi", "-m", "{m}", "-n", "1"],
     "serve": ["-m", "{m}", "--port", "0"],
     "agree": ["{m}", "{m}"],
-    "bench": ["-m", "{m}"],
-    "simulate": ["-m", "{m}"],
-    "bench-parallel": ["-m", "{m}"],
-    "bench-multiturn": ["-m", "{m}"],
-    "bench-serve": ["-m", "{m}", "--turns", "2"],
-    "bench-soak": ["--model", "{m}", "--minutes", "0.01"],
+    "bench paired": ["-m", "{m}"],
+    "bench simulate": ["-m", "{m}"],
+    "bench parallel": ["-m", "{m}"],
+    "bench multiturn": ["-m", "{m}"],
+    "bench serve": ["-m", "{m}", "--turns", "2"],
+    "bench soak": ["--model", "{m}", "--minutes", "0.01"],
 }
 
 
@@ -146,7 +146,7 @@ def test_strict_offload_on_a_cpu_build_is_a_one_line_error(command, gemma_path, 
     monkeypatch.setattr(_core, "Model", reached)
     monkeypatch.setattr(process, "ServerProcess", reached)
     args = [a.replace("{m}", gemma_path) for a in STRICT_ARGS[command]]
-    out = CliRunner().invoke(main, [command, *args, "--strict", "--n-gpu-layers", "-1"])
+    out = CliRunner().invoke(main, [*command.split(), *args, "--strict", "--n-gpu-layers", "-1"])
     assert out.exit_code == 1, (out.output, out.exception)
     assert isinstance(out.exception, SystemExit), out.exception
     (line,) = out.stderr.strip().splitlines()
@@ -154,7 +154,8 @@ def test_strict_offload_on_a_cpu_build_is_a_one_line_error(command, gemma_path, 
 
 
 @cpu_only
-@pytest.mark.parametrize("args", [["bench", "-m", "{m}"], ["agree", "{m}", "{m}"], ["simulate", "-m", "{m}"]])
+@pytest.mark.parametrize("args", [["bench", "paired", "-m", "{m}"], ["agree", "{m}", "{m}"],
+                                  ["bench", "simulate", "-m", "{m}"]])
 def test_strict_offload_fails_as_users_see_it(args, gemma_path):
     out = pyspec_cmd(*[a.replace("{m}", gemma_path) for a in args], "--strict", "--n-gpu-layers", "-1", timeout=60)
     assert out.returncode == 1, out.stderr
@@ -211,7 +212,7 @@ def test_bench_soak_and_bench_serve_start_their_servers_with_the_device(gemma_pa
 
     monkeypatch.setattr(process, "ServerProcess", catch)
     flags = ["--n-gpu-layers", "7", "--flash-attn", "off"]
-    out = CliRunner().invoke(main, ["bench-soak", "--model", gemma_path, "--minutes", "0.01", *flags])
+    out = CliRunner().invoke(main, ["bench", "soak", "--model", gemma_path, "--minutes", "0.01", *flags])
     assert out.exit_code == 1 and "caught the server's command line" in out.output, out.output
     (soak,) = started
     assert soak[soak.index("serve"):].count("--n-gpu-layers") == 1 and soak[soak.index("--n-gpu-layers") + 1] == "7"
@@ -228,7 +229,7 @@ def test_bench_soak_and_bench_serve_start_their_servers_with_the_device(gemma_pa
     monkeypatch.setattr(turns, "run_turns", catch_backends)
     fake = tmp_path / "llama-server"
     fake.write_text("")
-    out = CliRunner().invoke(main, ["bench-serve", "-m", gemma_path, "--draft", "", "--turns", "2",
+    out = CliRunner().invoke(main, ["bench", "serve", "-m", gemma_path, "--draft", "", "--turns", "2",
                                     "--llama-server", str(fake), *flags])
     assert out.exit_code == 1 and "caught the backends" in out.output, out.output
     assert [b.name for b in seen] == [PYSPEC, PYSPEC_PLAIN, LLAMA_SERVER]

@@ -58,7 +58,7 @@ def test_cli_flash_attn_in_json_and_stats(gemma_path):
 def test_bench_runs_both_sides_with_one_flash_attn_setting(target_path, tmp_path):
     # The bench applies chat templates (the small Gemma has none): the default target, 4 tokens.
     out_json = tmp_path / "b.json"
-    run = pyspec_cmd("bench", "-m", target_path, "--category", "translation", "--per-category", "1",
+    run = pyspec_cmd("bench", "paired", "-m", target_path, "--category", "translation", "--per-category", "1",
                      "--max-tokens", "4", "--policy", "", "--hybrid", "", "--ngram", "", "--lookup", "0",
                      "--n-ctx", "512", "--flash-attn", "off", "--json", str(out_json))
     assert run.returncode == 0, run.stderr

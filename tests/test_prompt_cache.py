@@ -406,18 +406,21 @@ def test_server_negative_control_lowest_free_slot(gemma_path):
 def test_length_policies_follow_the_user_not_the_slot(gemma_path, load_model):
     """What the lowest-free-slot rule was for: one client's requests keep teaching
     one length policy, whichever slot its conversation is in."""
-    from pyspec.server.scheduler import POLICY_USERS, Scheduler
+    from pyspec.server.scheduler import Scheduler
+    from pyspec.server.users import POLICY_USERS
 
     model = load_model(gemma_path, n_ctx=512, n_seq_max=2)
     s = Scheduler(model, parallel=1, queue_size=1)
     try:
-        alice, bob = s._policy_key("alice"), s._policy_key("bob")
-        assert alice != bob and s._policy_key("alice") == alice
-        s._policy_users[7] = alice  # alice has a request running: her next one runs beside it, on its own policy
-        assert s._policy_key("alice") == (alice[0], 1)
-        del s._policy_users[7]
+        p = s.policies
+        alice, bob = p.key("alice"), p.key("bob")
+        assert alice != bob and p.key("alice") == alice
+        p.hold(7, alice)  # alice has a request running: her next one runs beside it, on its own policy
+        assert p.key("alice") == (alice[0], 1)
+        p.release(7)
+        assert p.key("alice") == alice
         for i in range(2 * POLICY_USERS):
-            s._policy_key(f"user {i}")
-        assert len(s._user_ids) == POLICY_USERS and max(s._user_ids.values()) == POLICY_USERS - 1
+            p.key(f"user {i}")
+        assert len(p.users) == POLICY_USERS and max(p.users.values()) == POLICY_USERS - 1
     finally:
         s.stop()

@@ -7,6 +7,7 @@ import warnings
 import click
 
 from .. import __version__, _core
+from .bench_group import WithOldBenchNames
 from .options import DEFAULT_DRAFT, DEFAULT_MODEL
 
 __all__ = ["DEFAULT_DRAFT", "DEFAULT_MODEL", "main"]
@@ -28,7 +29,7 @@ warnings.formatwarning = _say_plainly
 _core.install_fatal_signal_notice()
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=WithOldBenchNames, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="pyspec")
 def main() -> None:
     """Fast, lossless speculative decoding of GGUF models through llama.cpp.
@@ -38,15 +39,11 @@ def main() -> None:
     """
 
 
-from . import agree, bench, bench_multiturn, bench_rpc, bench_serve, bench_soak, generate, rpc, serve, tools  # noqa: E402  (each registers its commands on main)
+from . import agree, bench_group, generate, rpc, serve, tools  # noqa: E402  (each registers its commands on main)
 
 generate.register(main)
 serve.register(main)
 tools.register(main)
 agree.register(main)
-bench.register(main)
-bench_serve.register(main)
-bench_multiturn.register(main)
-bench_soak.register(main)
 rpc.register(main)
-bench_rpc.register(main)
+bench_group.register(main)  # `pyspec bench` and its subcommands (the old names: bench_group.RENAMED)

@@ -1,7 +1,8 @@
-"""`pyspec bench` (decode speed side by side with llama-cpp-python; --paired:
-configurations against each other), `bench-parallel` and `simulate`; the
-server's benchmarks are in bench_serve.py, bench_multiturn.py and
-bench_soak.py."""
+"""`pyspec bench paired` (decode speed side by side with llama-cpp-python;
+--paired: configurations against each other), `bench parallel` and
+`bench simulate`; the server's benchmarks are in bench_serve.py,
+bench_multiturn.py and bench_soak.py, the `pyspec bench` group in
+bench_group.py."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from .options import (DEFAULT_DRAFT, DEFAULT_MODEL, IntList, command_errors, dev
                       suite_options, threads_option, write_report)
 
 
-@click.command()
+@click.command("paired")
 @suite_options
 @max_tokens_option(128, minimum=2)
 @sampling_options(Sampling.GREEDY, seed=False)
@@ -105,7 +106,7 @@ def bench(ctx, model, categories, per_category, max_tokens, sampling, reps, thre
                      n_gpu_layers=device["n_gpu_layers"])
         if device["rpc"]:
             click.echo("warning: llama-cpp-python 0.3.36 cannot reach RPC workers: its runners decode on this "
-                       "machine (compare pyspec's runners with each other, or use bench-rpc)", err=True)
+                       "machine (compare pyspec's runners with each other, or use pyspec bench rpc)", err=True)
         runners = [PyspecRunner(target, "pyspec plain")]
         names = lambda text: [x.strip() for x in text.split(",") if x.strip()]  # noqa: E731
         draft_model = None
@@ -172,7 +173,7 @@ def _fixed_memory(target, paths):
 
 def _bench_paired(model, draft, paired, categories, per_category, max_tokens, sampling, reps, seed, n_threads,
                   n_ctx, device, raw, json_path, plot_path, memory_from=()) -> None:
-    """`pyspec bench --paired`: see pyspec/bench/inprocess/paired.py for the method."""
+    """`pyspec bench paired --paired`: see pyspec/bench/inprocess/paired.py for the method."""
     from ..errors import PyspecError
     from ..bench.inprocess.paired import (constrained_figures, format_constrained, format_paired, parse_config,
                                           plot_paired, run_paired, summarize_all)
@@ -288,7 +289,7 @@ def simulate(model, categories, per_category, max_tokens, draft_max, threads, de
         click.echo(f"[{c}] auto {auto:.2f}x, oracle {oracle:.2f}x, gap {oracle / auto:.2f}")
 
 
-@click.command("bench-parallel")
+@click.command("parallel")
 @click.option("--model", "-m", default=DEFAULT_MODEL, show_default=True, help="Target model (path or default name).")
 @click.option("--n", "sizes", default="1,2,4,8,16", show_default=True, type=IntList(1),
               help="Comma-separated batch sizes (samples of one prompt decoded together).")
@@ -342,7 +343,7 @@ def bench_parallel(model, sizes, max_tokens, sampling, reps, threads, device, pr
                                 flash_attn=target.flash_attn == "on", n_gpu_layers=device["n_gpu_layers"])
                  if with_llama else None)
         tokens = target.prompt_tokens(prompt or PROMPTS["qa"][0], chat=not raw)
-        with labelled_progress(reps * (len(sizes) + len(consensus_prompts)), "bench-parallel") as (bar, progress):
+        with labelled_progress(reps * (len(sizes) + len(consensus_prompts)), "bench parallel") as (bar, progress):
             parallel = []
             for rep in range(reps):
                 rows = run_parallel(target, tokens, sizes, settings, 1, llama, progress)
@@ -371,9 +372,3 @@ def bench_parallel(model, sizes, max_tokens, sampling, reps, threads, device, pr
         click.echo(f"{target.path} ({n_threads} threads, flash attention {target.flash_attn}), "
                    f"{max_tokens} tokens per sample at T={sampling.temperature}")
         click.echo(result["table"])
-
-
-def register(main: click.Group) -> None:
-    main.add_command(bench)
-    main.add_command(bench_parallel)
-    main.add_command(simulate)

@@ -1,6 +1,6 @@
-"""`pyspec bench-multiturn`: multi-turn editing conversations, speculative
+"""`pyspec bench multiturn`: multi-turn editing conversations, speculative
 (suffix drafter, memory) against plain decoding, in one process; and the
-multi-turn mode of `pyspec bench-serve` (through pyspec's and llama.cpp's
+multi-turn mode of `pyspec bench serve` (through pyspec's and llama.cpp's
 servers)."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from .options import (DEFAULT_MODEL, check_device, command_errors, device_option
                       max_tokens_option, n_ctx_option, report_options, threads_option, write_report)
 
 
-@click.command("bench-multiturn")
+@click.command("multiturn")
 @click.option("--model", "-m", default=DEFAULT_MODEL, show_default=True, help="Target model (path or default name).")
 @click.option("--conversations", "n_conversations", default=None, type=click.IntRange(1, len(CONVERSATIONS)),
               help="Run only the first N conversations [default: all 6].")
@@ -98,8 +98,8 @@ def bench_serve_multiturn(model: str, *, n_conversations: Optional[int], max_tok
                           n_ctx: Optional[int], llama_server: Optional[str], llama_specs: Sequence[str],
                           llama_args: str, memory_off: bool, raw: bool, json_path, plot_path,
                           device: dict) -> None:
-    """`pyspec bench-serve --multiturn`: pyspec/bench/serve/multiturn.py states the method.
-    ``device``: bench-serve's --n-gpu-layers, --flash-attn and --strict, for every server."""
+    """`pyspec bench serve --multiturn`: pyspec/bench/serve/multiturn.py states the method.
+    ``device``: bench serve's --n-gpu-layers, --flash-attn and --strict, for every server."""
     import shlex
 
     from ..bench.serve import multiturn as sm
@@ -124,7 +124,7 @@ def bench_serve_multiturn(model: str, *, n_conversations: Optional[int], max_tok
                                llama_specs=llama_specs, llama_args=shlex.split(llama_args or ""),
                                memory_off=memory_off, device=device)
         count = token_counter(path)
-        with labelled_progress(reps * len(backends), "bench-serve --multiturn") as (bar, progress):
+        with labelled_progress(reps * len(backends), "bench serve --multiturn") as (bar, progress):
             runs = sm.run(backends, convs, max_tokens=max_tokens, reps=reps, count=count, raw=raw,
                           progress=progress, done=lambda: bar.update(1))
     summary = sm.summarize(runs, [b.name for b in backends])
@@ -137,7 +137,3 @@ def bench_serve_multiturn(model: str, *, n_conversations: Optional[int], max_tok
     write_report(result, json_path, plot_path, sm.plot,
             f"{path}, {threads} threads, {len(convs)} concurrent conversations and slots, context {ctx}, "
             f"at most {max_tokens} greedy tokens per answer\n" + result["table"])
-
-
-def register(main: click.Group) -> None:
-    main.add_command(bench_multiturn)

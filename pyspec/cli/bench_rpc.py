@@ -1,4 +1,4 @@
-"""`pyspec bench-rpc`: speculation over a network (pyspec/bench/inprocess/rpc.py)."""
+"""`pyspec bench rpc`: speculation over a network (pyspec/bench/inprocess/rpc.py)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ class DelayList(click.ParamType):
         return out
 
 
-@click.command("bench-rpc")
+@click.command("rpc")
 @click.option("--model", "-m", default=DEFAULT_MODEL, show_default=True, help="Target model (path or name).")
 @click.option("--draft", "-d", default=DEFAULT_DRAFT, show_default=True, help="Draft model of the default decoder.")
 @click.option("--rpc-delay-ms", "delays", default="0,2,5,20", show_default=True, type=DelayList(),
@@ -64,7 +64,7 @@ def bench_rpc(model, draft, delays, workers, max_tokens, reps, n_prompts, thread
     texts = [p.text for p in prompts(["code_editing", "doc_correction"])][:n_prompts]
     specs = [s.strip() for s in llama_specs.split(",") if s.strip()]
     per_delay = 4 + n_prompts * reps * 2 + (len(specs) * (1 + n_prompts * reps) if llama_server else 0)
-    with command_errors(), labelled_progress(per_delay * (len(delays) + 1), "bench-rpc") as (bar, say):
+    with command_errors(), labelled_progress(per_delay * (len(delays) + 1), "bench rpc") as (bar, say):
         def progress(what: str) -> None:
             bar.update(1)
             say(what)
@@ -74,7 +74,3 @@ def bench_rpc(model, draft, delays, workers, max_tokens, reps, n_prompts, thread
                                  threads=threads or physical_cores(), n_ctx=4096, llama_server=llama_server,
                                  llama_specs=specs, progress=progress)
     write_report(result, json_path, plot_path, bench.plot, bench.report(result))
-
-
-def register(main: click.Group) -> None:
-    main.add_command(bench_rpc)

@@ -1,4 +1,4 @@
-"""`pyspec bench-serve`: pyspec's server against llama-cpp-python's or
+"""`pyspec bench serve`: pyspec's server against llama-cpp-python's or
 llama.cpp's, under concurrent clients (pyspec/bench/serve/concurrent.py and
 serve/llama_server.py state the methods; --multiturn is bench_multiturn.py's)."""
 
@@ -15,7 +15,7 @@ from .options import (DEFAULT_DRAFT, DEFAULT_MODEL, IntList, check_device, comma
                       write_report)
 
 
-@click.command("bench-serve")
+@click.command("serve")
 @click.option("--model", "-m", default=DEFAULT_MODEL, show_default=True, help="Target model (path or default name).")
 @click.option("--draft", "-d", default=DEFAULT_DRAFT, show_default=True,
               help="pyspec's draft model; '' for lookup drafting only (without --llama-server: n-gram, since "
@@ -35,7 +35,7 @@ from .options import (DEFAULT_DRAFT, DEFAULT_MODEL, IntList, check_device, comma
                    "(not with --llama-server or --multiturn).")
 @click.option("--raw", is_flag=True, help="Send the prompts as raw text (no chat template).")
 @click.option("--multiturn", is_flag=True,
-              help="Multi-turn mode: --conversations editing conversations at once (bench-multiturn's), each by "
+              help="Multi-turn mode: --conversations editing conversations at once (bench multiturn's), each by "
                    "its own client and `user`, against --llama-server and/or --memory-off; --clients, --draft "
                    "and --generate do not apply (pyspec serve runs its defaults: suffix drafter, memory).")
 @click.option("--conversations", "n_conversations", default=None, type=click.IntRange(1, len(CONVERSATIONS)),
@@ -192,7 +192,7 @@ def bench_serve(ctx, model, draft, counts, max_tokens, reps, threads, device, n_
             return text if raw else target.apply_chat_template([{"role": "user", "content": text}])
 
         count = token_counter(target.path)
-        with labelled_progress(reps * len(counts), "bench-serve") as (bar, progress):
+        with labelled_progress(reps * len(counts), "bench serve") as (bar, progress):
             rows = bs.run(target.path, draft, texts, counts, max_tokens=max_tokens, reps=reps, n_ctx=n_ctx,
                           threads=n_threads, decoder=decoder, count=count, render=render,
                           progress=progress, device=device, flash_attn=target.flash_attn == "on")
@@ -212,14 +212,14 @@ def bench_serve(ctx, model, draft, counts, max_tokens, reps, threads, device, n_
         click.echo(result["table"])
 
 
-#: How bench-serve --llama-server counts tokens (the same rule for every backend).
+#: How bench serve --llama-server counts tokens (the same rule for every backend).
 COUNTING = ("every answer tokenized with the model's own vocabulary (llama-cpp-python's tokenizer); "
             "the servers' usage.completion_tokens kept as reported_tokens")
 
 
 def _bench_serve_llama(model, draft, counts, *, max_tokens, reps, threads, n_ctx, raw, llama_server, llama_specs,
                        llama_args, same_user, local_user, json_path, plot_path, device) -> None:
-    """`pyspec bench-serve --llama-server PATH`: pyspec/bench/serve/llama_server.py states the method."""
+    """`pyspec bench serve --llama-server PATH`: pyspec/bench/serve/llama_server.py states the method."""
     import shlex
 
     from ..bench.serve import llama_server as bs
@@ -244,7 +244,7 @@ def _bench_serve_llama(model, draft, counts, *, max_tokens, reps, threads, n_ctx
         backends = bs.comparison_backends(path, draft_path, parallel=parallel, n_ctx=ctx, threads=threads,
                                           llama_server=llama_server, llama_specs=llama_specs,
                                           llama_args=shlex.split(llama_args or ""), device=device)
-        with labelled_progress(reps * len(counts) * len(backends), "bench-serve --llama-server") as (bar, progress):
+        with labelled_progress(reps * len(counts) * len(backends), "bench serve --llama-server") as (bar, progress):
             waves = bs.run_comparison(backends, texts, counts, max_tokens=max_tokens, reps=reps, count=count, raw=raw,
                                       same_user=same_user, local_user=local_user, progress=progress,
                                       done=lambda: bar.update(1))
@@ -267,7 +267,7 @@ def _bench_serve_llama(model, draft, counts, *, max_tokens, reps, threads, n_ctx
 
 def _bench_serve_turns(model, draft, turns, conversations, *, resend, system_tokens, slots, max_tokens, reps,
                        threads, n_ctx, llama_server, llama_specs, llama_args, json_path, plot_path, device) -> None:
-    """`pyspec bench-serve --turns N`: pyspec/bench/serve/turns.py states the method."""
+    """`pyspec bench serve --turns N`: pyspec/bench/serve/turns.py states the method."""
     import shlex
 
     from ..bench.serve import llama_server as serve_llama, turns as bt
@@ -293,7 +293,7 @@ def _bench_serve_turns(model, draft, turns, conversations, *, resend, system_tok
                                                    llama_args=shlex.split(llama_args or ""), device=device)
         if not llama_server:
             backends = backends[:2]
-        with labelled_progress(reps * len(backends), "bench-serve --turns") as (bar, progress):
+        with labelled_progress(reps * len(backends), "bench serve --turns") as (bar, progress):
             rows = bt.run_turns(backends, systems, turns, max_tokens=max_tokens, reps=reps, resend=resend,
                                 progress=progress, done=lambda: bar.update(1))
         summary = bt.summarize_turns(rows)
@@ -309,7 +309,3 @@ def _bench_serve_turns(model, draft, turns, conversations, *, resend, system_tok
                  f"{path} (draft {draft_path or 'none'}), {threads} threads, {slots} slots, context {ctx}, "
                  f"{max_tokens} greedy tokens per answer, {reps} repetition{'s' if reps != 1 else ''}\n"
                  + result["table"])
-
-
-def register(main: click.Group) -> None:
-    main.add_command(bench_serve)

@@ -1,4 +1,4 @@
-"""`pyspec bench-soak`: a long run of `pyspec serve` under mixed concurrent load,
+"""`pyspec bench soak`: a long run of `pyspec serve` under mixed concurrent load,
 failing when its memory, file descriptors, threads or KV cells do not stay
 bounded (pyspec/bench/serve/soak.py states the method)."""
 
@@ -18,7 +18,7 @@ from .options import (DEFAULT_DRAFT, DEFAULT_MODEL, check_device, command_errors
 _B = Bounds()
 
 
-@click.command("bench-soak")
+@click.command("soak")
 @click.option("--model", "-m", default=None,
               help=f"Target model of the server (path or default name; 'test' is the small test model) "
                    f"[default: the default pair, {DEFAULT_MODEL} with the draft {DEFAULT_DRAFT}].")
@@ -152,7 +152,3 @@ def bench_soak(model, draft, no_draft, clients, minutes, warmup_s, fill, interva
         click.echo(f"the server's last output:\n{log[-2000:]}", err=True)
     if not verdict["ok"]:
         sys.exit(1)
-
-
-def register(main: click.Group) -> None:
-    main.add_command(bench_soak)

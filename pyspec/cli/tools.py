@@ -1,4 +1,4 @@
-"""Commands that inspect the build and the models: check, bench-verify, info, models."""
+"""Commands that inspect the build and the models: check, info, models; and `pyspec bench verify`."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def check(full, seed, as_json) -> None:
         sys.exit(1)
 
 
-@click.command("bench-verify")
+@click.command("verify")
 @click.option("--n-vocab", default=151936, show_default=True, type=click.IntRange(min=2))
 @click.option("--top-k", default=40, show_default=True, type=click.IntRange(min=0))
 @click.option("--draft-max", "-k", default=4, show_default=True, type=click.IntRange(min=0))
@@ -116,6 +116,5 @@ def models_list(as_json) -> None:
 
 def register(main: click.Group) -> None:
     main.add_command(check)
-    main.add_command(bench_verify_cmd)
     main.add_command(info)
     main.add_command(models)

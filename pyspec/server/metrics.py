@@ -219,7 +219,7 @@ class Metrics:
             fam = GaugeMetricFamily(NS + name, doc, labels=["model_name"])
             fam.add_metric(model, ram[key])
             yield fam
-        drafted, accepted = list(s.drafted_per_pos), list(s.accepted_per_pos)
+        drafted, accepted = list(s.positions.drafted), list(s.positions.accepted)
         n_pos = next((i + 1 for i in range(len(drafted) - 1, -1, -1) if drafted[i]), 0)
         for name, doc, values in (
             ("spec_decode_num_accepted_tokens_per_pos", "Accepted draft tokens per draft position (0: the first)",

@@ -1,44 +1,43 @@
-"""Continuous batching for the server: one thread owns the llama contexts.
+"""Admission and slot choice: one thread owns the llama contexts and runs the batch.
 
-HTTP handlers :meth:`Scheduler.submit` a :class:`Job` (one request: one or more
-choices) and read its events from an asyncio queue. The scheduler thread runs
-the engine's :class:`~pyspec._core.BatchSession`: between rounds it admits
-waiting jobs while sequence slots are free (a job's choices join together, so
-the engine prefills their shared prompt once), cancels the sequences of jobs
-whose clients left, and after each round hands every choice the text and
-log-probabilities it gained. Every running sequence's rows go into the round's
-one target decode; new prompts are prefilled in chunks beside them.
+HTTP handlers :meth:`Scheduler.submit` a :class:`~.jobs.Job` (one request: one
+or more choices) and read its events from an asyncio queue. The scheduler
+thread runs the engine's :class:`~pyspec._core.BatchSession`: between rounds it
+admits waiting jobs while sequence slots are free (a job's choices join
+together, so the engine prefills their shared prompt once), cancels the
+sequences of jobs whose clients left, and after each round hands every choice
+the text and log-probabilities it gained. Every running sequence's rows go into
+the round's one target decode; new prompts are prefilled in chunks beside them.
 
 Prompt cache: the contexts hold more sequences (slots) than run at once
 (``parallel``), so finished conversations stay cached side by side in the
 unified cache; a request goes to the slot the engine picks for its prompt
 (``BatchSession.pick_slot``: the one its conversation left, else the least
 recently used), and caches the context must give up go to host memory
-(``PromptCache``, ``--cache-ram``) and come back when their conversation does.
-Slot j's drafter drafts in sequence j of the draft model's context, so the
-draft model's cache follows the conversation too, and two running sequences
-never share one. Length policies (``auto`` keeps learning) follow the user
-(the request's ``user`` field), not the slot.
+(``PromptCache``, ``--cache-ram``) and come back when their conversation does
+(and to disk across restarts: saved.py). Slot j's drafter drafts in sequence j
+of the draft model's context, so the draft model's cache follows the
+conversation too, and two running sequences never share one. Length policies
+and memories follow the user (the request's ``user`` field: users.py), not the
+slot. The counts of /metrics are kept here (written by this thread, read by
+metrics.py when scraped).
 """
 
 from __future__ import annotations
 
-import asyncio
 import collections
-import itertools
-import secrets
 import threading
 import time
 import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Deque, Dict, List, Optional, Set, Tuple
 
 from .. import _core
-from ..generation import SequenceSetup
-from ..settings import PREFILL_CHUNK, SEED_BITS
-from .protocol import RequestSettings
+from ..results import PositionCounts
+from ..settings import PREFILL_CHUNK
+from .jobs import Choice, EngineFailed, Job, JobCancelled, JobRefused, QueueFull, ShuttingDown
+from .saved import SavedConversations, conversation_models
+from .users import UserPolicies
 
 if TYPE_CHECKING:
     from ..memory import Memory
@@ -51,8 +50,6 @@ DEFAULT_CACHE_RAM_MB = 1024
 #: (pyspec serve --cache-slots; the contexts hold --parallel plus these sequences,
 #: in the same unified cache of --n-ctx cells).
 DEFAULT_CACHE_SLOTS = 8
-#: Users whose length policies are kept (the least recently seen gives its own to a new user).
-POLICY_USERS = 64
 
 
 def _said_if_failed(done: Future) -> None:
@@ -62,73 +59,6 @@ def _said_if_failed(done: Future) -> None:
     if e is not None:
         warnings.warn(f"pyspec serve: work after an answer failed: {type(e).__name__}: {e}", RuntimeWarning,
                       stacklevel=1)
-
-
-class SchedulerError(Exception):
-    """Why the scheduler refused or ended a job (the HTTP layer maps each kind
-    to a status: server/app.py)."""
-
-
-class QueueFull(SchedulerError):
-    """Too many jobs already wait for a slot; the client may retry soon."""
-
-
-class ShuttingDown(SchedulerError):
-    """The server is stopping and takes no new jobs."""
-
-
-class JobRefused(SchedulerError):
-    """The engine refused one of the job's sequences (e.g. a context overflow)."""
-
-
-class JobCancelled(SchedulerError):
-    """The job was cancelled (its client left) before it started."""
-
-
-class EngineFailed(SchedulerError):
-    """The engine broke; every job in flight ends with this."""
-
-
-@dataclass
-class Choice:
-    """One sequence of a job, as the scheduler thread tracks it."""
-
-    index: int
-    prompt: List[int]
-    seed: int
-    handle: int = -1
-    slot: int = -1
-    setup: Optional[SequenceSetup] = None
-    tokens: List[int] = field(default_factory=list)  # emitted, not yet delivered
-    text: List[bytes] = field(default_factory=list)
-    delivered: int = 0                                # tokens delivered so far
-    done: bool = False
-
-
-@dataclass
-class Job:
-    """One HTTP request. Events on ``events`` (from the scheduler thread):
-    ("delta", index, text, tokens, logprobs), ("done", index, result, seed),
-    ("error", SchedulerError)."""
-
-    settings: RequestSettings
-    prompts: List[List[int]]          # token ids, one per prompt
-    loop: asyncio.AbstractEventLoop
-    events: "asyncio.Queue[Tuple]" = field(default_factory=asyncio.Queue)
-    choices: List[Choice] = field(default_factory=list)
-    cancelled: bool = False
-    user: str = ""                     # OpenAI's end-user id ("" for one local user): memory and policy follow it
-    memory: Optional["Memory"] = None  # the user's, set once admitted: drafts copy from it, answers join it
-    admitted: float = 0.0              # time.monotonic() when it left the queue (0: not yet)
-
-    @property
-    def need(self) -> int:
-        """Sequence slots it takes: one per choice."""
-        return len(self.prompts) * self.settings.n
-
-    def cancel(self) -> None:
-        """The client is gone: its sequences end at the next round (thread-safe)."""
-        self.cancelled = True
 
 
 class Scheduler:
@@ -152,24 +82,20 @@ class Scheduler:
         # TEST-ONLY negative control of the prompt-cache test: "lowest" names the
         # lowest free slot for every sequence, as the scheduler once did.
         self._slot_choice = _slot_choice
-        self._policy_users: Dict[int, Tuple[int, int]] = {}  # handle -> its policy's key (user id, index)
-        self._user_ids: "collections.OrderedDict[str, int]" = collections.OrderedDict()  # most recent last
+        self.policies = UserPolicies()    # the length policy each user's sequences teach
         # Memory adds and calibration writes: off the round's thread, in order.
         self._after = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pyspec-after")
         self.prompt_cache = _core.PromptCache(int(cache_ram_mb * 2**20)) if cache_ram_mb > 0 else None
-        self.prompt_cache_dir = prompt_cache_dir
+        self.saved: Optional[SavedConversations] = None
         if prompt_cache_dir is not None:
-            if self.prompt_cache is None:
-                raise ValueError("a prompt cache folder needs host memory to load it into (--cache-ram > 0)")
-            self._load_prefixes(prompt_cache_dir)
+            self.saved = SavedConversations(prompt_cache_dir, self.prompt_cache, conversation_models(decoder))
+            self.saved.load()
         self._by_handle: Dict[int, Tuple[Job, Choice]] = {}
         self._stopping = False
-        self._seeds = itertools.count()
         self.error: Optional[BaseException] = None
         # Figures for /health and /metrics (written by the scheduler thread).
         self.counters = collections.Counter()
-        self.drafted_per_pos = [0] * MAX_DRAFT   # draft tokens verified at each draft position (0: the first)
-        self.accepted_per_pos = [0] * MAX_DRAFT  # ... and accepted there
+        self.positions = PositionCounts(MAX_DRAFT)  # draft tokens verified and accepted at each draft position
         self.kv_cells = (0, 0)
         # _test: TEST-ONLY negative controls (a wrong acceptance rule), for the server's lossless test.
         self._session = decoder.open_session(self._on_token, prefill_chunk=prefill_chunk,
@@ -236,46 +162,10 @@ class Scheduler:
         self.shutdown()
         self._thread.join(timeout)
         self._after.shutdown(wait=True)
-        if self.prompt_cache_dir is not None and not self._thread.is_alive() and self.error is None:
+        if self.saved is not None and not self._thread.is_alive() and self.error is None:
             self._session.release_cache()  # every slot's cache into the prompt cache, then to disk
-            self._save_prefixes(self.prompt_cache_dir)
+            self.saved.save()
         self._session.close()
-
-    def _prefix_models(self) -> List["_core.Model"]:
-        draft = getattr(self.decoder, "draft", None)
-        return [self.target.native] + ([draft.native] if draft is not None and self.decoder.speculative else [])
-
-    def _load_prefixes(self, folder: str) -> int:
-        """The folder's saved conversations into the prompt cache (oldest first,
-        so the newest are kept if they do not all fit); files that do not fit
-        these models are skipped with a warning."""
-        from .. import prefix
-
-        loaded = 0
-        files = sorted(Path(folder).glob("*" + prefix.SUFFIX), key=lambda p: p.stat().st_mtime)
-        for path in files:
-            try:
-                parts = prefix.read(path, self._prefix_models())
-            except (OSError, prefix.PrefixFileError) as e:
-                warnings.warn(f"pyspec serve: skipped {path}: {e}", RuntimeWarning, stacklevel=2)
-                continue
-            loaded += bool(self.prompt_cache.put(parts))
-        return loaded
-
-    def _save_prefixes(self, folder: str) -> None:
-        """The prompt cache's conversations to the folder, one file each; files of
-        conversations it no longer holds are removed (the folder stays within
-        --cache-ram)."""
-        from .. import prefix
-
-        keep = set()
-        for parts in reversed(self.prompt_cache.entries()):  # oldest first: the newest get the latest mtimes
-            name = prefix.file_name(parts[0][1])
-            keep.add(name)
-            prefix.write(Path(folder) / name, parts)
-        for path in Path(folder).glob("*" + prefix.SUFFIX):
-            if path.name not in keep:
-                path.unlink(missing_ok=True)
 
     # -------------------------------------------------------------- the thread
     def _run(self) -> None:
@@ -304,7 +194,7 @@ class Scheduler:
             with self._lock:
                 self._stopping = True
                 for job in list(self._waiting) + self._running:
-                    self._send(job, ("error", err))
+                    job.send(("error", err))
                 self._waiting.clear()
                 self._running.clear()
 
@@ -314,7 +204,7 @@ class Scheduler:
             job = self._waiting[0]
             if job.cancelled:
                 self._waiting.popleft()
-                self._send(job, ("error", JobCancelled("cancelled")))
+                job.send(("error", JobCancelled("cancelled")))
                 continue
             if job.need > self._n_free or job.need > self._session.free_slots:
                 return
@@ -326,7 +216,7 @@ class Scheduler:
             # setting (a TypeError, an OverflowError): this job's error, not the engine's
             # failure. Anything else is a bug: it stops the engine, logged (docs/promises.md).
             except (ValueError, RuntimeError, TypeError, OverflowError) as e:
-                self._send(job, ("error", JobRefused(str(e))))
+                job.send(("error", JobRefused(str(e))))
                 job.cancel()  # choices already added end at the next round and free their slots
                 if not job.choices:
                     continue
@@ -334,7 +224,7 @@ class Scheduler:
 
     def _start(self, job: Job) -> None:
         s = job.settings
-        base = s.seed if s.seed is not None else secrets.randbits(SEED_BITS)
+        base = s.seed if s.seed is not None else self.target.next_seed()
         if self.memories is not None and self.decoder.speculative:
             job.memory = self.memories(job.user)  # only now: a refused request evicts nobody's memory
         for p_i, prompt in enumerate(job.prompts):
@@ -342,7 +232,7 @@ class Scheduler:
                 index = p_i * s.n + j
                 slot = self._pick_slot(prompt)
                 c = Choice(index=index, prompt=prompt, seed=_core.sequence_seed(base, index), slot=slot)
-                key = self._policy_key(job.user)
+                key = self.policies.key(job.user)
                 # Drafting settings only where the decoder drafts (a plain server ignores them).
                 drafting = (self.decoder.drafting(drafter=s.drafter, policy=s.policy, draft_max=s.draft_max,
                                                   memory=job.memory) if self.decoder.speculative else None)
@@ -356,7 +246,7 @@ class Scheduler:
                                              policy=c.setup.policy, stream=index, slot=slot)
                 self._busy.add(slot)
                 self._n_running += 1
-                self._policy_users[c.handle] = key
+                self.policies.hold(c.handle, key)
                 self._by_handle[c.handle] = (job, c)
                 job.choices.append(c)
                 self.counters["prompt_tokens"] += len(prompt)
@@ -365,19 +255,6 @@ class Scheduler:
         if self._slot_choice == "lowest":
             return min(set(range(self.target.n_seq_max)) - self._busy)
         return self._session.pick_slot(prompt)
-
-    def _policy_key(self, user: str) -> Tuple[int, int]:
-        """The user's first length policy that no running sequence uses: a user's
-        requests, one after another, keep teaching one policy. At most
-        POLICY_USERS users keep theirs (a new one takes the least recently seen
-        user's: what a policy learned is costs and acceptance, not text)."""
-        uid = self._user_ids.pop(user, None)
-        if uid is None:
-            full = len(self._user_ids) >= POLICY_USERS
-            uid = self._user_ids.popitem(last=False)[1] if full else len(self._user_ids)
-        self._user_ids[user] = uid
-        taken = {k[1] for k in self._policy_users.values() if k[0] == uid}
-        return uid, next(i for i in itertools.count() if i not in taken)
 
     def _on_token(self, handle: int, token: int, text: bytes, drafted: bool) -> bool:
         job, c = self._by_handle[handle]
@@ -396,8 +273,8 @@ class Scheduler:
                 if job.settings.logprobs is not None and c.tokens:
                     logprobs = (result.logprobs[c.delivered:] if result is not None
                                 else self._session.logprobs(handle, c.delivered))
-                self._send(job, ("delta", c.index, b"".join(c.text).decode("utf-8", errors="replace"),
-                                 list(c.tokens), logprobs))
+                job.send(("delta", c.index, b"".join(c.text).decode("utf-8", errors="replace"),
+                          list(c.tokens), logprobs))
                 c.delivered += len(c.tokens)
                 self.counters["generated_tokens"] += len(c.tokens)
                 c.tokens.clear()
@@ -409,8 +286,9 @@ class Scheduler:
                 self.counters["draft_tokens"] += st.drafted
                 self.counters["draft_accepted"] += st.accepted
                 if st.drafted:
-                    self._count_positions(st.drafted_at, st.accepted_at)
-                self._policy_users.pop(handle, None)
+                    self.counters["drafts"] += st.drafted_at[0]  # every draft has a first token
+                    self.positions.add(st.drafted_at, st.accepted_at)
+                self.policies.release(handle)
                 self._release(c)
                 writes = self.decoder.record(c.setup, st, defer=True)
                 if writes is not None:
@@ -418,7 +296,7 @@ class Scheduler:
                 if job.memory is not None:
                     self._after.submit(job.memory.add, c.prompt + list(result.tokens)).add_done_callback(
                         _said_if_failed)
-                self._send(job, ("done", c.index, result, c.seed))
+                job.send(("done", c.index, result, c.seed))
                 if all(x.done for x in job.choices):
                     with self._lock:
                         self._end(job)
@@ -430,19 +308,6 @@ class Scheduler:
         self.kv_cells = self._session.kv_cells
         self._cached_slots = self._session.cached_slots
 
-    def _count_positions(self, drafted_at: List[int], accepted_at: List[int]) -> None:
-        """A finished sequence's drafts, by draft position (for /metrics)."""
-        self.counters["drafts"] += drafted_at[0]  # every draft has a first token
-        drafted, accepted = self.drafted_per_pos, self.accepted_per_pos
-        for i, n in enumerate(drafted_at):
-            if not n:  # no draft reached this far (nor further)
-                break
-            if i == len(drafted):
-                drafted.append(0)
-                accepted.append(0)
-            drafted[i] += n
-            accepted[i] += accepted_at[i]
-
     def _end(self, job: Job) -> None:
         for c in job.choices:
             self._release(c)
@@ -453,10 +318,3 @@ class Scheduler:
             self._busy.discard(c.slot)
             self._n_running -= 1
             c.slot = -1
-
-    @staticmethod
-    def _send(job: Job, event: Tuple) -> None:
-        try:
-            job.loop.call_soon_threadsafe(job.events.put_nowait, event)
-        except RuntimeError:  # the client's event loop is closed: nobody listens
-            pass

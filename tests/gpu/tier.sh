@@ -36,5 +36,5 @@ has probe && stage probe 240 python3 tests/gpu/self_draft_probe.py "$T"
 # Goal 2: a repeated request from memory >= 4x plain; the default decoder against plain.
 has memory && stage memory 240 python3 tests/gpu/memory_speed.py "$T" "$D"
 # Goal 2: the default decoder never below 0.97x plain on the bench set (paired).
-has bench && stage bench 600 pyspec bench --model "$T" --draft "$D" --n-gpu-layers -1 --paired plain,default \
+has bench && stage bench 600 pyspec bench paired --model "$T" --draft "$D" --n-gpu-layers -1 --paired plain,default \
   --reps 4 --per-category 2 --max-tokens 128 --json "$OUT/bench.json"

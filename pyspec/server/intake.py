@@ -1,0 +1,116 @@
+"""What a generation request passes before it becomes a :class:`~.jobs.Job`:
+the API key, the body (its size, JSON, Unicode), the wire format
+(:func:`.protocol.parse`), the model's name, its constraint compiled, and its
+prompts tokenized and checked against the vocabulary and the context. Every
+refusal is an :class:`~.protocol.APIError` (a 4xx), never a 500.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+from typing import Any, List, Optional, Sequence, Tuple
+
+from starlette.requests import ClientDisconnect, Request
+
+from ..errors import ConstraintError
+from . import protocol
+from .protocol import APIError, ParsedRequest
+
+#: Largest request body accepted (a prompt of a few hundred thousand characters).
+MAX_BODY_BYTES = 4 << 20
+
+
+def authorized(request: Request, api_key: Optional[str]) -> bool:
+    """Whether the request carries ``Authorization: Bearer <api_key>`` (always, without a key)."""
+    if api_key is None:
+        return True
+    given = request.headers.get("authorization", "")
+    return given.startswith("Bearer ") and hmac.compare_digest(given[7:].strip(), api_key)
+
+
+async def read_body(request: Request) -> Any:
+    """The request's JSON body, decoded: a 413 past :data:`MAX_BODY_BYTES`, a 499
+    when the client leaves before it arrives, a 400 when it is not JSON or holds
+    a lone surrogate."""
+    size = request.headers.get("content-length")
+    if size is not None and size.isdigit() and int(size) > MAX_BODY_BYTES:
+        raise APIError(413, f"the request body is larger than {MAX_BODY_BYTES} bytes")
+    raw = b""
+    try:
+        async for chunk in request.stream():
+            raw += chunk
+            if len(raw) > MAX_BODY_BYTES:
+                raise APIError(413, f"the request body is larger than {MAX_BODY_BYTES} bytes")
+    except ClientDisconnect:  # gone before its body arrived: counted as a client that left
+        raise APIError(499, "the client left before its request body arrived") from None
+    try:
+        body = json.loads(raw)
+    except ValueError as e:  # UnicodeDecodeError (not UTF-8) is one
+        raise APIError(400, f"the request body is not valid JSON: {e}") from None
+    except RecursionError:
+        raise APIError(400, "the request body is nested too deeply") from None
+    return protocol.unicode_checked(body)
+
+
+def prompt_tokens(target, kind: str, prompt, parsed: ParsedRequest) -> List[int]:
+    """One prompt's token ids (chat: the template's rendering of its messages):
+    a 400 for ids outside the vocabulary, a prompt that cannot be built, an
+    empty one, or one the context cannot hold with room for an answer."""
+    try:
+        if kind == "chat":
+            ids = target.prompt_tokens(prompt, tools=parsed.tools, variables=parsed.template_vars)
+        elif isinstance(prompt, str):
+            ids = target.tokenize(prompt, add_special=True, parse_special=True)
+        else:
+            ids = list(prompt)
+            bad = [t for t in ids if not 0 <= t < target.n_vocab]
+            if bad:
+                raise APIError(400, f"token id {bad[0]} is outside the vocabulary (0..{target.n_vocab - 1})",
+                               param="prompt")
+    except (ValueError, RuntimeError) as e:
+        raise APIError(400, f"cannot build the prompt: {e}",
+                       param="messages" if kind == "chat" else "prompt") from None
+    if not ids:
+        raise APIError(400, "the prompt is empty", param="prompt")
+    if len(ids) >= target.n_ctx:
+        raise APIError(400, f"This model's maximum context length is {target.n_ctx} tokens; the prompt has "
+                            f"{len(ids)} (pyspec serve --n-ctx)", param="messages" if kind == "chat" else "prompt",
+                       code="context_length_exceeded")
+    return ids
+
+
+async def compile_constraint(target, parsed: ParsedRequest) -> None:
+    """Compile the request's one constraint (protocol.parse decided it), off the
+    event loop: a 400 naming the field when it does not compile."""
+    s = parsed.settings
+    if s.constraint is not None:
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, target.grammars.compile, s.constraint)
+        except ConstraintError as e:
+            raise APIError(400, f"'{s.constraint_param}': {e}", param=s.constraint_param) from None
+
+
+class Intake:
+    """One server's checks of a generation request: ``target`` (the model whose
+    vocabulary, context and chat template prompts are read with), served as
+    ``model_name`` with ``parallel`` slots and the ``policies`` and
+    ``drafters`` its requests may name."""
+
+    def __init__(self, target, *, model_name: str, parallel: int, policies: Sequence[str],
+                 drafters: Sequence[str], max_draft: int) -> None:
+        self.target, self.model_name, self.parallel = target, model_name, parallel
+        self.policies, self.drafters, self.max_draft = list(policies), list(drafters), max_draft
+
+    async def read(self, request: Request, kind: str) -> Tuple[ParsedRequest, List[List[int]]]:
+        """The request (``kind``: "completion" or "chat") parsed, and its prompts'
+        token ids; raises :class:`APIError` (authorization is checked before)."""
+        body = await read_body(request)
+        parsed = protocol.parse(kind, body, max_n=self.parallel, policies=self.policies, drafters=self.drafters,
+                                max_draft=self.max_draft, template=self.target.chat_template.source)
+        if parsed.model not in (None, self.model_name):
+            raise APIError(404, f"the model '{parsed.model}' does not exist (this server has '{self.model_name}')",
+                           param="model", code="model_not_found")
+        await compile_constraint(self.target, parsed)
+        return parsed, [prompt_tokens(self.target, kind, p, parsed) for p in parsed.prompts]

@@ -1,0 +1,91 @@
+"""A request as the scheduler sees it: the :class:`Job` a handler submits (its
+prompts, settings and user), the :class:`Choice` sequences it runs as, the
+events it sends back, and the refusals (:class:`SchedulerError` and its kinds,
+which answer.py's ``http_error`` alone turns into HTTP statuses).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, List, Optional, Tuple
+
+from ..generation import SequenceSetup
+from .protocol import RequestSettings
+
+if TYPE_CHECKING:
+    from ..memory import Memory
+
+
+class SchedulerError(Exception):
+    """Why the scheduler refused or ended a job (the HTTP layer maps each kind
+    to a status: server/answer.py's ``http_error``)."""
+
+
+class QueueFull(SchedulerError):
+    """Too many jobs already wait for a slot; the client may retry soon."""
+
+
+class ShuttingDown(SchedulerError):
+    """The server is stopping and takes no new jobs."""
+
+
+class JobRefused(SchedulerError):
+    """The engine refused one of the job's sequences (e.g. a context overflow)."""
+
+
+class JobCancelled(SchedulerError):
+    """The job was cancelled (its client left) before it started."""
+
+
+class EngineFailed(SchedulerError):
+    """The engine broke; every job in flight ends with this."""
+
+
+@dataclass
+class Choice:
+    """One sequence of a job, as the scheduler thread tracks it."""
+
+    index: int
+    prompt: List[int]
+    seed: int
+    handle: int = -1
+    slot: int = -1
+    setup: Optional[SequenceSetup] = None
+    tokens: List[int] = field(default_factory=list)  # emitted, not yet delivered
+    text: List[bytes] = field(default_factory=list)
+    delivered: int = 0                                # tokens delivered so far
+    done: bool = False
+
+
+@dataclass
+class Job:
+    """One HTTP request. Events on ``events`` (from the scheduler thread):
+    ("delta", index, text, tokens, logprobs), ("done", index, result, seed),
+    ("error", SchedulerError)."""
+
+    settings: RequestSettings
+    prompts: List[List[int]]          # token ids, one per prompt
+    loop: asyncio.AbstractEventLoop
+    events: "asyncio.Queue[Tuple]" = field(default_factory=asyncio.Queue)
+    choices: List[Choice] = field(default_factory=list)
+    cancelled: bool = False
+    user: str = ""                     # OpenAI's end-user id ("" for one local user): memory and policy follow it
+    memory: Optional["Memory"] = None  # the user's, set once admitted: drafts copy from it, answers join it
+    admitted: float = 0.0              # time.monotonic() when it left the queue (0: not yet)
+
+    @property
+    def need(self) -> int:
+        """Sequence slots it takes: one per choice."""
+        return len(self.prompts) * self.settings.n
+
+    def cancel(self) -> None:
+        """The client is gone: its sequences end at the next round (thread-safe)."""
+        self.cancelled = True
+
+    def send(self, event: Tuple) -> None:
+        """Hand the handler an event (from the scheduler's thread)."""
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+        except RuntimeError:  # the client's event loop is closed: nobody listens
+            pass
