@@ -34,7 +34,7 @@ import math
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from ...memory import Memory
-from ...settings import Sampling
+from ...sampling import Sampling
 from ..conversations import RAW_STOP, Conversation, transcript
 from ..stats import bootstrap_interval, run_order
 from .backends import Sample

@@ -32,7 +32,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, List, Optional, Sequence
 
-from ...settings import Sampling
+from ...sampling import Sampling
 from .process import ServerProcess, free_port, pyspec_device_args, stream_completion
 
 PYSPEC, LLAMA, GENERATE = "pyspec serve", "llama-cpp-python server", "pyspec generate"
