@@ -66,7 +66,7 @@ def suite_options(f):
                      help="Target model (path or default name)."),
         click.option("--category", "categories", multiple=True, type=click.Choice(CATEGORIES),
                      help="Only these prompt categories (repeatable). json, tools and grammar (answers under a "
-                          "constraint: bench --paired applies it) run only when named."),
+                          "constraint: bench paired --paired applies it) run only when named."),
         click.option("--per-category", type=click.IntRange(min=1), default=None,
                      help="Use only the first N prompts of each category."),
     ]

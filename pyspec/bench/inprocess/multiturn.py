@@ -1,4 +1,4 @@
-"""Multi-turn conversations in one process (`pyspec bench-multiturn`).
+"""Multi-turn conversations in one process (`pyspec bench multiturn`).
 
 Each conversation of ``../conversations.py`` runs turn by turn. At every turn the
 sides generate from the same prompt, back to back, greedy:

@@ -1,4 +1,4 @@
-"""Serving under concurrent clients (`pyspec bench-serve`).
+"""Serving under concurrent clients (`pyspec bench serve`).
 
 Two comparisons. Without ``--llama-server`` (this module), two servers run side
 by side on the same model, prompts and threads: ``pyspec serve`` (continuous
@@ -40,7 +40,7 @@ PYSPEC, LLAMA, GENERATE = "pyspec serve", "llama-cpp-python server", "pyspec gen
 
 def start_pyspec(model: str, draft: str, *, parallel: int, n_ctx: int, threads: int,
                  device: Optional[dict] = None) -> ServerProcess:
-    """``device``: bench-serve's --n-gpu-layers, --flash-attn and --strict (process.pyspec_device_args)."""
+    """``device``: bench serve's --n-gpu-layers, --flash-attn and --strict (process.pyspec_device_args)."""
     port = free_port()
     cmd = [sys.executable, "-m", "pyspec.cli", "serve", "--port", str(port), "--model", model,
            "--parallel", str(parallel), "--n-ctx", str(n_ctx), "--threads", str(threads),
