@@ -39,7 +39,7 @@ from .memory import Memory
 from .model import Model
 from .speculative import SpeculativeDecoder
 from .results import BatchStats, Completion, Completions, GenerationStats
-from .settings import Sampling
+from .sampling import Sampling
 from .drafting import Drafting
 
 #: Set from another thread to stop a generation (``generate(..., cancel=token)``).

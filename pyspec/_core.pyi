@@ -22,12 +22,14 @@ class SamplingParams:
     def __init__(self, **fields: Any) -> None: ...  # ValueError for invalid settings
     def to_dict(self) -> Dict[str, Any]: ...
 
-class TestControls:  # TEST-ONLY negative controls the lossless tests must catch
+GRAMMAR_CONTROLS: Tuple[str, ...]  # "off", "unmasked", "stale" (engine.h, GrammarControl)
+
+class TestControls:  # TEST-ONLY negative controls, a session's (pyspec.testing.TestControls builds it)
     FIELDS: ClassVar[Tuple[str, ...]]
-    variant: str  # "correct", or one of sampling.VARIANTS' wrong rules (the session's)
-    discard_below: float  # > 0: a draft discards a drawn token believed below this (per sequence)
-    shared_stream: bool  # every sequence draws from the one stream of seed (per sequence)
-    grammar: str  # "unmasked" or "stale": the target's rows under a wrong grammar mask (per sequence)
+    variant: str  # "correct", or one of sampling.VARIANTS' wrong rules
+    discard_below: float  # > 0: a draft discards a drawn token believed below this
+    shared_stream: bool  # every sequence draws from the one stream of its seed
+    grammar: str  # GRAMMAR_CONTROLS: "unmasked" or "stale": the target's rows under a wrong grammar mask
     pit: bool  # probe, not a control: record each decided token's PIT under its target row in stats.pit
     def __init__(self, **fields: Any) -> None: ...
     def to_dict(self) -> Dict[str, Any]: ...
@@ -45,19 +47,23 @@ class Grammar:  # a compiled grammar; ConstraintError if it does not compile
     def forced(self, prefix: Sequence[int] = ..., max_n: int = ...) -> List[int]: ...
     def time_masks(self, tokens: Sequence[int]) -> List[float]: ...
 
-class GenerateParams:
+class SequenceParams:  # what one sequence generates and how it samples (engine.h)
     FIELDS: ClassVar[Tuple[str, ...]]
     max_tokens: int
     sampling: SamplingParams
     draft_sampling: SamplingParams
     seed: int
     stop: List[str]
-    test: TestControls
-    parallel_prefill: bool
-    prefill_chunk: int
-    calibration_share: float  # most share of round time spent timing batch sizes between rounds (auto)
     logprobs: int  # -1 none; k >= 0: each token's and the k most likely (the target's, at T = 1)
     grammar: Optional[Grammar]  # the constraint the output follows (constraint/grammar.h)
+    def __init__(self, **fields: Any) -> None: ...
+    def to_dict(self) -> Dict[str, Any]: ...
+
+class SessionParams:  # how a session runs all its sequences (engine.h)
+    FIELDS: ClassVar[Tuple[str, ...]]
+    prefill_chunk: int  # most prompt rows a round adds beside running sequences (0: all that fit)
+    calibration_share: float  # most share of round time spent timing batch sizes between rounds (auto)
+    test: TestControls
     def __init__(self, **fields: Any) -> None: ...
     def to_dict(self) -> Dict[str, Any]: ...
 
@@ -125,7 +131,7 @@ class GenerateResult:
     text: bytes  # UTF-8
     stop_reason: str  # "eog", "max_tokens", "stop", "context", "cancelled"
     stats: GenerationStats
-    logprobs: List[Tuple[float, List[Tuple[int, float]]]]  # per token, when GenerateParams.logprobs >= 0
+    logprobs: List[Tuple[float, List[Tuple[int, float]]]]  # per token, when SequenceParams.logprobs >= 0
 
 class DrafterParams:
     FIELDS: ClassVar[Tuple[str, ...]]
@@ -315,20 +321,21 @@ def expected_tokens(alpha: Sequence[float], k: int) -> float: ...
 # --------------------------------------------------------------- the loop
 class Engine:
     def __init__(self, target: Model, drafter: Optional[Drafter] = None) -> None: ...
-    def generate(self, prompt: Sequence[int], params: GenerateParams, policy: Optional[LengthPolicy] = None,
+    def generate(self, prompt: Sequence[int], params: SequenceParams, session: SessionParams = ...,
+                 policy: Optional[LengthPolicy] = None,
                  on_token: Optional[Callable[[int, bytes, bool], Any]] = None,
                  cancel: Optional[CancelToken] = None) -> GenerateResult: ...
-    def generate_batch(self, prompts: Sequence[Sequence[int]], params: GenerateParams,
+    def generate_batch(self, prompts: Sequence[Sequence[int]], params: SequenceParams, session: SessionParams = ...,
                        drafters: Sequence[Optional[Drafter]] = ..., policies: Sequence[Optional[LengthPolicy]] = ...,
                        on_token: Optional[Callable[[int, int, bytes, bool], Any]] = None,
                        cancel: Optional[CancelToken] = None) -> Tuple[List[GenerateResult], BatchStats]: ...
 
-    def session(self, params: GenerateParams, on_token: Optional[Callable[[int, int, bytes, bool], Any]] = None,
+    def session(self, params: SessionParams, on_token: Optional[Callable[[int, int, bytes, bool], Any]] = None,
                 cancel: Optional[CancelToken] = None, draft_models: Sequence[Model] = ...,
-                prompt_cache: Optional[PromptCache] = None) -> BatchSession: ...
+                host_cache: Optional[HostCache] = None) -> BatchSession: ...
 
-class PromptCache:
-    """Conversations no slot holds, in host memory within a byte bound (engine/prompt_cache.h)."""
+class HostCache:
+    """The prompt cache's host-memory tier: conversations no slot holds, within a byte bound (engine/host_cache.h)."""
     MIN_TOKENS: int
     def __init__(self, capacity_bytes: int) -> None: ...
     stats: Dict[str, int]  # saved, restored, restored_tokens, evicted, entries, bytes, capacity
@@ -338,7 +345,7 @@ class PromptCache:
 
 class BatchSession:
     """Continuous batching: add() between step()s; each step is one round."""
-    def add(self, prompt: Sequence[int], params: GenerateParams, drafter: Optional[Drafter] = None,
+    def add(self, prompt: Sequence[int], params: SequenceParams, drafter: Optional[Drafter] = None,
             policy: Optional[LengthPolicy] = None, stream: int = 0, slot: int = -1) -> int: ...
     def pick_slot(self, prompt: Sequence[int]) -> int: ...
     def step(self) -> bool: ...

@@ -34,7 +34,7 @@ Schema = Union[Mapping[str, Any], bool, str]
 class Constraint:
     """A constraint on the output: ``kind`` is ``"json_schema"``, ``"lark"`` or
     ``"regex"`` (llguidance's formats) and ``text`` its source. Build one with
-    :meth:`json_schema`, :meth:`grammar`, :meth:`regex` or :func:`resolve`."""
+    :meth:`json_schema`, :meth:`grammar`, :meth:`regex` or :func:`from_keywords`."""
 
     kind: str
     text: str
@@ -82,8 +82,8 @@ class Constraint:
         return cls("regex", pattern)
 
 
-def resolve(constraint: Optional[Constraint] = None, *, json_schema: Optional[Schema] = None,
-            grammar: Optional[str] = None, regex: Optional[str] = None) -> Optional[Constraint]:
+def from_keywords(constraint: Optional[Constraint] = None, *, json_schema: Optional[Schema] = None,
+                  grammar: Optional[str] = None, regex: Optional[str] = None) -> Optional[Constraint]:
     """The one constraint of a call, from whichever of the arguments is given
     (None: unconstrained); more than one is an error."""
     given = {name: value for name, value in (("constraint", constraint), ("json_schema", json_schema),

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional, Tuple, Union
 
 from . import _core
-from .settings import Sampling
+from .sampling import Sampling
 
 if TYPE_CHECKING:
     from .memory import Memory

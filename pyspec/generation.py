@@ -1,5 +1,10 @@
 """generate() and stream(), shared by plain and speculative generation.
 
+Over 400 lines on purpose: :class:`Generator` is the one place a call's three
+values are resolved and a sequence is set up (``setup``); its entries
+(``generate``, ``generate_batch``, ``stream``, sessions, saved prefixes) sit
+beside it so that none grows its own copy.
+
 Both run the same C++ loop (``_core.Engine``); a plain model's engine has no
 drafter. This module owns prompt handling, seeds, Ctrl-C, streaming through a
 worker thread, and turning the core's result into a
@@ -22,9 +27,11 @@ from . import _core, constraints
 from .constraints import Constraint
 from .drafting import FIELDS as DRAFTING_FIELDS
 from .drafting import Drafting
-from .memory import resolve as resolve_memory
+from .memory import choose as choose_memory
 from .results import BatchStats, Completion, Completions, GenerationStats
-from .settings import MAX_TOKENS, Sampling, check_seed
+from .settings import MAX_TOKENS, check_seed
+from .sampling import Sampling
+from .testing import TestControls, controls
 
 if TYPE_CHECKING:
     from .memory import Memory
@@ -86,25 +93,13 @@ def _wait_through_interrupts(finished: threading.Event) -> None:
             continue
 
 
-def test_controls(spec: Union[None, Mapping[str, object], "_core.TestControls"]) -> "_core.TestControls":
-    """The TEST-ONLY negative controls of a generation (``_test=``): None (off),
-    a :class:`pyspec._core.TestControls`, or a dict of its fields (``variant``,
-    ``discard_below``, ``shared_stream``, ``grammar``). They break losslessness on purpose, so
-    that the statistical tests can show they would catch such a bug."""
-    if spec is None:
-        return _core.TestControls()
-    if isinstance(spec, _core.TestControls):
-        return spec
-    return _core.TestControls(**dict(spec))
-
-
 @dataclass
 class SequenceSetup:
     """What the engine needs to run one sequence, besides its prompt: the
     settings, and the sequence's drafter and length policy (both None: plain
     decoding; drafter None with a policy: the engine's own drafter)."""
 
-    params: "_core.GenerateParams"
+    params: "_core.SequenceParams"
     drafter: Optional["_core.Drafter"] = None
     policy: Optional["_core.LengthPolicy"] = None
 
@@ -124,7 +119,7 @@ class Generator:
     #: Most share of decoding time that the ``auto`` policy may spend timing the
     #: target's batch sizes between rounds (kept on disk per model and machine: a
     #: first run's cost only); 1e9 times them all after the first round.
-    calibration_share: float = _core.GenerateParams().calibration_share
+    calibration_share: float = _core.SessionParams().calibration_share
 
     def clear_cache(self) -> None:  # pragma: no cover - abstract
         """Forget the processed prompt, so the next call processes all of it."""
@@ -149,12 +144,11 @@ class Generator:
         constraint: Optional[Constraint] = None,
         drafting: Optional[Drafting] = None,
         policy_keys: Optional[List] = None,
-        _test=None,
     ) -> List[SequenceSetup]:
         """The one way to set up sequences: ``generate``, ``generate_batch`` and
         the server all come here. Returns one :class:`SequenceSetup` per entry of
         ``slots`` (sequence slots of a batch or a server; each slot keeps its own
-        length policy across calls), sharing one ``GenerateParams``.
+        length policy across calls), sharing one ``SequenceParams``.
 
         ``drafters`` says whose drafters the sequences use: ``"engine"`` (the
         engine's own: a single generation), ``"batch"`` (new ones for this
@@ -163,15 +157,13 @@ class Generator:
         ``drafting`` (a :class:`~pyspec.Drafting` from :meth:`drafting`; None:
         plain) and ``constraint`` (one :class:`~pyspec.Constraint`, or None).
         ``policy_keys``: whose length policy each slot uses (default: the
-        slot's own; a server's follow the user). ``_test``: the TEST-ONLY
-        negative controls (:func:`test_controls`). The core validates every
-        setting (ValueError)."""
+        slot's own; a server's follow the user). How the session runs them
+        (chunks, calibration, test controls) is not a sequence's:
+        :meth:`session_params`. The core validates every setting (ValueError)."""
         native = sampling.native()
-        params = _core.GenerateParams(max_tokens=max_tokens, sampling=native, draft_sampling=native,
+        params = _core.SequenceParams(max_tokens=max_tokens, sampling=native, draft_sampling=native,
                                       seed=check_seed(seed), stop=list(stop or []),
-                                      logprobs=-1 if logprobs is None else logprobs,
-                                      calibration_share=self.calibration_share)
-        params.test = test_controls(_test)
+                                      logprobs=-1 if logprobs is None else logprobs)
         if constraint is not None:
             params.grammar = self.target.grammars.compile(constraint)
         keys = list(slots) if policy_keys is None else list(policy_keys)
@@ -193,7 +185,7 @@ class Generator:
             raise TypeError(f"unexpected arguments for plain generation: {', '.join(given) or 'drafting'}")
         return None
 
-    def _drafting(self, params: "_core.GenerateParams", slots: List[int], drafters: str,
+    def _drafting(self, params: "_core.SequenceParams", slots: List[int], drafters: str,
                   drafting: Optional[Drafting], policy_keys: List
                   ) -> List[Tuple[Optional["_core.Drafter"], Optional["_core.LengthPolicy"]]]:
         """Fill the drafting fields of ``params``; each slot's (drafter, policy).
@@ -209,17 +201,25 @@ class Generator:
         to write), for a thread other than the round's."""
         return None
 
+    def session_params(self, *, prefill_chunk: int = 0,
+                       _test: Optional[TestControls] = None) -> "_core.SessionParams":
+        """How a session runs all its sequences (every generation is one):
+        prompt chunks beside running sequences, this generator's
+        :attr:`calibration_share`, and ``_test`` (TEST-ONLY,
+        :class:`pyspec.testing.TestControls`)."""
+        return _core.SessionParams(prefill_chunk=prefill_chunk, calibration_share=self.calibration_share,
+                                   test=controls(_test).native())
+
     def open_session(self, on_token, *, prefill_chunk: int = 0,
-                     prompt_cache: Optional["_core.PromptCache"] = None, _test=None) -> "_core.BatchSession":
+                     host_cache: Optional["_core.HostCache"] = None,
+                     _test: Optional[TestControls] = None) -> "_core.BatchSession":
         """A continuous-batching session on this generator's models (a server's):
         sequences set up with ``setup(drafters="slots")`` join and leave it
         between rounds (each drafts as its own policy says, none: plain). Caches
-        the context gives up go to ``prompt_cache`` (host memory) and come back."""
-        shared = _core.GenerateParams(max_tokens=0, prefill_chunk=prefill_chunk,
-                                      calibration_share=self.calibration_share)
-        shared.test = test_controls(_test)
-        return self._engine.session(shared, on_token=on_token, draft_models=self._draft_models(),
-                                    prompt_cache=prompt_cache)
+        the context gives up go to ``host_cache`` (the prompt cache's host-memory
+        tier) and come back."""
+        return self._engine.session(self.session_params(prefill_chunk=prefill_chunk, _test=_test),
+                                    on_token=on_token, draft_models=self._draft_models(), host_cache=host_cache)
 
     def _draft_models(self) -> List["_core.Model"]:
         """The models a session drafts with, besides the target (subclasses)."""
@@ -294,7 +294,7 @@ class Generator:
         svip_h: Optional[float] = None,
         draft_sampling: Optional[Sampling] = None,
         memory=None,
-        _test=None,
+        _test: Optional[TestControls] = None,
     ) -> Union[Completion, Completions]:
         """Generate a continuation of ``prompt``.
 
@@ -336,10 +336,10 @@ class Generator:
         ``drafter``, ``policy``, ``draft_max`` (0: plain), ``p_min``,
         ``svip_gamma``, ``svip_h``, ``draft_sampling`` and ``memory`` given by
         name changed; None keeps the decoder's. ``_test``: TEST-ONLY negative
-        controls (:func:`test_controls`).
+        controls (:class:`pyspec.testing.TestControls`).
         """
         sampling = self.sampling(sampling, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
-        constraint = constraints.resolve(constraint, json_schema=json_schema, grammar=grammar, regex=regex)
+        constraint = constraints.from_keywords(constraint, json_schema=json_schema, grammar=grammar, regex=regex)
         drafting = self.drafting(drafting, drafter=drafter, policy=policy, draft_max=draft_max, p_min=p_min,
                                  svip_gamma=svip_gamma, svip_h=svip_h, draft_sampling=draft_sampling, memory=memory)
         if n != 1:
@@ -391,18 +391,24 @@ class Generator:
         token_lists = [self.prompt_tokens(p, chat=chat) for p in prompts]
         # The call's three values, each resolved here once.
         sampling = self.sampling(sampling, **{f.name: settings.pop(f.name, None) for f in dataclasses.fields(Sampling)})
-        constraint = constraints.resolve(settings.pop("constraint", None), json_schema=settings.pop("json_schema", None),
-                                         grammar=settings.pop("grammar", None), regex=settings.pop("regex", None))
+        constraint = constraints.from_keywords(settings.pop("constraint", None),
+                                               json_schema=settings.pop("json_schema", None),
+                                               grammar=settings.pop("grammar", None), regex=settings.pop("regex", None))
         drafting = self.drafting(settings.pop("drafting", None),
                                  **{name: settings.pop(name, None) for name in DRAFTING_FIELDS})
+        max_tokens, stop = settings.pop("max_tokens", MAX_TOKENS), settings.pop("stop", None)
+        test = settings.pop("_test", None)
+        if settings:
+            raise TypeError(f"generate_batch() got unexpected keyword arguments: {', '.join(sorted(settings))}")
         return self._generate_batch(token_lists, seed=seed, on_token=on_token, cancel=cancel, sampling=sampling,
-                                    constraint=constraint, drafting=drafting, **settings)
+                                    constraint=constraint, drafting=drafting, max_tokens=max_tokens, stop=stop,
+                                    _test=test)
 
     def _generate_batch(self, token_lists: List[List[int]], *, seed: Optional[int],
                         on_token: Optional[BatchTokenCallback], cancel: Optional["_core.CancelToken"],
                         sampling: Sampling, constraint: Optional[Constraint], drafting: Optional[Drafting],
-                        max_tokens: int = MAX_TOKENS, stop: Optional[Sequence[str]] = None,
-                        _test=None) -> Completions:
+                        max_tokens: int, stop: Optional[Sequence[str]],
+                        _test: Optional[TestControls]) -> Completions:
         n, n_seq = len(token_lists), self.target.n_seq_max
         if n > n_seq:
             raise ValueError(f"{n} sequences in one batch need a target loaded with n_seq_max >= {n} "
@@ -416,12 +422,12 @@ class Generator:
         if seed is None:
             seed = self.target.next_seed()
         seqs = self.setup(max_tokens=max_tokens, sampling=sampling, seed=seed, stop=stop,
-                          slots=range(len(token_lists)), drafters="batch", constraint=constraint, drafting=drafting,
-                          _test=_test)
+                          slots=range(len(token_lists)), drafters="batch", constraint=constraint, drafting=drafting)
+        session = self.session_params(_test=_test)
         cancel = cancel if cancel is not None else _core.CancelToken()
 
         def call():
-            return self._engine.generate_batch(token_lists, seqs[0].params,
+            return self._engine.generate_batch(token_lists, seqs[0].params, session=session,
                                                drafters=[s.drafter for s in seqs] if drafting else [],
                                                policies=[s.policy for s in seqs] if drafting else [],
                                                on_token=callback, cancel=cancel)
@@ -485,16 +491,18 @@ class Generator:
 
     def _run(self, tokens, callback, cancel, *, seed: Optional[int], max_tokens: int, sampling: Sampling,
              stop: Optional[Sequence[str]], constraint: Optional[Constraint], drafting: Optional[Drafting],
-             _test=None):
+             _test: Optional[TestControls] = None):
         """One generation of ``tokens`` (the call's values resolved: :meth:`setup`)."""
         if seed is None:
             seed = self.target.next_seed()
         seq = self.setup(max_tokens=max_tokens, sampling=sampling, seed=seed, stop=stop, constraint=constraint,
-                         drafting=drafting, _test=_test)[0]
+                         drafting=drafting)[0]
+        session = self.session_params(_test=_test)
         cancel = cancel if cancel is not None else _core.CancelToken()
 
         def call() -> "_core.GenerateResult":
-            return self._engine.generate(tokens, seq.params, policy=seq.policy, on_token=callback, cancel=cancel)
+            return self._engine.generate(tokens, seq.params, session=session, policy=seq.policy,
+                                         on_token=callback, cancel=cancel)
 
         on_main = threading.current_thread() is threading.main_thread()
         out = run_interruptible(call, cancel) if on_main else call()
@@ -505,6 +513,6 @@ class Generator:
     def _remember(self, prompt: Sequence[int], output: Sequence[int], drafting: Optional[Drafting]) -> None:
         """A finished generation joins the memory it drafted from (the call's
         ``memory``; plain, and by default, the generator's own): later ones may copy from it."""
-        store = resolve_memory(drafting.memory if drafting is not None else True, self.memory)
+        store = choose_memory(drafting.memory if drafting is not None else True, self.memory)
         if self.remember and store is not None and len(output) > 0:
             store.add(list(prompt) + list(output))

@@ -160,8 +160,8 @@ def vocab_fingerprint(model) -> str:
     return f"{model.n_vocab}:{hashlib.sha256(np.array(ids, dtype=np.int32).tobytes()).hexdigest()[:16]}"
 
 
-def resolve(memory: Union[bool, Memory, None], default: Optional[Memory]) -> Optional[Memory]:
-    """A ``memory=`` argument: True (``default``), False/None (none), or a Memory."""
+def choose(memory: Union[bool, Memory, None], default: Optional[Memory]) -> Optional[Memory]:
+    """The Memory a ``memory=`` argument names: True (``default``), False/None (none), or a Memory."""
     if memory is True:
         return default
     if memory is False or memory is None:

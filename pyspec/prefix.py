@@ -2,7 +2,7 @@
 document) processed once and kept on disk with every model's cache of it, the
 draft model's included, so that a new process or a restarted server starts
 from it without a prefill (``Model.save_prefix`` / ``load_prefix``,
-``SpeculativeDecoder`` alike, ``pyspec serve --prompt-cache DIR``).
+``SpeculativeDecoder`` alike, ``pyspec serve --cache-dir DIR``).
 
 A file holds a header (this format, the build, and each model's identity: its
 file, size, shape and how its cache is laid out) and then, per model, the

@@ -1,6 +1,19 @@
-"""Sampling math: logits to probabilities, and the lossless speculative verification rule.
+"""How tokens are drawn: the settings value :class:`Sampling`, and the maths
+(logits to probabilities, and the lossless speculative verification rule).
 
-This is the public Python surface of the C++ sampling core (``pyspec._core.sampling``),
+:class:`Sampling` is one frozen value, built once where a request enters (the
+API, the CLI, the server, a benchmark) and carried as is to the core, which
+validates it. Its presets say whose defaults they are:
+
+- :attr:`Sampling.API`: ``generate()`` and ``pyspec generate`` (llama.cpp's
+  defaults: temperature 0.8, top-k 40, top-p 0.95, min-p 0.05);
+- :attr:`Sampling.OPENAI`: the server, where a request that names nothing
+  samples as OpenAI's API does (temperature 1, no truncation);
+- :attr:`Sampling.GREEDY`: the benchmarks, so that every runner writes the same
+  text (the API's settings at temperature 0; a bench run at another
+  temperature keeps the API's truncation).
+
+The maths is the public Python surface of the C++ sampling core (``pyspec._core.sampling``),
 the same code the engine runs. Everything here is a thin wrapper: it converts Python
 and numpy arguments to what the core takes, and the core validates them (settings,
 shapes, probabilities), raising :class:`ValueError` with a message that says what is
@@ -25,7 +38,9 @@ the round stops; if every draft is accepted a bonus token is drawn from ``p[n]``
 
 from __future__ import annotations
 
-from typing import Tuple
+import dataclasses
+from dataclasses import dataclass
+from typing import ClassVar, Tuple
 
 import numpy as np
 
@@ -33,11 +48,46 @@ from . import _core
 from .settings import check_seed
 
 __all__ = [
+    "Sampling",
     "VARIANTS",
     "distribution",
     "verify",
     "verify_many",
 ]
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How tokens are drawn from a model's logits; the order of the steps is
+    ``cpp/core/sampling.h``'s. ``temperature`` 0 is greedy; top-k 0, top-p 1
+    and min-p 0 switch each truncation off. Frozen: change one field with
+    :meth:`replace`, which leaves ``None`` fields as they are."""
+
+    temperature: float = 0.8
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+
+    API: ClassVar["Sampling"]
+    OPENAI: ClassVar["Sampling"]
+    GREEDY: ClassVar["Sampling"]
+
+    def replace(self, **changes) -> "Sampling":
+        """This value with the given fields changed (a ``None`` changes nothing)."""
+        return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
+
+    def native(self) -> "_core.SamplingParams":
+        """The core's form; the core validates it (ValueError with the reason)."""
+        top_k = self.top_k if self.top_k <= 2**31 - 1 else 0  # past any vocabulary: off (the core's is 32-bit)
+        return _core.SamplingParams(temperature=self.temperature, top_k=top_k, top_p=self.top_p, min_p=self.min_p)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+Sampling.API = Sampling()
+Sampling.OPENAI = Sampling(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
+Sampling.GREEDY = Sampling(temperature=0.0)
 
 _core_sampling = _core.sampling
 

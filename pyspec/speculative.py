@@ -62,7 +62,7 @@ class SpeculativeDecoder(Generator):
     ) -> None:
         params = _core.DrafterParams(name=drafter or "", ngram_min=ngram_min, ngram_max=ngram_max)
         self.drafter = _core.drafter_name(params, draft is not None)
-        self.memory = memory_.resolve(memory, target.memory)
+        self.memory = memory_.choose(memory, target.memory)
         self.remember = remember
         self._ngram_sizes = (ngram_min, ngram_max)
         self.target = target
@@ -118,7 +118,7 @@ class SpeculativeDecoder(Generator):
             self._policies[setting] = _core.make_policy(params)
         return self._policies[setting]
 
-    def _drafting(self, params: "_core.GenerateParams", slots: List[int], drafters: str,
+    def _drafting(self, params: "_core.SequenceParams", slots: List[int], drafters: str,
                   drafting: Optional[Drafting], policy_keys: List
                   ) -> List[Tuple[Optional["_core.Drafter"], Optional["_core.LengthPolicy"]]]:
         """Fill the drafting fields of ``params``; each slot's (drafter, policy)
@@ -142,7 +142,7 @@ class SpeculativeDecoder(Generator):
             chosen = [pool[j] for j in slots]
         else:
             raise ValueError(f"drafters must be 'engine', 'batch' or 'slots', got {drafters!r}")
-        store = memory_.resolve(drafting.memory, self.memory)
+        store = memory_.choose(drafting.memory, self.memory)
         for d in chosen if drafters != "engine" else [self._core_drafter]:
             d.use_memory(store.native if store is not None else None)
         return list(zip(chosen, policies))

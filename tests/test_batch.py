@@ -127,7 +127,7 @@ def test_greedy_batch_drafting_with_a_draft_model(gemma_path, load_model, lone_m
     one = _core.make_batch_drafters(_core.DrafterParams(name="model"), target.native, draft.native, 1)[0]
     with pytest.raises(ValueError, match="same sequence"):
         fixed = [_core.make_policy(_core.PolicyParams(name="fixed", draft_max=2)) for _ in range(2)]
-        target.engine.generate_batch([target.tokenize("a"), target.tokenize("b")], _core.GenerateParams(
+        target.engine.generate_batch([target.tokenize("a"), target.tokenize("b")], _core.SequenceParams(
             max_tokens=2), drafters=[one, one], policies=fixed)
 
 

@@ -37,6 +37,7 @@ from pyspec import Sampling, _core
 from chisquare import assert_law, power, required_n
 from laws import (TARGET, draft_row, exact_distribution, independent_pair, lookup_proposal, next_row, one_hot,
                   residual_is_p_row, support_of, target_rows)
+from pyspec.testing import TestControls
 
 # Exact laws from single-token rows: bit-exact batch rows presumed (conftest skips these on GPU builds).
 pytestmark = pytest.mark.bitexact
@@ -91,7 +92,7 @@ def test_two_batched_samples_are_independent_draws_of_the_target(case):
 
 def test_negative_control_broken_residual_in_the_batched_path(case):
     spec, tokens, exact, _, _, n = case
-    counts, _ = joint(spec, tokens, n, _test=dict(variant="residual_is_p"))
+    counts, _ = joint(spec, tokens, n, _test=TestControls(variant="residual_is_p"))
     assert_law(counts, exact, n, "batch residual=p", control=True)
 
 
@@ -131,7 +132,7 @@ def test_jointly_planned_drafts_keep_two_samples_independent_draws(case):
 
 def test_negative_control_broken_residual_under_the_joint_plan(case):
     spec, tokens, exact, _, _, n = case
-    counts, _, _ = joint_plan_run(spec, tokens, n, _test=dict(variant="residual_is_p"))
+    counts, _, _ = joint_plan_run(spec, tokens, n, _test=TestControls(variant="residual_is_p"))
     assert_law(counts, exact, n, "joint plan, residual=p", control=True)
 
 
@@ -139,7 +140,7 @@ def test_negative_control_samples_on_one_stream(case, n_shared):
     spec, tokens, exact, _, wrong_shared, _ = case
     n = n_shared
     assert power(exact, wrong_shared, n, len(exact) - 1) > 0.99
-    counts, _ = joint(spec, tokens, n, _test=dict(shared_stream=True))
+    counts, _ = joint(spec, tokens, n, _test=TestControls(shared_stream=True))
     assert_law(counts, exact, n, "shared stream", control=True)
 
 
@@ -168,7 +169,7 @@ def test_two_samples_drafting_with_a_draft_model_are_independent_draws(model_cas
 
 def test_negative_control_broken_residual_with_a_draft_model(model_case):
     spec, tokens, exact, _, n = model_case
-    counts, _ = joint(spec, tokens, n, _test=dict(variant="residual_is_p"), **GREEDY_DRAFT)
+    counts, _ = joint(spec, tokens, n, _test=TestControls(variant="residual_is_p"), **GREEDY_DRAFT)
     assert_law(counts, exact, n, "batch draft model, residual=p", control=True)
 
 
@@ -196,8 +197,7 @@ def sibling_case(gemma_path, load_model):
 def joining_samples(target, tokens, n, variant="correct"):
     """n trials: two samples join a batch whose leader is ahead; their first tokens."""
     greedy = _core.SamplingParams(temperature=0)
-    shared = _core.GenerateParams(max_tokens=1, sampling=greedy, draft_sampling=greedy, seed=0)
-    shared.test = _core.TestControls(variant=variant)
+    shared = target.session_params(_test=TestControls(variant=variant))
     pool = _core.ConsensusPool(3)
     drafters = [_core.ConsensusDrafter(pool, j, target.n_vocab, 1, 16) for j in range(3)]
     # One token a round each (a sequence drafts through its policy; without one it is plain).
@@ -205,15 +205,15 @@ def joining_samples(target, tokens, n, variant="correct"):
     counts: dict = {}
     fired = 0
     with target.engine.session(shared) as s:
-        leader = s.add(tokens, _core.GenerateParams(max_tokens=4000, sampling=greedy, draft_sampling=greedy),
+        leader = s.add(tokens, _core.SequenceParams(max_tokens=4000, sampling=greedy, draft_sampling=greedy),
                        drafter=drafters[0], policy=fixed1[0])
         for _ in range(4):
             s.step()
         for i in range(n):
             joined = []
             for j in (1, 2):
-                p = _core.GenerateParams(max_tokens=2, sampling=_core.SamplingParams(**SIBLING_SAMPLING),
-                                         draft_sampling=greedy, seed=70_000 + i)
+                p = _core.SequenceParams(max_tokens=2, sampling=_core.SamplingParams(**SIBLING_SAMPLING),
+                                          draft_sampling=greedy, seed=70_000 + i)
                 joined.append(s.add(tokens, p, drafter=drafters[j], policy=fixed1[j], stream=j))
             s.step()  # both verify their first draft beside the leader's row
             for h in joined:
@@ -294,7 +294,7 @@ def spared_samples(spec, draft, tokens, n, variant="correct"):
     spared = drafted = 0
     for i in range(n):
         spec.clear_cache()  # the draft model's sequence 1 holds the last trial's catch-up
-        with spec.open_session(lambda *a: True, _test=dict(variant=variant)) as s:
+        with spec.open_session(lambda *a: True, _test=TestControls(variant=variant)) as s:
             handles = []
             for slot, max_tokens in ((0, 1), (1, 3)):
                 setup = spec.setup(max_tokens=max_tokens, seed=60_000 + i, slots=[slot], drafters="slots",

@@ -14,12 +14,9 @@ from pyspec import _core
 from near_ties import near_tie_flips
 
 
-def params(max_tokens, seed=1, temperature=0.0, **extra):
+def params(max_tokens, seed=1, temperature=0.0):
     s = _core.SamplingParams(temperature=temperature)
-    p = _core.GenerateParams(max_tokens=max_tokens, sampling=s, draft_sampling=s, seed=seed)
-    for k, v in extra.items():
-        setattr(p, k, v)
-    return p
+    return _core.SequenceParams(max_tokens=max_tokens, sampling=s, draft_sampling=s, seed=seed)
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +32,7 @@ def lone(gemma_path, load_model):
 def test_a_long_prompt_joins_in_chunks_while_the_others_generate(multi, lone):
     chunk = 64
     tokens_by = {}
-    with multi.engine.session(params(24, prefill_chunk=chunk),
+    with multi.engine.session(_core.SessionParams(prefill_chunk=chunk),
                                on_token=lambda h, t, text, d: tokens_by.setdefault(h, []).append(t)) as s:
         a = s.add(multi.tokenize("The capital of France is"), params(24))
         b = s.add(multi.tokenize("One, two, three,"), params(24))
@@ -74,7 +71,7 @@ def test_a_long_prompt_joins_in_chunks_while_the_others_generate(multi, lone):
 
 def test_equal_prompts_are_prefilled_once(multi):
     prompt = multi.tokenize(" ".join(f"line {i}." for i in range(40)))
-    with multi.engine.session(params(4)) as s:
+    with multi.engine.session(_core.SessionParams()) as s:
         s.release_cache()  # no prefix kept from earlier tests
         for j in range(3):
             s.add(prompt, params(4, seed=j))
@@ -86,7 +83,7 @@ def test_equal_prompts_are_prefilled_once(multi):
     assert stats.prompt_rows == len(prompt) - 1
     # Control: different prompts of the same length are each computed.
     other = multi.tokenize(" ".join(f"row {i}." for i in range(40)))
-    with multi.engine.session(params(4)) as s:
+    with multi.engine.session(_core.SessionParams()) as s:
         s.release_cache()
         s.add(prompt, params(4))
         s.add(other, params(4))
@@ -96,7 +93,7 @@ def test_equal_prompts_are_prefilled_once(multi):
 
 
 def test_a_cancelled_sequence_leaves_and_its_slot_is_reused(multi):
-    with multi.engine.session(params(40)) as s:
+    with multi.engine.session(_core.SessionParams()) as s:
         a = s.add(multi.tokenize("Once upon a time"), params(40))
         b = s.add(multi.tokenize("def add(a, b):"), params(12))
         s.step()
@@ -119,7 +116,7 @@ def test_a_cancelled_sequence_leaves_and_its_slot_is_reused(multi):
 
 
 def test_every_slot_taken_is_a_clear_error_and_changes_nothing(multi):
-    with multi.engine.session(params(3)) as s:
+    with multi.engine.session(_core.SessionParams()) as s:
         for j in range(4):
             s.add(multi.tokenize(f"Number {j}:"), params(3))
         assert s.free_slots == 0
@@ -154,7 +151,7 @@ def test_s_at_the_contexts_maximum(gemma_path, load_model):
 
 
 def test_a_session_claims_its_model(multi):
-    s = multi.engine.session(params(2))
+    s = multi.engine.session(_core.SessionParams())
     try:
         with pytest.raises(RuntimeError, match="batch session"):
             multi.generate("hi", max_tokens=2, chat=False)

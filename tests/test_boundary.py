@@ -293,7 +293,7 @@ def test_stub_detects_a_missing_member():
      r"\g<1>max_n", "NgramDrafter.__init__: parameters"),
     (r"(def propose\(self, history: Sequence\[int\], max_n: int)\)", r"\g<1> = 4)", "propose: default of max_n"),
     (r'(variant: str = "correct", storage: str = )"auto"', r'\g<1>"dense"', "_Sampling.verify_many: default of storage"),
-    (r"(\n    seed: )int\n", r"\g<1>str\n", "GenerateParams.seed: str in the stub"),
+    (r"(\n    seed: )int\n", r"\g<1>str\n", "SequenceParams.seed: str in the stub"),
 ])
 def test_stub_detects_a_wrong_signature(pattern, replacement, what):
     """Negative controls: a wrong default (also in the sampling submodule), a
@@ -314,10 +314,13 @@ def test_python_reads_names_and_defaults_from_the_core():
 
 def test_struct_keywords_are_checked():
     with pytest.raises(TypeError, match="unexpected argument 'nope'"):
-        _core.GenerateParams(nope=1)
+        _core.SequenceParams(nope=1)
     with pytest.raises(ValueError, match="top_p"):
         _core.SamplingParams(top_p=0.0)
-    p = _core.GenerateParams(max_tokens=7, test=_core.TestControls(variant="accept_all"))
-    assert p.max_tokens == 7 and p.test.variant == "accept_all" and p.to_dict()["max_tokens"] == 7
+    p = _core.SessionParams(prefill_chunk=7, test=_core.TestControls(variant="accept_all", grammar="stale"))
+    assert p.prefill_chunk == 7 and p.test.variant == "accept_all" and p.to_dict()["prefill_chunk"] == 7
+    assert p.test.grammar == "stale" and _core.TestControls().grammar == "off"
     with pytest.raises(ValueError, match="variant"):
         p.test.variant = "nope"
+    with pytest.raises(ValueError, match="grammar control"):
+        p.test.grammar = "nope"

@@ -18,7 +18,7 @@ broken-residual law (residual = p) of the same masked rows, at least 200; the
 forced path's first token is certain under its grammar, and the batch's size
 would pass 10,000 (top-k 2, see its test), so these two are sized against the
 stale-mask law below. Two negative controls are run at the same N and must
-be rejected (`_test=dict(grammar=...)`):
+be rejected (`_test=TestControls(grammar=...)`):
   * "unmasked": the target's rows are not masked (only the draft's q is), the
     "draft-only mask";
   * "stale": every row of a round is masked with the grammar's state at the
@@ -37,6 +37,7 @@ from chisquare import assert_law, power, required_n
 from draws import draw
 from laws import (PROMPT, TARGET, constrained_draft_row, constrained_law, exact_distribution, lookup_proposal,
                   one_hot, residual_is_p_row)
+from pyspec.testing import TestControls
 
 # Exact laws from single-token rows: bit-exact batch rows presumed (conftest skips these on GPU builds).
 pytestmark = pytest.mark.bitexact
@@ -115,7 +116,7 @@ def test_model_drafter_under_grammar_is_lossless(gemma_models, model_case):
 @pytest.mark.parametrize("control", ["unmasked", pytest.param("stale", marks=pytest.mark.slow)])
 def test_negative_control_wrong_target_mask_is_caught(gemma_models, model_case, control):
     tokens, exact, n = model_case
-    d = sample(model_spec(gemma_models), tokens, n, CHOICE, _test=dict(grammar=control), **DRAFT)
+    d = sample(model_spec(gemma_models), tokens, n, CHOICE, _test=TestControls(grammar=control), **DRAFT)
     assert d.totals["length_hist"][2] > 0
     assert_law(d.counts, exact, n, f"model under grammar, {control} mask", control=True)
 
@@ -147,7 +148,7 @@ def test_lookup_draft_cut_by_grammar_is_lossless(cut_case):
 @pytest.mark.slow
 def test_negative_control_lookup_cut_unmasked_target_is_caught(cut_case):
     spec, tokens, exact, n = cut_case
-    control = sample(spec, tokens, n, CUT, _test=dict(grammar="unmasked"))
+    control = sample(spec, tokens, n, CUT, _test=TestControls(grammar="unmasked"))
     assert_law(control.counts, exact, n, "ngram cut by grammar, unmasked target", control=True)
 
 
@@ -172,7 +173,7 @@ def test_forced_drafts_are_lossless(gemma_models):
     assert t["forced_drafted"] >= n and t["forced_rounds"] >= n, f"forced text was not drafted: {t}"
     assert_law(d.counts, exact, n, "forced drafts", note=f"forced={t['forced_drafted']}/{t['forced_accepted']}")
     for control in ("stale", "unmasked"):
-        c = sample(spec, tokens, n, FORCED, _test=dict(grammar=control))
+        c = sample(spec, tokens, n, FORCED, _test=TestControls(grammar=control))
         assert_law(c.counts, exact, n, f"forced drafts, {control} mask", control=True)
 
 
@@ -210,5 +211,5 @@ def test_samples_of_one_request_each_follow_the_grammar_law(gemma_path, load_mod
 
     counts, total = pairs()
     assert_law(counts, exact, total, "n=2 under grammar")
-    counts, total = pairs(_test=dict(grammar="stale"))
+    counts, total = pairs(_test=TestControls(grammar="stale"))
     assert_law(counts, exact, total, "n=2 under grammar, stale mask", control=True)

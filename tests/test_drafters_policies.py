@@ -37,6 +37,7 @@ from laws import (
     target_rows,
     wrong_residual_distribution,
 )
+from pyspec.testing import TestControls
 
 # Exact laws from single-token rows: bit-exact batch rows presumed (conftest skips these on GPU builds).
 pytestmark = pytest.mark.bitexact
@@ -400,7 +401,7 @@ N_POLICY = 1_200
 
 def _sample(spec, tokens, n, variant="correct", **kw):
     """n two-token samples: (counts per outcome, total drafted tokens)."""
-    d = draw(spec, tokens, n, seed0=50_000, before=_pin_free_verification, _test=dict(variant=variant), **TARGET,
+    d = draw(spec, tokens, n, seed0=50_000, before=_pin_free_verification, _test=TestControls(variant=variant), **TARGET,
              **kw)
     return d.counts, d.totals["drafted"]
 

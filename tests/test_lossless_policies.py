@@ -21,7 +21,7 @@ the target's is at least that of its first-token marginal (data processing), so
 the power computed from the marginal, at the joint test's degrees of freedom, is
 a lower bound on the joint test's power. N is the smallest size with that power
 > 0.99 (at least 200), at alpha = 0.001 per test; the rule itself runs as the
-negative control (`_test=dict(discard_below=...)`) and must be rejected. For the n-gram
+negative control (`_test=TestControls(discard_below=...)`) and must be rejected. For the n-gram
 drafter (no beliefs) the stated wrong law is the broken residual (residual = p),
 run as its control.
 
@@ -44,6 +44,7 @@ from pyspec import Sampling
 from chisquare import assert_law, power, required_n
 from draws import draw
 from laws import PROMPT, TARGET, draft_row, exact_law, lookup_proposal, one_hot, wrong_residual_distribution
+from pyspec.testing import TestControls
 
 # Exact laws from single-token rows: bit-exact batch rows presumed (conftest skips these on GPU builds).
 pytestmark = pytest.mark.bitexact
@@ -164,7 +165,7 @@ def test_negative_control_discarding_drawn_tokens_is_caught(gemma_models, model_
     target, draft = gemma_models
     tokens, exact, wrong, n = model_case
     spec = pyspec.SpeculativeDecoder(target, draft, drafter="model", policy="confidence", draft_max=2)
-    counts, totals, _ = run(spec, tokens, n, _test=dict(discard_below=THRESHOLD), **DRAFT)
+    counts, totals, _ = run(spec, tokens, n, _test=TestControls(discard_below=THRESHOLD), **DRAFT)
     assert totals["stops_after"] > 0 or totals["length_hist"][0] > 0, "nothing was discarded"
     assert_law(counts, exact, n, "discard-by-value", control=True, note=str(totals))
 
@@ -216,7 +217,7 @@ def test_negative_control_ngram_broken_residual_two_tokens(gemma_models, ngram_c
     target, _ = gemma_models
     tokens, exact, _, n = ngram_case
     spec = pyspec.SpeculativeDecoder(target, drafter="ngram", policy="fixed", draft_max=2)
-    counts, totals, _ = run(spec, tokens, n, _test=dict(variant="residual_is_p"))
+    counts, totals, _ = run(spec, tokens, n, _test=TestControls(variant="residual_is_p"))
     assert totals["ngram_reanchored"] > 0, "the re-anchoring path did not run under the control"
     assert_law(counts, exact, n, "ngram residual=p, draft_max=2", control=True)
 
@@ -260,7 +261,7 @@ def test_negative_control_first_run_broken_residual(gemma_models, ngram_case, mo
     """The same first-run configuration with the broken residual must be rejected."""
     target, _ = gemma_models
     tokens, exact, _, n = ngram_case
-    counts, totals, _ = first_run(target, tokens, n, monkeypatch, _test=dict(variant="residual_is_p"))
+    counts, totals, _ = first_run(target, tokens, n, monkeypatch, _test=TestControls(variant="residual_is_p"))
     assert_law(counts, exact, n, "auto first run, residual=p", control=True)
 
 
@@ -299,7 +300,7 @@ def test_negative_control_guess_path_broken_residual(gemma_models, ngram_case):
     """The same configuration with the broken residual (residual = p) must be rejected."""
     target, _ = gemma_models
     tokens, exact, _, n = ngram_case
-    counts, totals = guess_run(target, tokens, n, _test=dict(variant="residual_is_p"))
+    counts, totals = guess_run(target, tokens, n, _test=TestControls(variant="residual_is_p"))
     assert_law(counts, exact, n, "guess path, residual=p", control=True,
                note=f"guesses={totals['ngram_guesses']} drafted rounds={totals['ngram_rounds']}")
 
@@ -346,7 +347,7 @@ def test_negative_control_clock_suspension_broken_residual(gemma_models, ngram_c
     """The same configuration with the broken residual (residual = p) must be rejected."""
     target, _ = gemma_models
     tokens, exact, _, n = ngram_case
-    counts, totals, vetoes = clock_run(target, tokens, n, _test=dict(variant="residual_is_p"))
+    counts, totals, vetoes = clock_run(target, tokens, n, _test=TestControls(variant="residual_is_p"))
     assert_law(counts, exact, n, "clock suspension, residual=p", control=True, note=f"vetoes={vetoes}")
 
 

@@ -41,6 +41,7 @@ import pyspec
 from pyspec import Sampling
 
 from chisquare import ALPHA, pooled_chisquare
+from pyspec.testing import TestControls
 
 BINS = 10
 TARGET = dict(temperature=1.0, top_k=8, top_p=1.0, min_p=0.0)
@@ -100,7 +101,7 @@ def pits(decoder, prompt_tokens, generations, *, max_tokens=24, variant="correct
     drafted tokens by source (what fired)."""
     us, drafted = [], {"drafted": 0, "memory_drafted": 0, "ngram_drafted": 0}
     for i in range(generations):
-        args = dict(max_tokens=max_tokens, seed=1000 + i, _test=dict(variant=variant, pit=True), **sampling, **kwargs)
+        args = dict(max_tokens=max_tokens, seed=1000 + i, _test=TestControls(variant=variant, pit=True), **sampling, **kwargs)
         outs = decoder.generate(prompt_tokens, n=n, **args).choices if n else [decoder.generate(prompt_tokens, **args)]
         for out in outs:
             us.extend(out.stats.pit)
@@ -180,7 +181,7 @@ def served_pits(tier, models, variant):
     server = ServerProcess("--model", path, "--drafter", "ngram", "--policy", "fixed", "--draft-max", "8",
                            "--parallel", str(2 * CLIENTS), "--n-ctx", "4096", "--model-alias", "m", "--no-memory",
                            "--n-gpu-layers", str(layers), *(["--strict"] if layers else []),
-                           "--test-variant", variant, "--test-pit")
+                           "--test-controls", TestControls(variant=variant, pit=True).to_json())
 
     def ask(i):
         body = dict(model="m", prompt=tokens, n=2, max_tokens=24, seed=50_000 + i, **HOT)

@@ -5,7 +5,7 @@ tokens, on the target and on the draft model.
   slot its conversation left (``BatchSession.pick_slot``). Negative control:
   every request in the lowest free slot, as the server once chose, which cuts
   the other conversation's cache.
-* Host memory (``PromptCache``): a cache the context gives up is kept, both
+* Host memory (``HostCache``): a cache the context gives up is kept, both
   models' parts, and put back when its conversation returns. A restored cache
   answers exactly as a prefill does (greedy tokens), and a wrong state (another
   conversation's cells under this one's tokens) is caught by the same check.
@@ -13,7 +13,7 @@ tokens, on the target and on the draft model.
   on restored cells follow the target's p0 (chi-square at alpha = 0.001, N from
   the power rule); the broken residual on the same path is rejected.
 * Saved prefixes (``save_prefix`` / ``load_prefix``, ``pyspec serve
-  --prompt-cache``): a new process resumes without a prefill; files of other
+  --cache-dir``): a new process resumes without a prefill; files of other
   models, of another build, or damaged ones are refused with the reason.
 * The server reports cached prompt tokens as OpenAI (usage.prompt_tokens_details)
   and llama-server (timings.cache_n) do, and counts them in /metrics.
@@ -33,6 +33,7 @@ from pyspec import prefix as prefixes
 from chisquare import assert_law, required_n
 from laws import TARGET, next_row, one_hot, residual_is_p_row, support_of, target_rows
 from server_helpers import ServerProcess
+from pyspec.testing import TestControls
 
 # Exact laws from single-token rows: bit-exact batch rows presumed (conftest skips these on GPU builds).
 pytestmark = pytest.mark.bitexact
@@ -59,7 +60,7 @@ class Conversations:
 
     def __init__(self, decoder, cache=None, choose="engine", _test=None):
         self.decoder = decoder
-        self.session = decoder.open_session(lambda *a: True, prompt_cache=cache, _test=_test)
+        self.session = decoder.open_session(lambda *a: True, host_cache=cache, _test=_test)
         self.choose = choose
 
     def run(self, prompt, max_tokens=6, seed=1, logprobs=None, **settings):
@@ -134,7 +135,7 @@ def test_negative_control_lowest_free_slot_loses_the_other_conversation(pair):
 
 def test_host_memory_brings_a_conversation_back_to_both_models(pair):
     decoder = pair(1)  # one slot: the other conversation can only be in host memory
-    cache = _core.PromptCache(256 << 20)
+    cache = _core.HostCache(256 << 20)
     conv = Conversations(decoder, cache=cache)
     try:
         found, draft_work = alternate(conv, decoder.target)
@@ -160,7 +161,7 @@ def test_host_memory_brings_a_conversation_back_to_both_models(pair):
 def test_host_memory_stays_within_its_bound(pair):
     decoder = pair(1)
     model = decoder.target
-    probe = _core.PromptCache(1 << 30)
+    probe = _core.HostCache(1 << 30)
     conv = Conversations(decoder, cache=probe)
     try:
         conv.run(chat(model, SYSTEM_A, "Hi."))
@@ -168,7 +169,7 @@ def test_host_memory_stays_within_its_bound(pair):
     finally:
         conv.close()
     one = probe.stats["bytes"]
-    cache = _core.PromptCache(int(2.5 * one))
+    cache = _core.HostCache(int(2.5 * one))
     conv = Conversations(decoder, cache=cache)
     try:
         for i in range(4):
@@ -199,7 +200,7 @@ def test_a_restored_cache_answers_as_a_prefill(pair):
         conv.session.release_cache()
     finally:
         conv.close()
-    cache = _core.PromptCache(256 << 20)
+    cache = _core.HostCache(256 << 20)
     conv = Conversations(decoder, cache=cache)
     try:
         conv.run(a, max_tokens=12)
@@ -240,7 +241,7 @@ def test_law_after_a_restore(gemma_path, load_model):
     target = load_model(gemma_path, n_ctx=512, n_seq_max=1, seed=0)
     draft = load_model(gemma_path, instance="draft", n_ctx=512, n_seq_max=1)
     prompt = target.tokenize(LAW_PROMPT)
-    assert len(prompt) > _core.PromptCache.MIN_TOKENS
+    assert len(prompt) > _core.HostCache.MIN_TOKENS
     p0, _ = target_rows(load_model(gemma_path, n_ctx=512), prompt)
     decoder = pyspec.SpeculativeDecoder(target, draft, drafter="model", policy="fixed", draft_max=1, memory=False)
     x = int(next_row(target, prompt, **GREEDY).argmax())  # the greedy draft's proposal
@@ -251,7 +252,7 @@ def test_law_after_a_restore(gemma_path, load_model):
     n = max(200, required_n(exact, wrong, len(exact) - 1))
 
     def sample(_test=None):
-        cache = _core.PromptCache(64 << 20)
+        cache = _core.HostCache(64 << 20)
         conv = Conversations(decoder, cache=cache, _test=_test)
         counts, drafted, cached = {}, 0, 0
         try:
@@ -270,7 +271,7 @@ def test_law_after_a_restore(gemma_path, load_model):
 
     counts, note = sample()
     assert_law(counts, exact, n, "first token after a host-memory restore", note=note)
-    counts, note = sample(_test={"variant": "residual_is_p"})
+    counts, note = sample(_test=TestControls(variant="residual_is_p"))
     assert_law(counts, exact, n, "first token after a restore, residual = p", control=True, note=note)
 
 
@@ -363,7 +364,7 @@ SERVE = ("--parallel", "1", "--n-ctx", "2048", "--model-alias", "gemma")
 def test_server_reports_and_keeps_conversations_in_turn(gemma_path, tmp_path):
     folder = tmp_path / "prompts"
     s = ServerProcess("--model", gemma_path, "--draft", gemma_path, "--drafter", "model", *SERVE,
-                      "--cache-slots", "1", "--prompt-cache", str(folder))
+                      "--cache-slots", "1", "--cache-dir", str(folder))
     try:
         turns = in_turn(s)
         metrics = httpx.get(s.url("/metrics"), timeout=10).text
@@ -379,7 +380,8 @@ def test_server_reports_and_keeps_conversations_in_turn(gemma_path, tmp_path):
     saved = list(folder.glob("*.prefix"))
     assert saved, "the cached conversations were not saved at shutdown"
 
-    # A restarted server answers the first conversation's next turn from the folder.
+    # A restarted server answers the first conversation's next turn from the folder
+    # (named by --cache-dir's old name, which still works after a notice).
     s = ServerProcess("--model", gemma_path, "--draft", gemma_path, "--drafter", "model", *SERVE,
                       "--cache-slots", "1", "--prompt-cache", str(folder))
     try:
@@ -394,7 +396,7 @@ def test_server_reports_and_keeps_conversations_in_turn(gemma_path, tmp_path):
 
 def test_server_negative_control_lowest_free_slot(gemma_path):
     s = ServerProcess("--model", gemma_path, "--no-draft", *SERVE, "--cache-slots", "1", "--cache-ram", "0",
-                      "--test-slot-choice", "lowest")
+                      "--test-controls", TestControls(slot_choice="lowest").to_json())
     try:
         turns = in_turn(s)
     finally:

@@ -140,7 +140,7 @@ def test_a_callback_that_asked_to_stop_is_not_called_again(gemma):
 
     core_sampling = pyspec.Sampling(0.0, 0, 1.0, 0.0).native()
     tokens = gemma.prompt_tokens("Count: one two three", chat=False)
-    params = pyspec._core.GenerateParams(max_tokens=8, sampling=core_sampling, draft_sampling=core_sampling,
+    params = pyspec._core.SequenceParams(max_tokens=8, sampling=core_sampling, draft_sampling=core_sampling,
                                          stop=[first + "QQQ"])
     out = gemma.engine.generate(tokens, params, on_token=cb)
     assert out.stop_reason == "cancelled"

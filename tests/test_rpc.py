@@ -173,7 +173,7 @@ def test_delay_proxy_adds_its_delay_and_counts_round_trips(gemma_path):
         greedy(model, PROMPT, 2)
         proxy.reset_counts()
         start = time.perf_counter()
-        tokens = greedy(model, PROMPT, 8)
+        greedy(model, PROMPT, 8)
         took = time.perf_counter() - start
         assert proxy.round_trips >= 8, proxy.round_trips
         assert took >= 8 * 0.040, f"8 tokens took {took:.3f} s through a 40 ms round trip"

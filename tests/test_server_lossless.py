@@ -14,7 +14,7 @@ tokens of its two samples; their joint law must be p0 x p0 (9 cells under
 top-k 3), p0 the target's distribution after the prompt.
 
 Negative control: the same server started with the TEST-ONLY acceptance rule
-residual = p (`pyspec serve --test-variant residual_is_p`). Each first token
+residual = p (`pyspec serve --test-controls '{"variant": "residual_is_p"}'`). Each first token
 then follows P(y) = p0(x)[y = x] + (1 - p0(x)) p0(y) (x the draft); N comes
 from a power calculation (power > 0.99 at ALPHA against that law), and the
 same test must reject it.
@@ -32,6 +32,7 @@ import pytest
 from server_helpers import ServerProcess
 from chisquare import ALPHA, pooled_chisquare, power, required_n
 from laws import TARGET, independent_pair, lookup_proposal, one_hot, residual_is_p_row, support_of, target_rows
+from pyspec.testing import TestControls
 
 # Exact laws from single-token rows: bit-exact batch rows presumed (conftest skips these on GPU builds).
 pytestmark = pytest.mark.bitexact
@@ -60,7 +61,8 @@ def case(gemma_path, load_model):
 
 def _server(gemma_path, variant: str) -> ServerProcess:
     return ServerProcess("--model", gemma_path, "--drafter", "ngram", "--policy", "fixed", "--draft-max", "1",
-                         "--parallel", "8", "--n-ctx", "2048", "--model-alias", "gemma", "--test-variant", variant)
+                         "--parallel", "8", "--n-ctx", "2048", "--model-alias", "gemma",
+                         "--test-controls", TestControls(variant=variant).to_json())
 
 
 def _metric(server: ServerProcess, name: str) -> float:

@@ -44,13 +44,14 @@ import pyspec
 from chisquare import assert_law, assert_power, required_n
 from draws import draw
 from laws import GEMMA_COLD_DRAFT, GEMMA_DRAFT, PROMPT, TARGET, lossless_case
+from pyspec.testing import TestControls
 
 # Exact laws from single-token rows: bit-exact batch rows presumed (conftest skips these on GPU builds).
 pytestmark = pytest.mark.bitexact
 
 
 def sample(decoder, prompt_tokens, n, draft_kwargs, variant="correct"):
-    return draw(decoder, prompt_tokens, n, seed0=10_000, draft_max=1, _test=dict(variant=variant), **TARGET,
+    return draw(decoder, prompt_tokens, n, seed0=10_000, draft_max=1, _test=TestControls(variant=variant), **TARGET,
                 **draft_kwargs).counts
 
 

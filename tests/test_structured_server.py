@@ -232,7 +232,7 @@ def test_a_call_cut_by_max_tokens_leaves_no_markup_in_content(client, max_tokens
 @pytest.mark.parametrize("prompt, task", [(p, t) for p, t in TOOL_TASKS if len(t.tools) > 1],
                          ids=lambda x: x[:24] if isinstance(x, str) else "")
 def test_every_bench_request_with_several_tools_ends_with_its_calls(default_client, prompt, task, choice):
-    """The bench's tool prompts (pyspec bench --category tools), through the
+    """The bench's tool prompts (pyspec bench paired --category tools), through the
     server: calls, finish_reason "tool_calls", no markup in content."""
     tools = [dict(t) for t in task.tools]
     if choice == "named":  # the tool the bench's own check finds the model calls under "required"

@@ -51,6 +51,7 @@ import pyspec
 from chisquare import ALPHA, assert_power, pooled_chisquare, required_n
 from draws import draw
 from laws import PROMPT, TARGET, exact_law, support_of
+from pyspec.testing import TestControls
 
 # Exact laws from single-token rows: bit-exact batch rows presumed (conftest skips these on GPU builds).
 pytestmark = pytest.mark.bitexact
@@ -125,7 +126,7 @@ def test_suffix_drafting_from_memory_is_lossless(single_case):
 
 def test_negative_control_memory_draft_broken_residual(single_case):
     _, _, exact, wrong, n, _ = single_case
-    d = single_run(single_case, _test=dict(variant="residual_is_p"))
+    d = single_run(single_case, _test=TestControls(variant="residual_is_p"))
     stat, df, pv = pooled_chisquare(d.counts, exact, n)
     fit = pooled_chisquare(d.counts, wrong, n)
     print(f"NEGATIVE CONTROL suffix/memory residual=p: N={n} chi2={stat:.2f} df={df} p={pv:.3g}; "
@@ -182,7 +183,7 @@ def test_suffix_drafting_from_shared_memory_in_a_batch_is_lossless(batch_case):
 
 def test_negative_control_broken_residual_in_a_batch_with_memory(batch_case):
     _, _, exact, wrong, _, _ = batch_case
-    counts, totals, n = batch_run(batch_case, _test=dict(variant="residual_is_p"))
+    counts, totals, n = batch_run(batch_case, _test=TestControls(variant="residual_is_p"))
     stat, df, pv = pooled_chisquare(counts, exact, n)
     fit = pooled_chisquare(counts, wrong, n)
     print(f"NEGATIVE CONTROL suffix/memory batch residual=p: N={n} chi2={stat:.2f} df={df} p={pv:.3g} {totals}; "

@@ -20,10 +20,10 @@ using namespace pybind11::literals;
 namespace {
 
 // A fresh place in `g`, after `prefix` (each token must be allowed).
-std::unique_ptr<Constraint> walked(const std::shared_ptr<Grammar>& g, const std::vector<int32_t>& prefix) {
-    auto c = std::make_unique<Constraint>(g);
+std::unique_ptr<GrammarState> walked(const std::shared_ptr<Grammar>& g, const std::vector<int32_t>& prefix) {
+    auto c = std::make_unique<GrammarState>(g);
     for (int32_t t : prefix) {
-        if (!Constraint::allows(c->mask(0), t)) {
+        if (!GrammarState::allows(c->mask(0), t)) {
             throw std::invalid_argument("token " + std::to_string(t) + " is not allowed by the grammar there");
         }
         c->commit(0, t);
@@ -48,10 +48,10 @@ void bind_constraint(py::module_& m) {
         .def_property_readonly("kind", &Grammar::kind)
         .def("valid_prefix",
              [](const std::shared_ptr<Grammar>& g, const std::vector<int32_t>& tokens) {
-                 Constraint c(g);
+                 GrammarState c(g);
                  int32_t n = 0;
                  for (int32_t t : tokens) {
-                     if (!Constraint::allows(c.mask(0), t)) break;
+                     if (!GrammarState::allows(c.mask(0), t)) break;
                      c.commit(0, t);
                      ++n;
                  }
@@ -64,7 +64,7 @@ void bind_constraint(py::module_& m) {
                  const uint32_t* mask = c->mask(0);
                  py::array_t<bool> out(c->n_vocab());
                  auto w = out.mutable_unchecked<1>();
-                 for (int32_t i = 0; i < c->n_vocab(); ++i) w(i) = Constraint::allows(mask, i);
+                 for (int32_t i = 0; i < c->n_vocab(); ++i) w(i) = GrammarState::allows(mask, i);
                  return out;
              },
              py::arg("prefix") = std::vector<int32_t>{}, "The tokens allowed after `prefix` (bool per id).")
@@ -81,13 +81,13 @@ void bind_constraint(py::module_& m) {
              [](const std::shared_ptr<Grammar>& g, const std::vector<int32_t>& tokens) {
                  // Seconds of the mask at each position of `tokens` (an answer the grammar allows).
                  py::gil_scoped_release release;
-                 Constraint c(g);
+                 GrammarState c(g);
                  std::vector<double> s;
                  for (int32_t t : tokens) {
                      const auto t0 = std::chrono::steady_clock::now();
                      const uint32_t* mask = c.mask(0);
                      s.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-                     if (!Constraint::allows(mask, t)) break;
+                     if (!GrammarState::allows(mask, t)) break;
                      c.commit(0, t);
                  }
                  return s;

@@ -70,7 +70,7 @@ py::list logprob_tuples(const std::vector<TokenLogprobs>& lps) {
 // A BatchSession as Python holds it: the callback it calls, and the drafters
 // and policies of its live sequences (kept alive until their results are taken).
 struct PySession {
-    GenerateParams params;
+    SessionParams params;
     PyTokenSink sink;
     std::map<int32_t, py::object> refs;
     std::unique_ptr<BatchSession> session;
@@ -149,28 +149,34 @@ void bind_engine(py::module_& m) {
         .def("set", [](CancelToken& c) { c.flag.store(true); }, "Ask the generation using this token to stop.")
         .def_property_readonly("is_set", [](const CancelToken& c) { return c.flag.load(); });
 
-    // One generation: parameters in, tokens, text and statistics out.
-    Struct<TestControls>(m, "TestControls", "TEST-ONLY negative controls the lossless tests must catch (engine.h).")
+    // One generation: parameters in (a sequence's and its session's), tokens, text and statistics out.
+    Struct<TestControls>(m, "TestControls",
+                         "TEST-ONLY negative controls the lossless tests must catch, a session's (engine.h); "
+                         "pyspec.testing.TestControls builds it.")
         .property("variant",
                   [](const TestControls& t) { return accept_variant_names()[static_cast<size_t>(t.variant)]; },
                   [](TestControls& t, const std::string& v) { t.variant = parse_accept_variant(v); })
         .field("discard_below", &TestControls::discard_below)
         .field("shared_stream", &TestControls::shared_stream)
-        .field("grammar", &TestControls::grammar)
+        .property("grammar", [](const TestControls& t) { return grammar_control_names()[static_cast<size_t>(t.grammar)]; },
+                  [](TestControls& t, const std::string& v) { t.grammar = parse_grammar_control(v); })
         .field("pit", &TestControls::pit)
         .done();
-    Struct<GenerateParams>(m, "GenerateParams", "Settings of one generation (engine.h documents each).")
-        .field("max_tokens", &GenerateParams::max_tokens)
-        .field("sampling", &GenerateParams::sampling)
-        .field("draft_sampling", &GenerateParams::draft_sampling)
-        .field("seed", &GenerateParams::seed)
-        .field("stop", &GenerateParams::stop)
-        .field("test", &GenerateParams::test)
-        .field("parallel_prefill", &GenerateParams::parallel_prefill)
-        .field("prefill_chunk", &GenerateParams::prefill_chunk)
-        .field("calibration_share", &GenerateParams::calibration_share)
-        .field("logprobs", &GenerateParams::logprobs)
-        .field("grammar", &GenerateParams::grammar)
+    m.attr("GRAMMAR_CONTROLS") = py::tuple(py::cast(grammar_control_names()));
+    Struct<SequenceParams>(m, "SequenceParams", "What one sequence generates and how it samples (engine.h).")
+        .field("max_tokens", &SequenceParams::max_tokens)
+        .field("sampling", &SequenceParams::sampling)
+        .field("draft_sampling", &SequenceParams::draft_sampling)
+        .field("seed", &SequenceParams::seed)
+        .field("stop", &SequenceParams::stop)
+        .field("logprobs", &SequenceParams::logprobs)
+        .field("grammar", &SequenceParams::grammar)
+        .done();
+    Struct<SessionParams>(m, "SessionParams",
+                          "How a session runs all its sequences (engine.h); the cancel flag comes as an argument.")
+        .field("prefill_chunk", &SessionParams::prefill_chunk)
+        .field("calibration_share", &SessionParams::calibration_share)
+        .field("test", &SessionParams::test)
         .done();
     m.def("calibration_rows", &calibration_rows, py::arg("draft_max"), py::arg("n_batch"), py::arg("n_seq"),
           "The largest target batch a policy with this draft_max wants timed: min(n_batch, (draft_max + 1) * "
@@ -182,30 +188,31 @@ void bind_engine(py::module_& m) {
         .def_readonly("stop_reason", &GenerateResult::stop_reason)
         .def_readonly("stats", &GenerateResult::stats)
         .def_property_readonly("logprobs", [](const GenerateResult& r) { return logprob_tuples(r.logprobs); },
-                               "[(logprob, [(token, logprob), ...top])] per token (GenerateParams.logprobs >= 0)");
+                               "[(logprob, [(token, logprob), ...top])] per token (SequenceParams.logprobs >= 0)");
 
     py::class_<Engine>(m, "Engine")
         .def(py::init<Model&, Drafter*>(), py::arg("target"), py::arg("drafter") = nullptr,
              py::keep_alive<1, 2>(), py::keep_alive<1, 3>())
         .def("generate",
-             [](Engine& e, const std::vector<int32_t>& prompt, GenerateParams params, LengthPolicy* policy,
-                py::object on_token, CancelToken* cancel) {
-                 params.cancel = cancel ? &cancel->flag : nullptr;
+             [](Engine& e, const std::vector<int32_t>& prompt, const SequenceParams& params, SessionParams session,
+                LengthPolicy* policy, py::object on_token, CancelToken* cancel) {
+                 session.cancel = cancel ? &cancel->flag : nullptr;
                  PyTokenSink sink;
                  sink.callback = std::move(on_token);
                  GenerateResult r;
                  {
                      py::gil_scoped_release release;
-                     r = e.generate(prompt, params, std::ref(sink), policy);
+                     r = e.generate(prompt, params, session, std::ref(sink), policy);
                  }
                  if (sink.error) throw std::move(*sink.error);
                  return r;
              },
-             py::arg("prompt"), py::arg("params"), py::arg("policy") = nullptr, py::arg("on_token") = py::none(),
+             py::arg("prompt"), py::arg("params"), py::arg("session") = SessionParams{}, py::arg("policy") = nullptr,
+             py::arg("on_token") = py::none(),
              py::arg("cancel") = nullptr, "One generation (the C++ loop, without the GIL).")
         .def("generate_batch",
-             [](Engine& e, const std::vector<std::vector<int32_t>>& prompts, GenerateParams params,
-                const std::vector<Drafter*>& drafters, const std::vector<LengthPolicy*>& policies,
+             [](Engine& e, const std::vector<std::vector<int32_t>>& prompts, const SequenceParams& params,
+                SessionParams session, const std::vector<Drafter*>& drafters, const std::vector<LengthPolicy*>& policies,
                 py::object on_token, CancelToken* cancel) {
                  if ((!drafters.empty() && drafters.size() != prompts.size()) ||
                      (!policies.empty() && policies.size() != prompts.size())) {
@@ -216,26 +223,28 @@ void bind_engine(py::module_& m) {
                      specs.push_back({prompts[j], drafters.empty() ? nullptr : drafters[j],
                                       policies.empty() ? nullptr : policies[j], params, 0});
                  }
-                 params.cancel = cancel ? &cancel->flag : nullptr;
+                 session.cancel = cancel ? &cancel->flag : nullptr;
                  PyTokenSink sink;
                  sink.callback = std::move(on_token);
                  std::vector<GenerateResult> r;
                  BatchStats bs;
                  {
                      py::gil_scoped_release release;
-                     r = e.generate_batch(specs, params, std::ref(sink), &bs);
+                     r = e.generate_batch(specs, session, std::ref(sink), &bs);
                  }
                  if (sink.error) throw std::move(*sink.error);
                  return std::make_pair(std::move(r), bs);
              },
-             py::arg("prompts"), py::arg("params"), py::arg("drafters") = std::vector<Drafter*>{},
+             py::arg("prompts"), py::arg("params"), py::arg("session") = SessionParams{},
+             py::arg("drafters") = std::vector<Drafter*>{},
              py::arg("policies") = std::vector<LengthPolicy*>{}, py::arg("on_token") = py::none(),
              py::arg("cancel") = nullptr,
-             "Many sequences, one target decode per round; each its own drafter and policy (engine.h). "
+             "Many sequences, one target decode per round, all with `params`; each its own drafter and policy "
+             "(engine.h). "
              "on_token(seq, token, text, drafted). Returns (results in order, BatchStats).")
         .def("session",
-             [](Engine& e, const GenerateParams& params, py::object on_token, CancelToken* cancel,
-                const std::vector<Model*>& draft_models, PromptCache* prompt_cache) {
+             [](Engine& e, const SessionParams& params, py::object on_token, CancelToken* cancel,
+                const std::vector<Model*>& draft_models, HostCache* host_cache) {
                  auto ps = std::make_unique<PySession>();
                  ps->params = params;
                  ps->params.cancel = cancel ? &cancel->flag : nullptr;
@@ -245,21 +254,21 @@ void bind_engine(py::module_& m) {
                      return (*sink)(seq, token, text, drafted);
                  };
                  py::gil_scoped_release release;
-                 ps->session = std::make_unique<BatchSession>(e, ps->params, cb, draft_models, false, prompt_cache);
+                 ps->session = std::make_unique<BatchSession>(e, ps->params, cb, draft_models, false, host_cache);
                  return ps;
              },
              py::arg("params"), py::arg("on_token") = py::none(), py::arg("cancel") = nullptr,
-             py::arg("draft_models") = std::vector<Model*>{}, py::arg("prompt_cache") = nullptr,
+             py::arg("draft_models") = std::vector<Model*>{}, py::arg("host_cache") = nullptr,
              py::keep_alive<0, 1>(), py::keep_alive<0, 4>(), py::keep_alive<0, 5>(), py::keep_alive<0, 6>(),
-             "A BatchSession on this engine's target: test.variant and prefill_chunk come from params; each add() "
-             "brings its own settings, and drafts when it brings a policy. on_token(handle, token, text, drafted).");
-    py::class_<PromptCache>(m, "PromptCache",
+             "A BatchSession on this engine's target, run as `params` (SessionParams) says; each add() brings its "
+             "own SequenceParams, and drafts when it brings a policy. on_token(handle, token, text, drafted).");
+    py::class_<HostCache>(m, "HostCache",
                             "Conversations no slot holds any more, kept in host memory within a byte bound, both "
-                            "models' caches together (engine/prompt_cache.h). Give it to Engine.session().")
+                            "models' caches together (engine/host_cache.h). Give it to Engine.session().")
         .def(py::init<size_t>(), py::arg("capacity_bytes"))
         .def_property_readonly("stats",
-                               [](const PromptCache& c) {
-                                   const PromptCache::Stats s = c.stats();
+                               [](const HostCache& c) {
+                                   const HostCache::Stats s = c.stats();
                                    py::dict d;
                                    d["saved"] = s.saved;
                                    d["restored"] = s.restored;
@@ -271,10 +280,10 @@ void bind_engine(py::module_& m) {
                                    return d;
                                },
                                "{saved, restored, restored_tokens, evicted, entries, bytes, capacity}")
-        .def("clear", &PromptCache::clear, py::call_guard<py::gil_scoped_release>())
+        .def("clear", &HostCache::clear, py::call_guard<py::gil_scoped_release>())
         .def("put",
-             [](PromptCache& c, const std::vector<py::tuple>& parts) {
-                 PromptCache::Entry e;
+             [](HostCache& c, const std::vector<py::tuple>& parts) {
+                 HostCache::Entry e;
                  for (const py::tuple& p : parts) {
                      if (p.size() != 3) throw std::invalid_argument("a part is (model, tokens, state bytes)");
                      e.parts.push_back({p[0].cast<Model*>(), p[1].cast<std::vector<int32_t>>(),
@@ -287,16 +296,16 @@ void bind_engine(py::module_& m) {
              "Keep an entry: [(model, tokens, state bytes)], the target's first (Model.save_state). False when "
              "it is too short or larger than the bound.")
         .def("entries",
-             [](const PromptCache& c) {
-                 std::vector<PromptCache::Entry> all;
+             [](const HostCache& c) {
+                 std::vector<HostCache::Entry> all;
                  {
                      py::gil_scoped_release release;
                      all = c.entries();
                  }
                  py::list out;
-                 for (const PromptCache::Entry& e : all) {
+                 for (const HostCache::Entry& e : all) {
                      py::list parts;
-                     for (const PromptCache::Part& p : e.parts) {
+                     for (const HostCache::Part& p : e.parts) {
                          parts.append(py::make_tuple(py::cast(p.model, py::return_value_policy::reference), p.tokens,
                                                      py::bytes(p.state)));
                      }
@@ -305,14 +314,14 @@ void bind_engine(py::module_& m) {
                  return out;
              },
              "Every entry as [(model, tokens, state bytes)], the target's first; most recently stored first.")
-        .def_property_readonly_static("MIN_TOKENS", [](py::object) { return PromptCache::kMinTokens; },
+        .def_property_readonly_static("MIN_TOKENS", [](py::object) { return HostCache::kMinTokens; },
                                       "Entries shorter than this many target tokens are not kept.");
     py::class_<PySession>(m, "BatchSession",
                           "Continuous batching (engine.h): sequences join with add() and leave when they finish "
                           "or are cancelled; each step() is one round with one target decode. Use it from one "
                           "thread at a time; close() (or the with-block) releases the models.")
         .def("add",
-             [](PySession& ps, const std::vector<int32_t>& prompt, const GenerateParams& params, py::object drafter,
+             [](PySession& ps, const std::vector<int32_t>& prompt, const SequenceParams& params, py::object drafter,
                 py::object policy, int32_t stream, int32_t slot) {
                  SequenceSpec spec{prompt, drafter.is_none() ? nullptr : drafter.cast<Drafter*>(),
                                    policy.is_none() ? nullptr : policy.cast<LengthPolicy*>(), params, stream, slot};

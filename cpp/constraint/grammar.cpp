@@ -169,21 +169,21 @@ llg::Matcher* Grammar::start() const {
 
 // ---------------------------------------------------------------- one sequence
 
-Constraint::Constraint(std::shared_ptr<const Grammar> grammar, bool tolerant)
+GrammarState::GrammarState(std::shared_ptr<const Grammar> grammar, bool tolerant)
     : grammar_(std::move(grammar)), tolerant_(tolerant), api_(grammar_->vocab().api()), matcher_(grammar_->start()),
       n_vocab_(grammar_->vocab().n_vocab()),
       words_(api_.matcher_get_mask_byte_size(matcher_) / sizeof(uint32_t)) {}
 
-Constraint::~Constraint() { api_.free_matcher(matcher_); }
+GrammarState::~GrammarState() { api_.free_matcher(matcher_); }
 
-void Constraint::fail(const char* what) {
+void GrammarState::fail(const char* what) {
     const char* err = api_.matcher_get_error(matcher_);
     throw ConstraintError(std::string(what) + ": " + (err ? err : "llguidance gave no reason"));
 }
 
-const uint32_t* Constraint::mask(int32_t i) {
+const uint32_t* GrammarState::mask(int32_t i) {
     if (i < computed_) return masks_buf_.data() + static_cast<size_t>(i) * words_;
-    if (i != pushed_ || i != computed_) throw std::logic_error("Constraint::mask: position out of order");
+    if (i != pushed_ || i != computed_) throw std::logic_error("GrammarState::mask: position out of order");
     if (masks_buf_.size() < (static_cast<size_t>(i) + 1) * words_) {
         masks_buf_.resize((static_cast<size_t>(i) + 1) * words_);
     }
@@ -196,7 +196,7 @@ const uint32_t* Constraint::mask(int32_t i) {
     return dest;
 }
 
-bool Constraint::consume(int32_t token) {
+bool GrammarState::consume(int32_t token) {
     // A finished grammar allows only EOS, which ends the sequence: there is
     // nothing left to advance (llguidance refuses to consume past its end).
     if (api_.matcher_is_stopped(matcher_)) return false;
@@ -209,12 +209,12 @@ bool Constraint::consume(int32_t token) {
     return true;
 }
 
-void Constraint::push(int32_t token) {
+void GrammarState::push(int32_t token) {
     if (consume(token)) ++consumed_;
     ++pushed_;
 }
 
-int32_t Constraint::forced(int32_t max_n, std::vector<int32_t>& out) {
+int32_t GrammarState::forced(int32_t max_n, std::vector<int32_t>& out) {
     out.clear();
     if (max_n <= 0 || api_.matcher_is_stopped(matcher_)) return 0;
     if (ff_.size() < static_cast<size_t>(max_n)) ff_.resize(static_cast<size_t>(max_n));
@@ -224,8 +224,8 @@ int32_t Constraint::forced(int32_t max_n, std::vector<int32_t>& out) {
     return static_cast<int32_t>(out.size());
 }
 
-void Constraint::commit(int32_t n_accepted, int32_t next) {
-    if (n_accepted < 0 || n_accepted > pushed_) throw std::logic_error("Constraint::commit: more accepted than pushed");
+void GrammarState::commit(int32_t n_accepted, int32_t next) {
+    if (n_accepted < 0 || n_accepted > pushed_) throw std::logic_error("GrammarState::commit: more accepted than pushed");
     // Drafts pushed after the grammar's end were never consumed.
     const int32_t drop = consumed_ - std::min(n_accepted, consumed_);
     if (drop > 0 && api_.matcher_rollback(matcher_, static_cast<size_t>(drop)) != 0) {
@@ -242,7 +242,7 @@ void mask_logits(const float* logits, int32_t n_vocab, const uint32_t* mask, int
     out.resize(static_cast<size_t>(n_vocab));
     const float neg = -std::numeric_limits<float>::infinity();
     const int32_t shared = std::min(n_vocab, mask_vocab);
-    for (int32_t i = 0; i < shared; ++i) out[static_cast<size_t>(i)] = Constraint::allows(mask, i) ? logits[i] : neg;
+    for (int32_t i = 0; i < shared; ++i) out[static_cast<size_t>(i)] = GrammarState::allows(mask, i) ? logits[i] : neg;
     for (int32_t i = shared; i < n_vocab; ++i) out[static_cast<size_t>(i)] = neg;
 }
 

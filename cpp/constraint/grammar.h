@@ -14,7 +14,7 @@
 // Speculation stays lossless against that target because every distribution
 // the accept test sees obeys the same rule:
 //   - the target's p at draft position i is masked with the grammar's state
-//     after drafts 0..i-1 (pushed before; Constraint::mask(i));
+//     after drafts 0..i-1 (pushed before; GrammarState::mask(i));
 //   - a draft model samples from its q masked the same way (those masks are
 //     needed for p anyway, so masking q is free, and it raises acceptance); the
 //     q the accept test divides by is the masked q the token was drawn from;
@@ -25,7 +25,7 @@
 //   - text the grammar forces is proposed as a draft (one-hot q) and verified
 //     like any other: the forced *string* is fixed, its *tokenization* is not.
 // After the accept test the grammar keeps the accepted drafts and the next
-// token and rolls back the rest (Constraint::commit).
+// token and rolls back the rest (GrammarState::commit).
 #pragma once
 
 #include <cstdint>
@@ -96,14 +96,14 @@ private:
 //   forced(max, out) the tokens the grammar forces from here (before any push);
 //   commit(n, next) the round's accept test kept n drafts and drew `next`.
 // Masks of a round are kept, so the target's rows reuse the draft's.
-class Constraint {
+class GrammarState {
 public:
     // tolerant: TEST-ONLY (engine.h, TestControls::grammar): a refused token is
     // skipped instead of failing.
-    explicit Constraint(std::shared_ptr<const Grammar> grammar, bool tolerant = false);
-    ~Constraint();
-    Constraint(const Constraint&) = delete;
-    Constraint& operator=(const Constraint&) = delete;
+    explicit GrammarState(std::shared_ptr<const Grammar> grammar, bool tolerant = false);
+    ~GrammarState();
+    GrammarState(const GrammarState&) = delete;
+    GrammarState& operator=(const GrammarState&) = delete;
 
     int32_t n_vocab() const { return n_vocab_; }
     int32_t pushed() const { return pushed_; }

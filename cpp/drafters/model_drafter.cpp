@@ -50,8 +50,8 @@ bool ModelDrafter::next(ModelDraftJob& job, int32_t row, int32_t i) {
     DraftStopRule* stop = job.stop;
     Distribution& qi = (*job.q)[static_cast<size_t>(i)];
     const float* logits = model_.logits(row);
-    if (job.constraint) {  // q under the grammar's mask: the masks are the target's anyway
-        mask_logits(logits, n_vocab, job.constraint->mask(i), job.constraint->n_vocab(), masked_);
+    if (job.grammar) {  // q under the grammar's mask: the masks are the target's anyway
+        mask_logits(logits, n_vocab, job.grammar->mask(i), job.grammar->n_vocab(), masked_);
         logits = masked_.data();
     }
     try {
@@ -74,7 +74,7 @@ bool ModelDrafter::next(ModelDraftJob& job, int32_t row, int32_t i) {
         job.tokens->pop_back();
         return false;
     }
-    if (job.constraint) job.constraint->push(tok);
+    if (job.grammar) job.grammar->push(tok);
     return !ends && i + 1 < job.max_n;
 }
 

@@ -28,7 +28,7 @@ struct ModelDraftJob {
     DraftStopRule* stop;
     // The sequence's grammar (null: none): q is drawn under its mask and each
     // drawn token is pushed (constraint/grammar.h).
-    Constraint* constraint = nullptr;
+    GrammarState* grammar = nullptr;
 };
 
 // Draft for several sequences of one draft model at once: each job as its

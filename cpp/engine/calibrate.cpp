@@ -1,7 +1,7 @@
 // Timing the target's batch sizes for a policy that asks (policy.h,
 // Calibrated): never before a sequence's first token, but between rounds, one
 // size at a time, within a small share of the session's round time
-// (GenerateParams::calibration_share: 3 %, well inside run-to-run noise here).
+// (SessionParams::calibration_share: 3 %, well inside run-to-run noise here).
 // A round that uses a size not timed yet times it for free (auto_costs.cpp);
 // the rest costs a filler decode each.
 #include <algorithm>
@@ -43,7 +43,7 @@ std::vector<int32_t> BatchSession::offer_timings(Sequence& s, Calibrated& policy
 void BatchSession::calibrate_between_rounds(const std::vector<Sequence*>& active, double round_s) {
     rounds_s_ += round_s;
     if (round_s > 0 && (fastest_round_s_ <= 0 || round_s < fastest_round_s_)) fastest_round_s_ = round_s;
-    if (calibrate_s_ >= shared_.calibration_share * rounds_s_) return;
+    if (calibrate_s_ >= session_.calibration_share * rounds_s_) return;
     for (Sequence* s : active) {
         Calibrated* c = s->done || !s->policy ? nullptr : s->policy->as_calibrated();
         if (!c) continue;
@@ -54,7 +54,7 @@ void BatchSession::calibrate_between_rounds(const std::vector<Sequence*>& active
             if (n < 1 || pos + n > target_.n_ctx() || n > target_.n_batch()) return;
             // This decode's cost by the prior, from the fastest round (~ V(1)).
             const double expected = fastest_round_s_ * (1 + auto_tuning::kPriorSlope * (n - 1));
-            if (calibrate_s_ + expected > shared_.calibration_share * rounds_s_) return;
+            if (calibrate_s_ + expected > session_.calibration_share * rounds_s_) return;
             batch_.assign(static_cast<size_t>(n), s->history.back());
             const auto t0 = Clock::now();
             try {

@@ -15,7 +15,7 @@ void BatchSession::run_target(std::vector<Sequence*>& active) {
         rows_.clear();
         const int32_t draft_rows = add_draft_rows(active);
         int32_t budget = n_batch - draft_rows;
-        if (!active.empty() && shared_.prefill_chunk > 0) budget = std::min(budget, shared_.prefill_chunk);
+        if (!active.empty() && session_.prefill_chunk > 0) budget = std::min(budget, session_.prefill_chunk);
         add_prompt_rows(budget);
         const int32_t n = static_cast<int32_t>(rows_.size());
         if (n == 0) return;
@@ -30,7 +30,7 @@ void BatchSession::run_target(std::vector<Sequence*>& active) {
         } catch (const ContextOverflowError&) {
             // The unified cache is full. Free cells in order of what they cost to
             // lose: prefix caches of finished sequences (least recently used
-            // first, into the prompt cache if any), then this round's drafts
+            // first, into the host cache if any), then this round's drafts
             // and prompt rows, then the sequence holding the most cells ends
             // ("context"); its cells go back to the others.
             const int32_t victim = lru_cached_slot();
@@ -94,19 +94,7 @@ void BatchSession::add_prompt_rows(int32_t budget) {
     for (Sequence& s : seqs_) {
         if (budget <= 0) break;
         if (s.done || s.started || waits_for_prefix(s)) continue;
-        if (!s.prompt_begun) {
-            s.prompt_begun = true;
-            if (s.speculative() && shared_.parallel_prefill && draft_model_may_pay(s)) {
-                Sequence* sp = &s;
-                s.drafter_prefill = std::thread([sp] {
-                    try {
-                        sp->drafter->begin(sp->history, sp->params.draft_sampling, true);
-                    } catch (...) {
-                        sp->drafter_error = std::current_exception();
-                    }
-                });
-            }
-        }
+        s.prompt_begun = true;
         const int32_t want = static_cast<int32_t>(s.history.size()) - 1;
         int32_t pos = static_cast<int32_t>(target_.cached(s.id).size());
         const int32_t n = std::min(budget, want - pos);

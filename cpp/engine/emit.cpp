@@ -49,7 +49,6 @@ void BatchSession::emit(Sequence& s) {
 void BatchSession::finish(Sequence& s, const char* reason) {
     s.done = true;
     s.result.stop_reason = reason;
-    s.join_drafter();
     // A stop inside a round leaves drafts past the last emitted token in the
     // cache; drop them so the cache holds exactly the committed sequence (all
     // of the prompt is then kept: a retry or a chat's next turn reuses it).
@@ -63,9 +62,9 @@ void BatchSession::finish(Sequence& s, const char* reason) {
     s.result.text = s.stream.text();
     GenerationStats& st = s.stats();
     st.n_generated = s.generated();
-    if (s.constraint) {
-        st.masks = s.constraint->masks();
-        st.mask_s = s.constraint->mask_s();
+    if (s.grammar) {
+        st.masks = s.grammar->masks();
+        st.mask_s = s.grammar->mask_s();
     }
     if (!s.started) st.prompt_s = since(s.t_start);
     if (st.n_generated > 0) {

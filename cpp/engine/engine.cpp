@@ -7,6 +7,19 @@
 
 namespace pyspec {
 
+const std::vector<std::string>& grammar_control_names() {
+    static const std::vector<std::string> names{"off", "unmasked", "stale"};
+    return names;
+}
+
+GrammarControl parse_grammar_control(const std::string& name) {
+    const std::vector<std::string>& names = grammar_control_names();
+    for (size_t i = 0; i < names.size(); ++i) {
+        if (names[i] == name) return static_cast<GrammarControl>(i);
+    }
+    throw std::invalid_argument("unknown grammar control '" + name + "' (off, unmasked, stale)");
+}
+
 uint64_t sequence_seed(uint64_t seed, int32_t j) {
     if (j == 0) return seed;
     // splitmix64 of (seed, j): streams of different j are unrelated, and a
@@ -23,18 +36,18 @@ Engine::Engine(Model& target, Drafter* drafter) : target_(target), drafter_(draf
     }
 }
 
-GenerateResult Engine::generate(const std::vector<int32_t>& prompt, const GenerateParams& params,
-                                const TokenCallback& on_token, LengthPolicy* policy) {
+GenerateResult Engine::generate(const std::vector<int32_t>& prompt, const SequenceParams& params,
+                                const SessionParams& session, const TokenCallback& on_token, LengthPolicy* policy) {
     BatchTokenCallback cb;
     if (on_token) cb = [&](int32_t, int32_t token, const std::string& text, bool drafted) {
         return on_token(token, text, drafted);
     };
-    std::vector<GenerateResult> out = generate_batch({SequenceSpec{prompt, drafter_, policy, params, 0}}, params, cb);
+    std::vector<GenerateResult> out = generate_batch({SequenceSpec{prompt, drafter_, policy, params, 0}}, session, cb);
     return std::move(out[0]);
 }
 
 std::vector<GenerateResult> Engine::generate_batch(const std::vector<SequenceSpec>& specs,
-                                                   const GenerateParams& params, const BatchTokenCallback& on_token,
+                                                   const SessionParams& params, const BatchTokenCallback& on_token,
                                                    BatchStats* batch_stats) {
     if (specs.empty()) throw std::invalid_argument("no sequences to generate");
     const int32_t n_seq = static_cast<int32_t>(specs.size());
@@ -52,7 +65,6 @@ std::vector<GenerateResult> Engine::generate_batch(const std::vector<SequenceSpe
     BatchSession session(*this, params, on_token, draft_models);
     for (int32_t j = 0; j < n_seq; ++j) {
         SequenceSpec spec = specs[static_cast<size_t>(j)];
-        spec.params = params;
         spec.stream = j;
         session.add(spec);
     }

@@ -45,48 +45,66 @@
 #include "model/model.h"
 #include "policies/policy.h"
 #include "core/sampling.h"
-#include "engine/prompt_cache.h"
+#include "engine/host_cache.h"
 #include "engine/stats.h"
 
 namespace pyspec {
 
+// TEST-ONLY: under a grammar, the target's rows masked wrongly (TestControls::grammar).
+enum class GrammarControl {
+    kOff,       // the product: row i under the state after drafts 0..i-1 (grammar.h)
+    kUnmasked,  // the draft's q alone is masked
+    kStale,     // every row under the mask of the round's start
+};
+// Its names as Python spells them ("off", "unmasked", "stale"), in the enum's
+// order; parse_grammar_control throws std::invalid_argument for others.
+const std::vector<std::string>& grammar_control_names();
+GrammarControl parse_grammar_control(const std::string& name);
+
 // TEST-ONLY negative controls: each breaks losslessness on purpose, and the
-// lossless tests must catch it. Never set in the product.
-//   variant        the verification rule (sampling.h, AcceptVariant), for the whole session;
+// lossless tests must catch it. Never set in the product. A session's, so they
+// hold for every sequence it runs (one value; pyspec/testing.py builds it).
+//   variant        the accept test's rule (sampling.h, AcceptVariant);
 //   discard_below  > 0: a model draft ends by DISCARDING a drawn token whose belief is
-//                  below this, the biased rule drafter.h forbids (per sequence);
-//   shared_stream  every sequence draws from the one stream of `seed` (correlated
-//                  samples) instead of its own (per sequence);
-//   grammar        under a grammar (constraint/grammar.h), the target's rows are
-//                  "unmasked" (the draft's q alone is masked) or masked with the
-//                  "stale" mask of the round's start instead of the state after
-//                  the drafts before each row (per sequence). Its grammar then
-//                  tolerates the tokens it refuses instead of failing.
-// And one probe (no control: it changes nothing the sequence draws):
+//                  below this, the biased rule drafter.h forbids;
+//   shared_stream  every sequence draws from the one stream of its seed (correlated
+//                  samples) instead of its own;
+//   grammar        under a grammar, the target's rows masked wrongly (GrammarControl);
+//                  its grammar then tolerates the tokens it refuses instead of failing.
+// And one probe (no control: it changes nothing a sequence draws):
 //   pit            record, for every token a round decides, its randomized PIT under
 //                  the target row it was decided by (Distribution::pit), in
 //                  stats.pit: uniform exactly when the output follows the rows the
-//                  target computed, on any backend, bit-exact or not (per sequence,
-//                  or for all of a session's; its own random stream).
+//                  target computed, on any backend, bit-exact or not (its own random stream).
 struct TestControls {
     AcceptVariant variant = AcceptVariant::kCorrect;
     double discard_below = 0;
     bool shared_stream = false;
-    std::string grammar;
+    GrammarControl grammar = GrammarControl::kOff;
     bool pit = false;
 };
 
-struct GenerateParams {
+// What one sequence generates, and how it samples: a server's requests differ
+// in each of these, so each sequence brings its own (SequenceSpec).
+struct SequenceParams {
     int32_t max_tokens = 256;
     SamplingParams sampling;           // the target's settings: define the output distribution
     SamplingParams draft_sampling;     // the drafter's own settings (q); any choice stays lossless
     uint64_t seed = 0;
     std::vector<std::string> stop;
-    TestControls test;
-    // Let the drafter process the prompt on its own thread while the target does.
-    // Worth it when the models run on different devices (GPU target, CPU draft);
-    // on a CPU alone both would fight over the same cores.
-    bool parallel_prefill = false;
+    // Log-probabilities recorded for each emitted token (GenerateResult::logprobs):
+    // -1 none; k >= 0 the token's own and the k most likely alternatives. They are
+    // the target's (token_logprobs in sampling.h), from the verification row that
+    // decided the token: plain decoding at the same prefix reports the same.
+    int32_t logprobs = -1;
+    // The grammar the output must follow (constraint/grammar.h: the constrained
+    // target); null: none. Each sequence keeps its own place in it (GrammarState).
+    std::shared_ptr<Grammar> grammar;
+};
+
+// How a session runs all its sequences: one value per BatchSession (and per
+// Engine::generate / generate_batch call, each a session of its own).
+struct SessionParams {
     // Most prompt tokens a round adds to its target decode while other sequences
     // are generating (0: as many as the batch has room for). Bounds how long a
     // newly added long prompt can hold up the others' next token.
@@ -94,16 +112,9 @@ struct GenerateParams {
     // Most share of the session's round time spent timing target batch sizes
     // between rounds for the auto policy (engine/calibrate.cpp): small, so that a
     // first run is not slower than plain decoding; a huge one (1e9) times every
-    // size after the first round. The session's settings count, not a sequence's.
+    // size after the first round.
     double calibration_share = 0.03;
-    // Log-probabilities recorded for each emitted token (GenerateResult::logprobs):
-    // -1 none; k >= 0 the token's own and the k most likely alternatives. They are
-    // the target's (token_logprobs in sampling.h), from the verification row that
-    // decided the token: plain decoding at the same prefix reports the same.
-    int32_t logprobs = -1;
-    // The grammar the output must follow (constraint/grammar.h: the constrained
-    // target); null: none. Each sequence keeps its own place in it.
-    std::shared_ptr<Grammar> grammar;
+    TestControls test;
     // Checked between tokens and inside every llama_decode; set from another
     // thread to stop (stop_reason "cancelled", caches left consistent).
     const std::atomic<bool>* cancel = nullptr;
@@ -114,7 +125,7 @@ struct GenerateResult {
     std::string text;
     std::string stop_reason;  // "eog", "max_tokens", "stop", "context", "cancelled"
     GenerationStats stats;
-    std::vector<TokenLogprobs> logprobs;  // one per token when GenerateParams::logprobs >= 0
+    std::vector<TokenLogprobs> logprobs;  // one per token when SequenceParams::logprobs >= 0
 };
 
 // Called for every emitted token with the text that became safe to show
@@ -132,11 +143,7 @@ struct SequenceSpec {
     std::vector<int32_t> prompt;
     Drafter* drafter = nullptr;
     LengthPolicy* policy = nullptr;
-    // Its own settings (a server's requests differ): max_tokens, sampling,
-    // draft_sampling, seed, stop, logprobs, test.discard_below and test.shared_stream
-    // are read from here; test.variant, parallel_prefill, prefill_chunk and cancel
-    // are the session's.
-    GenerateParams params;
+    SequenceParams params;
     // Which random stream of `params.seed` it draws from (sequence_seed(seed, stream)):
     // sample j of an n-sample request uses stream j.
     int32_t stream = 0;
@@ -183,15 +190,16 @@ public:
     // policy null: plain decoding; with one, the engine's drafter drafts at most
     // policy->draft_max() tokens a round. Holds the locks of the target's and the draft model's contexts for the
     // whole call, so engines sharing a model take turns.
-    GenerateResult generate(const std::vector<int32_t>& prompt, const GenerateParams& params,
-                            const TokenCallback& on_token, LengthPolicy* policy = nullptr);
+    GenerateResult generate(const std::vector<int32_t>& prompt, const SequenceParams& params,
+                            const SessionParams& session, const TokenCallback& on_token,
+                            LengthPolicy* policy = nullptr);
 
     // Many sequences, one target decode per round: a session with these
-    // sequences, run to the end. Sequence j draws from stream j of params.seed.
+    // sequences, run to the end. Sequence j draws from stream j of its seed.
     // Sequences whose prompts are equal share one prefill (the cache cells are
     // copied, not recomputed). The target needs n_seq >= seqs.size(). Results
-    // come back in the order given. (The specs' own params are replaced by `params`.)
-    std::vector<GenerateResult> generate_batch(const std::vector<SequenceSpec>& seqs, const GenerateParams& params,
+    // come back in the order given.
+    std::vector<GenerateResult> generate_batch(const std::vector<SequenceSpec>& seqs, const SessionParams& session,
                                                const BatchTokenCallback& on_token, BatchStats* batch_stats = nullptr);
 
     Model& target() { return target_; }
@@ -218,10 +226,10 @@ private:
 // across calls and threads (a server's scheduler).
 class BatchSession {
 public:
-    // prompt_cache (optional, outlives the session): where caches that the
+    // host_cache (optional, outlives the session): where caches that the
     // context gives up go, and where add() looks for a conversation no slot holds.
-    BatchSession(Engine& engine, const GenerateParams& shared, BatchTokenCallback on_token,
-                 std::vector<Model*> draft_models = {}, bool hold_locks = true, PromptCache* prompt_cache = nullptr);
+    BatchSession(Engine& engine, const SessionParams& session, BatchTokenCallback on_token,
+                 std::vector<Model*> draft_models = {}, bool hold_locks = true, HostCache* host_cache = nullptr);
     ~BatchSession();
     BatchSession(const BatchSession&) = delete;
     BatchSession& operator=(const BatchSession&) = delete;
@@ -268,12 +276,12 @@ private:
 
     Sequence* find(int32_t handle);
     void check(const SequenceSpec& spec) const;
-    // Copy a free slot's caches (both models' sequence `slot`) into the prompt
+    // Copy a free slot's caches (both models' sequence `slot`) into the host
     // cache, if there is one and the slot holds enough to be worth it.
     void spill(int32_t slot);
     // Give up a free slot's caches, spilled first.
     void drop_cache(int32_t slot);
-    // Put the prompt cache's best entry for `prompt` into free slot `slot` when
+    // Put the host cache's best entry for `prompt` into free slot `slot` when
     // it holds more of the prompt than the context does.
     void restore(int32_t slot, const std::vector<int32_t>& prompt);
     // The least recently used free slot that holds cells (-1: none).
@@ -322,7 +330,7 @@ private:
     void emit(Sequence& s);
     int32_t add_draft_rows(const std::vector<Sequence*>& active);
     void target_distributions(int32_t first_row, int32_t n_rows, const SamplingParams& sampling,
-                              Constraint* constraint, const std::string& control);
+                              GrammarState* grammar);
     // Constrained sequences: the grammar's forced text as s's draft (true), and
     // the grammar's cut and masks over whatever s drafted (grammar.h).
     bool draft_forced(Sequence& s, int32_t round_max);
@@ -335,7 +343,7 @@ private:
     void cancel_all();
 
     Model& target_;
-    GenerateParams shared_;
+    SessionParams session_;
     BatchTokenCallback on_token_;
     std::vector<Model*> models_;  // locked, in address order
     using Locks = std::vector<std::unique_lock<std::recursive_mutex>>;
@@ -347,7 +355,7 @@ private:
     std::vector<int32_t> slot_owner_;  // slot -> handle of the live sequence there, -1: free
     std::vector<uint64_t> slot_used_;  // slot -> when it last started or ended a sequence (tick_)
     uint64_t tick_ = 0;
-    PromptCache* prompt_cache_;
+    HostCache* host_cache_;
     std::vector<std::pair<int32_t, GenerateResult>> finished_;
     int32_t next_handle_ = 0;
     BatchStats bs_;

@@ -81,7 +81,7 @@ private:
 bool BatchSession::step() {
     const Locks held = hold();
     try {
-        if (shared_.cancel && shared_.cancel->load()) throw Cancelled("cancelled");
+        if (session_.cancel && session_.cancel->load()) throw Cancelled("cancelled");
         start_ready();
         std::vector<Sequence*> active = generating();
         if (active.empty() && n_waiting() == 0) return false;
@@ -168,14 +168,14 @@ void BatchSession::draft(const std::vector<Sequence*>& active) {
     }
     draft_from_models(from_model);
     for (Sequence* s : active) {
-        if (s->constraint) constrain_drafts(*s);
+        if (s->grammar) constrain_drafts(*s);
     }
 }
 
 bool BatchSession::draft_forced(Sequence& s, int32_t round_max) {
     s.plan.forced = false;
-    if (!s.constraint || !s.policy) return false;  // plain decoding stays plain
-    const int32_t n = s.constraint->forced(std::min(round_max, s.policy->draft_max()), s.drafts);
+    if (!s.grammar || !s.policy) return false;  // plain decoding stays plain
+    const int32_t n = s.grammar->forced(std::min(round_max, s.policy->draft_max()), s.drafts);
     if (n == 0) return false;
     s.plan = DraftPlan{};
     s.plan.forced = true;
@@ -190,11 +190,11 @@ bool BatchSession::draft_forced(Sequence& s, int32_t round_max) {
 
 void BatchSession::constrain_drafts(Sequence& s) {
     const auto t = Clock::now();
-    Constraint& c = *s.constraint;
+    GrammarState& c = *s.grammar;
     // A draft model drew under the mask and pushed its tokens as it drew them;
     // a deterministic draft is cut before its first token the grammar refuses.
     for (size_t i = static_cast<size_t>(c.pushed()); i < s.drafts.size(); ++i) {
-        if (!Constraint::allows(c.mask(static_cast<int32_t>(i)), s.drafts[i])) {
+        if (!GrammarState::allows(c.mask(static_cast<int32_t>(i)), s.drafts[i])) {
             if (s.q[i].support_size() != 1) throw std::logic_error("a sampled draft was drawn outside its grammar");
             s.drafts.resize(i);
             ++s.stats().grammar_cuts;
@@ -217,7 +217,7 @@ void BatchSession::draft_from_models(std::vector<Sequence*> seqs) {
                 rest.push_back(s);
                 continue;
             }
-            group.push_back({md, &s->history, s->k, &s->rng, &s->drafts, &s->q, s->stop(), s->constraint.get()});
+            group.push_back({md, &s->history, s->k, &s->rng, &s->drafts, &s->q, s->stop(), s->grammar.get()});
             group_seqs.push_back(s);
         }
         const auto t = Clock::now();
@@ -231,9 +231,9 @@ void BatchSession::draft_from_models(std::vector<Sequence*> seqs) {
 
 void BatchSession::accept(Sequence& s) {
     const int32_t n = static_cast<int32_t>(s.drafts.size());
-    target_distributions(s.first_row, n + 1, s.params.sampling, s.constraint.get(), s.params.test.grammar);
-    s.vr = accept_drafts(p_.data(), s.q.data(), s.drafts.data(), n, s.rng, shared_.test.variant);
-    if (s.params.test.pit || shared_.test.pit) {
+    target_distributions(s.first_row, n + 1, s.params.sampling, s.grammar.get());
+    s.vr = accept_drafts(p_.data(), s.q.data(), s.drafts.data(), n, s.rng, session_.test.variant);
+    if (session_.test.pit) {
         // A draft that was certain (one-hot q: a lookup's, a greedy draft's) is fixed
         // by the prefix before the row's token is drawn, and that token then follows
         // p given it: the draft may come first in the order, where a wrong residual
@@ -249,19 +249,20 @@ void BatchSession::accept(Sequence& s) {
 
 void BatchSession::roll_back(Sequence& s) {
     target_.truncate(static_cast<int32_t>(s.history.size()) + s.vr.n_accepted, s.id);
-    if (s.constraint) s.constraint->commit(s.vr.n_accepted, s.vr.next_token);
+    if (s.grammar) s.grammar->commit(s.vr.n_accepted, s.vr.next_token);
 }
 
 void BatchSession::target_distributions(int32_t first_row, int32_t n_rows, const SamplingParams& sampling,
-                                        Constraint* constraint, const std::string& control) {
+                                        GrammarState* grammar) {
     std::vector<Distribution>& p = p_;
     const int32_t n_vocab = target_.n_vocab();
     if (static_cast<int32_t>(p.size()) < n_rows) p.resize(static_cast<size_t>(n_rows));
     for (int32_t i = 0; i < n_rows; ++i) {
         const float* logits = target_.logits(first_row + i);
-        if (constraint && control != "unmasked") {  // row i under the state after drafts 0..i-1 (grammar.h)
-            const int32_t state = control == "stale" ? 0 : i;  // TEST-ONLY: the wrong state
-            mask_logits(logits, n_vocab, constraint->mask(state), constraint->n_vocab(), masked_);
+        const GrammarControl control = session_.test.grammar;
+        if (grammar && control != GrammarControl::kUnmasked) {  // row i under the state after drafts 0..i-1 (grammar.h)
+            const int32_t state = control == GrammarControl::kStale ? 0 : i;  // TEST-ONLY: the wrong state
+            mask_logits(logits, n_vocab, grammar->mask(state), grammar->n_vocab(), masked_);
             logits = masked_.data();
         }
         try {

@@ -3,9 +3,7 @@
 #pragma once
 
 #include <chrono>
-#include <exception>
 #include <memory>
-#include <thread>
 #include <vector>
 
 #include "engine/engine.h"
@@ -50,23 +48,23 @@ private:
 // One generation in flight: the committed sequence, what it produced, and the
 // round in flight.
 struct BatchSession::Sequence {
-    Sequence(const SequenceSpec& spec, int32_t handle_, int32_t slot_)
+    Sequence(const SequenceSpec& spec, const TestControls& test, int32_t handle_, int32_t slot_)
         : handle(handle_), id(slot_), drafter(spec.policy ? spec.drafter : nullptr), policy(spec.policy),
           params(spec.params),
           history(spec.prompt),
-          rng(spec.params.test.shared_stream ? spec.params.seed : sequence_seed(spec.params.seed, spec.stream)),
+          rng(test.shared_stream ? spec.params.seed : sequence_seed(spec.params.seed, spec.stream)),
           pit_rng(~sequence_seed(spec.params.seed, spec.stream)),
           stream(spec.params.stop), max_tokens(spec.params.max_tokens),
-          stop_rule(spec.policy, spec.params.test.discard_below, result.stats),
-          constraint(spec.params.grammar
-                         ? std::make_unique<Constraint>(spec.params.grammar, !spec.params.test.grammar.empty())
-                         : nullptr) {}
+          stop_rule(spec.policy, test.discard_below, result.stats),
+          grammar(spec.params.grammar
+                      ? std::make_unique<GrammarState>(spec.params.grammar, test.grammar != GrammarControl::kOff)
+                      : nullptr) {}
 
     int32_t handle;                // what the caller knows it by
     int32_t id;                    // its slot = sequence id in the target's context
     Drafter* drafter;              // null: plain (a sequence without a policy does not draft)
     LengthPolicy* policy;          // null exactly when drafter is
-    GenerateParams params;
+    SequenceParams params;
     std::vector<int32_t> history;  // prompt + emitted tokens
     GenerateResult result;
     Rng rng;
@@ -81,10 +79,7 @@ struct BatchSession::Sequence {
     int32_t prompt_decoded = 0;    // prompt tokens the target decoded for it (the rest were cached)
     Clock::time_point t_start = Clock::now(), t_first{};
     StopRule stop_rule;
-    std::unique_ptr<Constraint> constraint;  // its place in params.grammar; null: unconstrained
-    // The drafter processing the prompt on its own thread (parallel_prefill).
-    std::thread drafter_prefill;
-    std::exception_ptr drafter_error;
+    std::unique_ptr<GrammarState> grammar;  // its place in params.grammar; null: unconstrained
 
     // The round in flight.
     DraftPlan plan;                // its drafter's source, and the length its policy chose
@@ -101,9 +96,6 @@ struct BatchSession::Sequence {
     int32_t n_prompt() const { return result.stats.n_prompt_tokens; }
     StopRule* stop() { return stop_rule.active() ? &stop_rule : nullptr; }
     bool speculative() const { return policy != nullptr; }  // drafts (else plain)
-    void join_drafter() {
-        if (drafter_prefill.joinable()) drafter_prefill.join();
-    }
 };
 
 }  // namespace pyspec

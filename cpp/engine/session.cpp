@@ -10,12 +10,12 @@
 
 namespace pyspec {
 
-BatchSession::BatchSession(Engine& engine, const GenerateParams& shared, BatchTokenCallback on_token,
-                           std::vector<Model*> draft_models, bool hold_locks, PromptCache* prompt_cache)
-    : target_(engine.target()), shared_(shared), on_token_(std::move(on_token)), hold_locks_(hold_locks),
-      prompt_cache_(prompt_cache) {
-    if (shared_.prefill_chunk < 0) throw std::invalid_argument("prefill_chunk must be >= 0");
-    if (!(shared_.calibration_share >= 0)) {  // NaN too
+BatchSession::BatchSession(Engine& engine, const SessionParams& session, BatchTokenCallback on_token,
+                           std::vector<Model*> draft_models, bool hold_locks, HostCache* host_cache)
+    : target_(engine.target()), session_(session), on_token_(std::move(on_token)), hold_locks_(hold_locks),
+      host_cache_(host_cache) {
+    if (session_.prefill_chunk < 0) throw std::invalid_argument("prefill_chunk must be >= 0");
+    if (!(session_.calibration_share >= 0)) {  // NaN too
         throw std::invalid_argument("calibration_share must be >= 0 (0: never time batch sizes between rounds)");
     }
     models_.push_back(&target_);
@@ -34,7 +34,7 @@ BatchSession::BatchSession(Engine& engine, const GenerateParams& shared, BatchTo
         while (claimed > 0) models_[--claimed]->unclaim(this);
         throw;
     }
-    for (Model* m : models_) m->set_abort_flag(shared_.cancel);
+    for (Model* m : models_) m->set_abort_flag(session_.cancel);
     slot_owner_.assign(static_cast<size_t>(target_.n_seq()), -1);
     slot_used_.assign(static_cast<size_t>(target_.n_seq()), 0);
     if (hold_locks_) locks_ = std::move(held);
@@ -42,7 +42,6 @@ BatchSession::BatchSession(Engine& engine, const GenerateParams& shared, BatchTo
 
 BatchSession::~BatchSession() {
     Locks held = hold();
-    for (Sequence& s : seqs_) s.join_drafter();
     for (Model* m : models_) {
         m->set_abort_flag(nullptr);
         m->unclaim(this);
@@ -66,7 +65,7 @@ BatchSession::Sequence* BatchSession::find(int32_t handle) {
 }
 
 void BatchSession::check(const SequenceSpec& spec) const {
-    const GenerateParams& p = spec.params;
+    const SequenceParams& p = spec.params;
     p.sampling.validate();
     p.draft_sampling.validate();
     if (p.max_tokens < 0) throw std::invalid_argument("max_tokens must be >= 0");
@@ -154,10 +153,10 @@ int32_t BatchSession::lru_cached_slot() const {
 }
 
 void BatchSession::spill(int32_t slot) {
-    if (!prompt_cache_ || target_.cached(slot).size() < PromptCache::kMinTokens) return;
+    if (!host_cache_ || target_.cached(slot).size() < HostCache::kMinTokens) return;
     // Each model's own cache of this slot (a draft model's sequence `slot`
     // mirrors the target's slot: SequenceSpec::slot).
-    PromptCache::Entry e;
+    HostCache::Entry e;
     for (Model* m : models_) {
         if (m == &target_) {
             e.parts.insert(e.parts.begin(), {m, m->cached(slot), m->save_state(slot)});
@@ -165,7 +164,7 @@ void BatchSession::spill(int32_t slot) {
             e.parts.push_back({m, m->cached(slot), m->save_state(slot)});
         }
     }
-    prompt_cache_->put(std::move(e));
+    host_cache_->put(std::move(e));
 }
 
 void BatchSession::drop_cache(int32_t slot) {
@@ -178,18 +177,18 @@ void BatchSession::drop_cache(int32_t slot) {
 }
 
 void BatchSession::restore(int32_t slot, const std::vector<int32_t>& prompt) {
-    if (!prompt_cache_) return;
+    if (!host_cache_) return;
     const size_t limit = prompt.size() - 1;  // the last prompt token is evaluated with the first round
     size_t have = 0;
     for (int32_t j = 0; j < target_.n_seq(); ++j) {
         have = std::max(have, common_prefix(target_.cached(j), prompt, limit));
     }
     // A restore copies the whole entry: worth it for a real part of a prompt.
-    if (prompt_cache_->best(target_, prompt, limit) < have + PromptCache::kMinTokens) return;
-    const PromptCache::Entry e = prompt_cache_->fetch(target_, prompt, limit);
-    const PromptCache::Part& t = e.parts[0];
+    if (host_cache_->best(target_, prompt, limit) < have + HostCache::kMinTokens) return;
+    const HostCache::Entry e = host_cache_->fetch(target_, prompt, limit);
+    const HostCache::Part& t = e.parts[0];
     // The cells must fit beside the others: give up the least recently used
-    // caches (into the prompt cache) until they do. Not for a state that fails
+    // caches (into the host cache) until they do. Not for a state that fails
     // with room to spare (it does not fit this context): then the prompt is
     // prefilled as usual, and no other conversation is lost for it.
     while (!target_.load_state(slot, t.state, t.tokens)) {
@@ -205,7 +204,7 @@ void BatchSession::restore(int32_t slot, const std::vector<int32_t>& prompt) {
         m->truncate(0, slot);
         m->load_state(slot, e.parts[i].state, e.parts[i].tokens);  // on failure the drafter prefills it
     }
-    prompt_cache_->note_restored(common_prefix(t.tokens, prompt, limit) - have);
+    host_cache_->note_restored(common_prefix(t.tokens, prompt, limit) - have);
 }
 
 int32_t BatchSession::add(const SequenceSpec& spec) {
@@ -226,12 +225,12 @@ int32_t BatchSession::add(const SequenceSpec& spec) {
     if (slot >= target_.n_seq() || slot_owner_[static_cast<size_t>(slot)] >= 0) {
         throw std::invalid_argument("slot " + std::to_string(slot) + " is not a free sequence of the target's context");
     }
-    // What the slot holds beyond the prompt is lost: into the prompt cache first.
+    // What the slot holds beyond the prompt is lost: into the host cache first.
     const size_t common = common_prefix(target_.cached(slot), spec.prompt);
-    if (target_.cached(slot).size() - common >= PromptCache::kMinTokens) spill(slot);
+    if (target_.cached(slot).size() - common >= HostCache::kMinTokens) spill(slot);
     restore(slot, spec.prompt);
     const int32_t handle = next_handle_++;
-    seqs_.emplace_back(spec, handle, slot);
+    seqs_.emplace_back(spec, session_.test, handle, slot);
     Sequence& s = seqs_.back();
     slot_owner_[static_cast<size_t>(slot)] = handle;
     slot_used_[static_cast<size_t>(slot)] = ++tick_;
@@ -370,10 +369,7 @@ void BatchSession::start_ready() {
 
 void BatchSession::start(Sequence& s) {
     const std::vector<int32_t>& prompt = s.history;
-    if (s.drafter_prefill.joinable()) {
-        s.join_drafter();
-        if (s.drafter_error) std::rethrow_exception(s.drafter_error);
-    } else if (s.speculative()) {
+    if (s.speculative()) {
         if (JointPlanner* planner = s.policy->as_planner()) planner->set_remaining(s.max_tokens);
         s.drafter->begin(prompt, s.params.draft_sampling, draft_model_may_pay(s));
     }

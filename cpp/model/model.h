@@ -184,8 +184,8 @@ public:
     const std::vector<int32_t>& cached(int32_t seq = 0) const { return cached_[checked_seq(seq)]; }
 
     // A sequence's cache as bytes (llama.cpp's own per-sequence state: the cells'
-    // positions and K/V), and back: a prompt cache keeps conversations that no
-    // slot holds (engine/prompt_cache.h) and restores them without a prefill.
+    // positions and K/V), and back: the host cache keeps conversations that no
+    // slot holds (engine/host_cache.h) and restores them without a prefill.
     // load_state replaces sequence `seq` with `state`, whose cells hold `tokens`;
     // false (the sequence left empty) when the cache has no room for it or the
     // bytes are not a state of this model's shape.

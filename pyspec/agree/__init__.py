@@ -18,7 +18,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 from .measure import Stream, builtin_streams, prompt_streams, score, summarize, text_streams
 from .speculation import acceptance_by_position, predict
 from .verdict import judge, type_name
-from ..settings import Sampling
+from ..sampling import Sampling
 
 __all__ = ["Stream", "agree", "builtin_streams", "prompt_streams", "text_streams"]
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from .. import _core
 from ..generation import run_interruptible
-from ..settings import Sampling
+from ..sampling import Sampling
 from .texts import TEXTS
 
 ROWS = ("alpha", "top1", "kl", "logp_ref", "logp_cand")

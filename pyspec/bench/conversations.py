@@ -1,5 +1,5 @@
-"""Multi-turn conversations of local work, for `pyspec bench-multiturn` and
-`pyspec bench-serve --multiturn`.
+"""Multi-turn conversations of local work, for `pyspec bench multiturn` and
+`pyspec bench serve --multiturn`.
 
 Local work repeats itself: a file comes back with one change per turn, and the
 same instruction meets a similar input. Two kinds:

@@ -1,6 +1,10 @@
 """The sandbox chat templates render in: Jinja's immutable sandbox within
 bounds of time and size (the one owner of those bounds).
 
+Over 400 lines on purpose: the compile-time checks (a code generator that
+wraps every operator, call and frame) and the run-time bounds they call must
+agree rule for rule, so one file holds both and a reviewer reads each bound once.
+
 Templates are untrusted input (any GGUF file, any ``--chat-template``).
 Jinja's ``ImmutableSandboxedEnvironment`` refuses mutation of the values passed
 in and access to Python internals (here an error, where Jinja gives an empty

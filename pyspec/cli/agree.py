@@ -12,7 +12,8 @@ from ..agree.plot import plot_agreement
 from ..agree.report import json_safe, format_report
 from ..errors import PyspecError
 from ..tools.quantize import TYPES
-from ..settings import MAX_DRAFT, N_CTX_BENCH, SEED_BITS, Sampling
+from ..settings import MAX_DRAFT, N_CTX_BENCH, SEED_BITS
+from ..sampling import Sampling
 from .._platform import physical_cores
 from .options import (command_errors, device_options, load_model, max_tokens_option, n_ctx_option, report_options,
                       sampling_options, threads_option)

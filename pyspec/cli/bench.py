@@ -12,7 +12,8 @@ from dataclasses import asdict
 
 import click
 
-from ..settings import MAX_DRAFT, N_CTX_BENCH, Sampling
+from ..settings import MAX_DRAFT, N_CTX_BENCH
+from ..sampling import Sampling
 from ..speculative import POLICIES
 from .options import (DEFAULT_DRAFT, DEFAULT_MODEL, IntList, command_errors, device_options, load_model,
                       labelled_progress, max_tokens_option, n_ctx_option, report_options, sampling_options,

@@ -11,7 +11,8 @@ import click
 
 from ..bench.conversations import CONVERSATIONS
 from ..memory import DEFAULT_CAP_MB
-from ..settings import N_CTX_SERVER, Sampling
+from ..settings import N_CTX_SERVER
+from ..sampling import Sampling
 from .options import (DEFAULT_MODEL, check_device, command_errors, device_options, labelled_progress, load_model,
                       max_tokens_option, n_ctx_option, report_options, threads_option, write_report)
 

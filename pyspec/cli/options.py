@@ -14,7 +14,8 @@ from typing import Optional
 import click
 
 from ..errors import PyspecError
-from ..settings import MAX_TOKENS, N_CTX, N_CTX_MIN, SEED_MAX, Sampling
+from ..settings import MAX_TOKENS, N_CTX, N_CTX_MIN, SEED_MAX
+from ..sampling import Sampling
 from ..models import DEFAULT_DRAFT, DEFAULT_TARGET as DEFAULT_MODEL
 
 __all__ = ["DEFAULT_DRAFT", "DEFAULT_MODEL", "IntList", "check_device", "command_errors", "device_options",
@@ -65,7 +66,7 @@ def suite_options(f):
                      help="Target model (path or default name)."),
         click.option("--category", "categories", multiple=True, type=click.Choice(CATEGORIES),
                      help="Only these prompt categories (repeatable). json, tools and grammar (answers under a "
-                          "constraint: bench --paired applies it) run only when named."),
+                          "constraint: bench paired --paired applies it) run only when named."),
         click.option("--per-category", type=click.IntRange(min=1), default=None,
                      help="Use only the first N prompts of each category."),
     ]
@@ -142,7 +143,7 @@ def constraint_options(f):
     ``constraint`` (a :class:`pyspec.Constraint`, or None)."""
     @functools.wraps(f)
     def command(*args, json_schema, grammar, regex, **kwargs):
-        from ..constraints import resolve
+        from ..constraints import from_keywords
 
         if json_schema is not None and os.path.isfile(json_schema):
             with open(json_schema, encoding="utf-8") as fh:
@@ -153,7 +154,7 @@ def constraint_options(f):
             with open(grammar, encoding="utf-8") as fh:
                 grammar = fh.read()
         try:
-            constraint = resolve(json_schema=json_schema, grammar=grammar, regex=regex)
+            constraint = from_keywords(json_schema=json_schema, grammar=grammar, regex=regex)
         except ValueError as e:
             raise click.UsageError(str(e)) from None
         return f(*args, constraint=constraint, **kwargs)

@@ -8,13 +8,23 @@ import sys
 import click
 
 from ..memory import DEFAULT_CAP_MB
-from ..sampling import VARIANTS
 from ..speculative import DRAFTERS, POLICIES
 from ..server.scheduler import DEFAULT_CACHE_RAM_MB, DEFAULT_CACHE_SLOTS
 from ..server.supervisor import CHILD_PORT_ENV, supervise
 from ..settings import MAX_SEQUENCES, N_CTX_SERVER, PARALLEL, PREFILL_CHUNK
+from ..testing import TestControls
 from .options import (DEFAULT_DRAFT, DEFAULT_MODEL, chat_template_option, command_errors, device_options, load_pair,
                       n_ctx_option, threads_option)
+
+
+def _test_controls(ctx, param, value):
+    """--test-controls JSON as the one TestControls value (TEST-ONLY)."""
+    if value is None:
+        return None
+    try:
+        return TestControls.from_json(value)
+    except (ValueError, TypeError) as e:
+        raise click.BadParameter(str(e)) from e
 
 
 @click.command()
@@ -36,15 +46,19 @@ from .options import (DEFAULT_DRAFT, DEFAULT_MODEL, chat_template_option, comman
 @click.option("--parallel", "-np", default=PARALLEL, show_default=True, type=click.IntRange(1, MAX_SEQUENCES),
               help="Sequences generated together (slots); more requests wait in the queue.")
 @click.option("--cache-slots", default=DEFAULT_CACHE_SLOTS, show_default=True, type=click.IntRange(0, MAX_SEQUENCES - 1),
-              help="Finished conversations kept cached in the context beside the --parallel running ones "
+              help="The prompt cache's first tier: finished conversations kept in the context beside the --parallel "
+                   "running ones "
                    "(they share its --n-ctx cells; the least recently used gives way). A request goes to the "
                    "slot that holds its conversation, so alternating chats prefill only their new tokens.")
 @click.option("--cache-ram", default=DEFAULT_CACHE_RAM_MB, show_default=True, type=click.FloatRange(min=0),
-              help="MiB of host memory for conversations the context gives up (both models' caches), put back "
-                   "when their conversation returns; the oldest go first. 0: none.")
-@click.option("--prompt-cache", "prompt_cache", default=None, type=click.Path(file_okay=False),
-              help="Folder where the cached conversations (both models' caches) are saved at shutdown and loaded "
-                   "at startup, so a restarted server answers them without a prefill (within --cache-ram).")
+              help="The prompt cache's second tier: MiB of host memory for conversations the context gives up "
+                   "(both models' caches), put back when their conversation returns; the oldest go first. 0: none.")
+@click.option("--cache-dir", "cache_dir", default=None, type=click.Path(file_okay=False),
+              help="The prompt cache's third tier: a folder where the cached conversations (both models' caches) "
+                   "are saved at shutdown and loaded at startup, so a restarted server answers them without a "
+                   "prefill (within --cache-ram).")
+@click.option("--prompt-cache", "old_cache_dir", default=None, type=click.Path(file_okay=False), hidden=True,
+              help="The old name of --cache-dir.")
 @click.option("--queue-size", default=None, type=click.IntRange(min=0),
               help="Requests that may wait for a slot; past it, 503 with Retry-After [default: 4 x --parallel].")
 @n_ctx_option(N_CTX_SERVER, help="Context cells, shared by all slots (one unified cache); a prompt must fit in it.")
@@ -64,17 +78,12 @@ from .options import (DEFAULT_DRAFT, DEFAULT_MODEL, chat_template_option, comman
               help="Byte cap of each user's memory (least recently used text goes first).")
 @click.option("--memory-users", default=8, show_default=True, type=click.IntRange(min=1),
               help="Users whose memories are kept (the least recently active is dropped first).")
-@click.option("--test-slot-choice", type=click.Choice(["engine", "lowest"]), default="engine", hidden=True,
-              help="TEST-ONLY: 'lowest' puts every request in the lowest free slot (the prompt-cache test's "
-                   "negative control).")
-@click.option("--test-variant", type=click.Choice(VARIANTS), default="correct", hidden=True,
-              help="TEST-ONLY: a wrong acceptance rule (e.g. residual_is_p) for the lossless test's negative control.")
-@click.option("--test-pit", is_flag=True, hidden=True,
-              help="TEST-ONLY: report each decided token's PIT under its target row in `timings.pit` "
-                   "(tests/test_pit_lossless.py).")
+@click.option("--test-controls", "test", default=None, hidden=True, callback=_test_controls,
+              help="TEST-ONLY: a JSON object of pyspec.testing.TestControls fields: the lossless and prompt-cache "
+                   "tests' negative controls (e.g. {\"variant\": \"residual_is_p\"}) and the PIT probe.")
 def serve(model, draft, no_draft, drafter, policy, draft_max, host, port, parallel, cache_slots, cache_ram,
-          prompt_cache, queue_size, n_ctx, prefill_chunk, api_key, model_alias, threads, device,
-          chat_template, memory, memory_mb, memory_users, test_slot_choice, test_variant, test_pit) -> None:
+          cache_dir, old_cache_dir, queue_size, n_ctx, prefill_chunk, api_key, model_alias, threads, device,
+          chat_template, memory, memory_mb, memory_users, test) -> None:
     """Serve the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models),
     with /health and Prometheus /metrics.
 
@@ -97,8 +106,12 @@ def serve(model, draft, no_draft, drafter, policy, draft_max, host, port, parall
         from ..server.app import create_app
     except ImportError as e:
         raise click.ClickException(f"the server needs its extra: pip install 'pyspec-llama[server]' ({e})") from e
-    if prompt_cache is not None and cache_ram <= 0:
-        raise click.UsageError("--prompt-cache needs host memory to load the folder into: --cache-ram > 0")
+    if old_cache_dir is not None:
+        click.echo("pyspec: 'pyspec serve --prompt-cache' is now '--cache-dir' (the old name goes in a later release)",
+                   err=True)
+        cache_dir = cache_dir or old_cache_dir
+    if cache_dir is not None and cache_ram <= 0:
+        raise click.UsageError("--cache-dir needs host memory to load the folder into: --cache-ram > 0")
     name = model_alias or os.path.basename(model or DEFAULT_MODEL).removesuffix(".gguf")
     child_port = os.environ.get(CHILD_PORT_ENV)
     if (device["rpc"] or device["draft_rpc"]) and child_port is None:
@@ -114,10 +127,9 @@ def serve(model, draft, no_draft, drafter, policy, draft_max, host, port, parall
     app = create_app(decoder, model_name=name, parallel=parallel,
                      queue_size=4 * parallel if queue_size is None else queue_size, api_key=api_key,
                      prefill_chunk=prefill_chunk, memory_mb=memory_mb if memory else 0, memory_users=memory_users,
-                     cache_ram_mb=cache_ram, prompt_cache_dir=prompt_cache, _test=dict(variant=test_variant, pit=test_pit),
-                     _slot_choice=test_slot_choice)
-    if test_variant != "correct":
-        click.echo(f"pyspec serve: TEST-ONLY acceptance rule {test_variant!r}: output is NOT the target's", err=True)
+                     cache_ram_mb=cache_ram, cache_dir=cache_dir, _test=test)
+    if test is not None and test.breaks_output:
+        click.echo(f"pyspec serve: TEST-ONLY controls {test}: output is NOT the target's", err=True)
     click.echo(f"pyspec serve: {name} ({decoder!r}) on http://{host}:{port}/v1 with {parallel} slots, "
                f"{cache_slots} more conversations cached in the context and up to {cache_ram:g} MiB in host "
                f"memory (--cache-ram); Ctrl-C stops", err=True)

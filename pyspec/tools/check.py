@@ -1,5 +1,9 @@
 """Statistical self-check of the sampling core, as a library (``pyspec check`` runs it).
 
+Over 400 lines on purpose: every check, its negative control and the report
+share one set of statistics helpers and one Bonferroni family; split apart, a
+row could be judged at another level than the rest of its run.
+
 Every check runs the C++ verification rule many times (``verify_many``, drafts sampled
 from q inside C++) and tests two exact properties of speculative sampling:
 

@@ -142,7 +142,7 @@ def format_info(info: Dict[str, Any]) -> str:
         f"                  shared with llama_cpp: {yes(info['libllama_shared_with_llama_cpp'])}",
         f"GPU offload       {yes(info['gpu_offload'])}"
         + ("" if info["gpu_offload"] else "  (CPU-only build; see docs/gpu.md)"),
-        f"RPC               "
+        "RPC               "
         + (f"yes (ggml RPC protocol {info['rpc']['protocol']}: `pyspec rpc-server`, --rpc)" if info["rpc"]["available"]
            else "no  (reinstall with CMAKE_ARGS=\"-DGGML_RPC=ON\"; see docs/distributed.md)"),
         f"flash attention   default {info['flash_attn_default']} (llama.cpp: {info['llama_cpp_flash_attn_default']}; "

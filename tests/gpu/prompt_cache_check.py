@@ -8,7 +8,7 @@ restored == 1, cached 899 of 900, greedy tokens identical to a prefill (gap 0.0)
 the wrong-state control 27.4 apart, a saved prefix resumed with 800 tokens cached.
 
 Issue 34 on a GPU: both models' per-sequence state saved to host memory and
-put back (PromptCache) on CUDA gives the same greedy tokens as a prefill; a
+put back (HostCache) on CUDA gives the same greedy tokens as a prefill; a
 wrong state under the same tokens gives other tokens (negative control); a
 saved prefix file resumes in new contexts. Random-weight default-shaped models
 ($T, $D), all layers offloaded."""
@@ -37,8 +37,8 @@ def run(sess, p, n=16):
 
 s = dec.open_session(lambda *x: True)
 fresh_r = run(s, a); fresh = list(fresh_r.tokens); s.release_cache(); s.close()
-cache = _core.PromptCache(1 << 30)
-s = dec.open_session(lambda *x: True, prompt_cache=cache)
+cache = _core.HostCache(1 << 30)
+s = dec.open_session(lambda *x: True, host_cache=cache)
 run(s, a); run(s, b)
 t = time.perf_counter(); r = run(s, a); out["restore_run_s"] = time.perf_counter() - t
 out["restored"] = cache.stats["restored"]; out["cached"] = r.stats.n_cached_tokens

@@ -1,4 +1,4 @@
 """Benchmarks that run pyspec (and llama-cpp-python) in this process: the prompt
-suite (`pyspec bench`), paired configurations (`--paired`), batches
-(`bench-parallel`), multi-turn conversations (`bench-multiturn`) and the
-replay simulator (`pyspec simulate`)."""
+suite (`pyspec bench paired`), paired configurations (`--paired`), batches
+(`bench parallel`), multi-turn conversations (`bench multiturn`) and the
+replay simulator (`pyspec bench simulate`)."""

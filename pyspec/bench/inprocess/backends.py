@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from ...generation import Generator
-from ...settings import Sampling
+from ...sampling import Sampling
 
 
 @dataclass

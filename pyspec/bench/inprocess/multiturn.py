@@ -1,4 +1,4 @@
-"""Multi-turn conversations in one process (`pyspec bench-multiturn`).
+"""Multi-turn conversations in one process (`pyspec bench multiturn`).
 
 Each conversation of ``../conversations.py`` runs turn by turn. At every turn the
 sides generate from the same prompt, back to back, greedy:
@@ -34,7 +34,7 @@ import math
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from ...memory import Memory
-from ...settings import Sampling
+from ...sampling import Sampling
 from ..conversations import RAW_STOP, Conversation, transcript
 from ..stats import bootstrap_interval, run_order
 from .backends import Sample

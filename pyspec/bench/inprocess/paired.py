@@ -19,7 +19,7 @@ the 2.5 / 97.5 percentiles of the resampled ratio. Both sources of
 uncertainty (which prompts, which runs) are in the interval.
 
 Decode speed is tokens after the first per second after the first (as
-``pyspec bench``): the prompt is processed by the same kernels on both sides.
+``pyspec bench paired``): the prompt is processed by the same kernels on both sides.
 """
 
 from __future__ import annotations

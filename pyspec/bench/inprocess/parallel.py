@@ -1,4 +1,4 @@
-"""Many sequences in one batch against one at a time (`pyspec bench-parallel`).
+"""Many sequences in one batch against one at a time (`pyspec bench parallel`).
 
 For each batch size n, measured side by side in one process, interleaved:
 

@@ -1,4 +1,4 @@
-"""`pyspec bench-rpc`: the target on RPC workers behind a network of a given
+"""`pyspec bench rpc`: the target on RPC workers behind a network of a given
 delay, plain decoding against the default decoder, and llama-server --rpc.
 
 For each one-way delay d (ms), each worker sits behind a DelayProxy

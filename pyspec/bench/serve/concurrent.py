@@ -1,4 +1,4 @@
-"""Serving under concurrent clients (`pyspec bench-serve`).
+"""Serving under concurrent clients (`pyspec bench serve`).
 
 Two comparisons. Without ``--llama-server`` (this module), two servers run side
 by side on the same model, prompts and threads: ``pyspec serve`` (continuous
@@ -32,7 +32,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, List, Optional, Sequence
 
-from ...settings import Sampling
+from ...sampling import Sampling
 from .process import ServerProcess, free_port, pyspec_device_args, stream_completion
 
 PYSPEC, LLAMA, GENERATE = "pyspec serve", "llama-cpp-python server", "pyspec generate"
@@ -40,7 +40,7 @@ PYSPEC, LLAMA, GENERATE = "pyspec serve", "llama-cpp-python server", "pyspec gen
 
 def start_pyspec(model: str, draft: str, *, parallel: int, n_ctx: int, threads: int,
                  device: Optional[dict] = None) -> ServerProcess:
-    """``device``: bench-serve's --n-gpu-layers, --flash-attn and --strict (process.pyspec_device_args)."""
+    """``device``: bench serve's --n-gpu-layers, --flash-attn and --strict (process.pyspec_device_args)."""
     port = free_port()
     cmd = [sys.executable, "-m", "pyspec.cli", "serve", "--port", str(port), "--model", model,
            "--parallel", str(parallel), "--n-ctx", str(n_ctx), "--threads", str(threads),

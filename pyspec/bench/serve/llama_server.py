@@ -1,8 +1,8 @@
-"""Serving against llama.cpp's own server (`pyspec bench-serve --llama-server
+"""Serving against llama.cpp's own server (`pyspec bench serve --llama-server
 PATH`).
 
 Backends, all on the same model file, threads, slots (-np / --parallel: the
-most clients asked for), GPU offload and flash attention (bench-serve's
+most clients asked for), GPU offload and flash attention (bench serve's
 --n-gpu-layers, --flash-attn: -ngl, -fa):
 
 * ``pyspec serve`` as users start it (with --draft, the draft model and its

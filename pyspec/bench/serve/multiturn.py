@@ -1,4 +1,4 @@
-"""Multi-turn conversations through servers (`pyspec bench-serve --multiturn`).
+"""Multi-turn conversations through servers (`pyspec bench serve --multiturn`).
 
 The backends run one at a time, on the same model file, threads, slot count
 (one slot per conversation), context size, GPU offload and flash attention:

@@ -1,4 +1,4 @@
-"""A soak under load (`pyspec bench-soak`): does a long-running `pyspec serve`
+"""A soak under load (`pyspec bench soak`): does a long-running `pyspec serve`
 keep its resources bounded?
 
 One real server process; ``clients`` threads each send one request after

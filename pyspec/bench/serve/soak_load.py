@@ -1,4 +1,4 @@
-"""The load of a soak (`pyspec bench-soak`): the seeded request mix and the
+"""The load of a soak (`pyspec bench soak`): the seeded request mix and the
 client threads that send it (pyspec/bench/serve/soak.py states the method)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The verdict on a soak (`pyspec bench-soak`) and its report: the bounds it
+"""The verdict on a soak (`pyspec bench soak`) and its report: the bounds it
 must hold, its checks, the table over time and the plot (pyspec/bench/serve/soak.py
 states the method)."""
 

@@ -1,4 +1,4 @@
-"""Conversations in turn (`pyspec bench-serve --turns N`): the one local user
+"""Conversations in turn (`pyspec bench serve --turns N`): the one local user
 with several chats open (two editors, an agent and its helper), each with a
 long system prompt of its own, who sends them one request at a time in turn:
 A1, B1, A2, B2, ... Each request carries the whole conversation so far (the

@@ -1,3 +1,5 @@
+// The prompt cache's host-memory tier (its tiers: the context's slots, this,
+// and files on disk, pyspec/prefix.py; docs/server.md#prompt-cache).
 // Conversations that no slot of the context holds any more, kept in host memory
 // and put back into a slot when a request continues one: llama-server's "extra
 // slots" (--cache-ram), with a byte bound the user sets and counters the user
@@ -21,7 +23,7 @@ namespace pyspec {
 
 class Model;
 
-class PromptCache {
+class HostCache {
 public:
     // One model's cache of one sequence.
     struct Part {
@@ -47,7 +49,7 @@ public:
     // Entries shorter than this many target tokens are not worth a copy.
     static constexpr size_t kMinTokens = 64;
 
-    explicit PromptCache(size_t capacity_bytes) : capacity_(capacity_bytes) {}
+    explicit HostCache(size_t capacity_bytes) : capacity_(capacity_bytes) {}
 
     // Keep an entry (it replaces any entry whose target tokens it extends or
     // equals); older entries go to stay within the bound. False when the entry
@@ -71,7 +73,7 @@ private:
                                          size_t* common);  // lock held
     std::list<Entry>::const_iterator find_best(const Model& target, const std::vector<int32_t>& prompt, size_t limit,
                                                size_t* common) const {
-        return const_cast<PromptCache*>(this)->find_best(target, prompt, limit, common);
+        return const_cast<HostCache*>(this)->find_best(target, prompt, limit, common);
     }
 
     mutable std::mutex mutex_;

@@ -1,16 +1,16 @@
-#include "engine/prompt_cache.h"
+#include "engine/host_cache.h"
 
 #include "core/tokens.h"
 
 namespace pyspec {
 
-size_t PromptCache::Entry::bytes() const {
+size_t HostCache::Entry::bytes() const {
     size_t n = 0;
     for (const Part& p : parts) n += p.state.size() + p.tokens.size() * sizeof(int32_t);
     return n;
 }
 
-bool PromptCache::put(Entry entry) {
+bool HostCache::put(Entry entry) {
     if (entry.parts.empty() || entry.parts[0].tokens.size() < kMinTokens) return false;
     const size_t size = entry.bytes();
     const std::lock_guard<std::mutex> lock(mutex_);
@@ -38,7 +38,7 @@ bool PromptCache::put(Entry entry) {
     return true;
 }
 
-std::list<PromptCache::Entry>::iterator PromptCache::find_best(const Model& target, const std::vector<int32_t>& prompt,
+std::list<HostCache::Entry>::iterator HostCache::find_best(const Model& target, const std::vector<int32_t>& prompt,
                                                                size_t limit, size_t* common) {
     auto best = entries_.end();
     *common = 0;
@@ -53,14 +53,14 @@ std::list<PromptCache::Entry>::iterator PromptCache::find_best(const Model& targ
     return best;
 }
 
-size_t PromptCache::best(const Model& target, const std::vector<int32_t>& prompt, size_t limit) const {
+size_t HostCache::best(const Model& target, const std::vector<int32_t>& prompt, size_t limit) const {
     const std::lock_guard<std::mutex> lock(mutex_);
     size_t common = 0;
     find_best(target, prompt, limit, &common);
     return common;
 }
 
-PromptCache::Entry PromptCache::fetch(const Model& target, const std::vector<int32_t>& prompt, size_t limit) {
+HostCache::Entry HostCache::fetch(const Model& target, const std::vector<int32_t>& prompt, size_t limit) {
     const std::lock_guard<std::mutex> lock(mutex_);
     size_t common = 0;
     const auto it = find_best(target, prompt, limit, &common);
@@ -69,24 +69,24 @@ PromptCache::Entry PromptCache::fetch(const Model& target, const std::vector<int
     return entries_.front();
 }
 
-void PromptCache::note_restored(size_t tokens) {
+void HostCache::note_restored(size_t tokens) {
     const std::lock_guard<std::mutex> lock(mutex_);
     ++stats_.restored;
     stats_.restored_tokens += static_cast<int64_t>(tokens);
 }
 
-void PromptCache::clear() {
+void HostCache::clear() {
     const std::lock_guard<std::mutex> lock(mutex_);
     entries_.clear();
     bytes_ = 0;
 }
 
-std::vector<PromptCache::Entry> PromptCache::entries() const {
+std::vector<HostCache::Entry> HostCache::entries() const {
     const std::lock_guard<std::mutex> lock(mutex_);
     return {entries_.begin(), entries_.end()};
 }
 
-PromptCache::Stats PromptCache::stats() const {
+HostCache::Stats HostCache::stats() const {
     const std::lock_guard<std::mutex> lock(mutex_);
     Stats s = stats_;
     s.entries = static_cast<int64_t>(entries_.size());

@@ -1,0 +1,98 @@
+"""TEST-ONLY controls: the one value the lossless tests use to break pyspec on purpose.
+
+Every statistical test of losslessness has a negative control, a deliberately
+wrong variant the same test must reject (SPEC.md). Each wrong variant is a field
+of :class:`TestControls`; a test builds one value and passes it as ``_test=`` to
+whatever it drives (``generate``, ``generate_batch``, ``open_session``,
+``create_app``, ``pyspec serve --test-controls``); every layer below hands the
+same value on, and the C++ core reads its session's (``SessionParams.test``,
+engine.h). Never set in the product: the default value changes nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from typing import Optional
+
+from . import _core
+
+#: The C++ core's names (sampling.h, AcceptVariant; engine.h, GrammarControl).
+VARIANTS = tuple(_core.sampling.VARIANTS)
+GRAMMAR_CONTROLS = tuple(_core.GRAMMAR_CONTROLS)
+SLOT_CHOICES = ("engine", "lowest")
+
+
+@dataclass(frozen=True)
+class TestControls:
+    """TEST-ONLY negative controls (and one probe), for a whole call or server.
+
+    - ``variant``: the accept test's rule: ``"correct"``, or a wrong one
+      (``"residual_is_p"``, ``"accept_all"``; ``"sample_and_match"`` is right but
+      suboptimal);
+    - ``discard_below`` > 0: a model draft ends by discarding a drawn token whose
+      belief is below it (the biased rule drafter.h forbids);
+    - ``shared_stream``: every sequence draws from its seed's one stream
+      (correlated samples) instead of its own;
+    - ``grammar``: under a grammar, the target's rows ``"unmasked"`` or masked
+      with the ``"stale"`` mask of the round's start (``"off"``: the product);
+    - ``pit``: a probe, not a control: record each decided token's randomized PIT
+      under its target row (``stats.pit``; a server reports it in ``timings.pit``);
+    - ``slot_choice``: a server's slot for each request: ``"engine"`` (the
+      product: the engine's pick) or ``"lowest"`` (the lowest free slot, which
+      ignores where a conversation is cached: the prompt-cache test's control).
+    """
+
+    __test__ = False  # not a pytest test class
+
+    variant: str = "correct"
+    discard_below: float = 0.0
+    shared_stream: bool = False
+    grammar: str = "off"
+    pit: bool = False
+    slot_choice: str = "engine"
+
+    def __post_init__(self) -> None:
+        for name, value, allowed in (("variant", self.variant, VARIANTS), ("grammar", self.grammar, GRAMMAR_CONTROLS),
+                                     ("slot_choice", self.slot_choice, SLOT_CHOICES)):
+            if value not in allowed:
+                raise ValueError(f"TestControls.{name} = {value!r}: one of {', '.join(allowed)}")
+
+    @property
+    def breaks_output(self) -> bool:
+        """Whether the output is no longer the target's (every field but the probe)."""
+        return self.replace(pit=False) != TestControls()
+
+    def replace(self, **changes) -> "TestControls":
+        return dataclasses.replace(self, **changes)
+
+    def native(self) -> "_core.TestControls":
+        """The core's part (a session's: engine.h, SessionParams.test)."""
+        return _core.TestControls(variant=self.variant, discard_below=self.discard_below,
+                                  shared_stream=self.shared_stream, grammar=self.grammar, pit=self.pit)
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> "TestControls":
+        """The value ``pyspec serve --test-controls`` takes: JSON of the fields."""
+        fields = json.loads(text)
+        if not isinstance(fields, dict):
+            raise ValueError("test controls: a JSON object of TestControls fields")
+        return cls(**fields)
+
+
+#: The product's (nothing broken, nothing probed).
+OFF = TestControls()
+
+
+def controls(value: Optional[TestControls]) -> TestControls:
+    """``_test=`` as every layer reads it: None is :data:`OFF`; anything else
+    must be a :class:`TestControls` (a TypeError names what came)."""
+    if value is None:
+        return OFF
+    if not isinstance(value, TestControls):
+        raise TypeError(f"_test takes a pyspec.testing.TestControls, not {type(value).__name__}")
+    return value
