@@ -5,24 +5,17 @@ from __future__ import annotations
 
 from typing import Dict, List
 
+from ..results import PositionCounts
+
 
 def acceptance_by_position(samples: List[dict]) -> Dict[str, List[float]]:
     """{runner: acceptance rate of draft position 1..k}, pooled over samples."""
-    drafted: Dict[str, List[int]] = {}
-    accepted: Dict[str, List[int]] = {}
+    counts: Dict[str, PositionCounts] = {}
     for s in samples:
         d, a = s["extra"].get("drafted_at"), s["extra"].get("accepted_at")
-        if not d or not sum(d):
-            continue
-        dd = drafted.setdefault(s["runner"], [0] * len(d))
-        aa = accepted.setdefault(s["runner"], [0] * len(a))
-        for i, (x, y) in enumerate(zip(d, a)):
-            if i >= len(dd):
-                dd.append(0)
-                aa.append(0)
-            dd[i] += x
-            aa[i] += y
-    return {r: [a / d if d else float("nan") for a, d in zip(accepted[r], drafted[r]) if d] for r in drafted}
+        if d and sum(d):
+            counts.setdefault(s["runner"], PositionCounts()).add(d, a)
+    return {r: c.rates() for r, c in counts.items()}
 
 
 def palette(n: int) -> list:

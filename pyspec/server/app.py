@@ -26,6 +26,7 @@ from starlette.routing import Route
 from .. import __version__
 from ..memory import DEFAULT_CAP_MB
 from ..settings import PARALLEL, PREFILL_CHUNK
+from ..testing import TestControls
 from .answer import Answer, error_response, http_error
 from .intake import Intake, authorized
 from .jobs import Job, SchedulerError
@@ -37,15 +38,15 @@ from .users import UserMemories
 
 def create_app(decoder, *, model_name: str, parallel: int = PARALLEL, queue_size: int = 4 * PARALLEL,
                api_key: Optional[str] = None, prefill_chunk: int = PREFILL_CHUNK, memory_mb: float = DEFAULT_CAP_MB,
-               memory_users: int = 8, cache_ram_mb: float = DEFAULT_CACHE_RAM_MB, prompt_cache_dir: Optional[str] = None,
-               _test=None, _slot_choice: str = "engine") -> Starlette:
+               memory_users: int = 8, cache_ram_mb: float = DEFAULT_CACHE_RAM_MB, cache_dir: Optional[str] = None,
+               _test: Optional[TestControls] = None) -> Starlette:
     """An ASGI app serving ``decoder`` (a Model or SpeculativeDecoder whose
     target, and draft model, hold at least ``parallel`` sequences: more keep
     more conversations cached) under ``model_name``. Caches the context gives
     up are kept in host memory up to ``cache_ram_mb`` (0: none), and with
-    ``prompt_cache_dir`` saved there at shutdown and loaded at startup.
-    ``_test`` holds TEST-ONLY negative controls (a wrong acceptance rule the
-    lossless test must catch; :func:`pyspec.generation.test_controls`).
+    ``cache_dir`` saved there at shutdown and loaded at startup.
+    ``_test``: TEST-ONLY controls (:class:`pyspec.testing.TestControls`: the
+    lossless and prompt-cache tests' negative controls, the PIT probe).
     Memory for suffix drafting is kept per user (``memory_mb`` each, for up to
     ``memory_users`` users; 0 MB: none; server/users.py)."""
     from ..speculative import DRAFTERS, POLICIES
@@ -61,8 +62,8 @@ def create_app(decoder, *, model_name: str, parallel: int = PARALLEL, queue_size
     @asynccontextmanager
     async def lifespan(app):
         h.scheduler = Scheduler(decoder, parallel=parallel, queue_size=queue_size, prefill_chunk=prefill_chunk,
-                                cache_ram_mb=cache_ram_mb, prompt_cache_dir=prompt_cache_dir,
-                                memories=memories.get, _test=_test, _slot_choice=_slot_choice)
+                                cache_ram_mb=cache_ram_mb, cache_dir=cache_dir, memories=memories.get,
+                                _test=_test)
         try:
             yield
         finally:
@@ -138,7 +139,7 @@ class Handlers:
         if s is None or s.error is not None:
             return JSONResponse({"status": "error", "error": str(s.error) if s else "starting"}, status_code=503)
         running, cached = s.kv_cells
-        ram = s.prompt_cache.stats if s.prompt_cache is not None else {}
+        ram = s.host_cache.stats if s.host_cache is not None else {}
         return JSONResponse({"status": "ok", "version": __version__, "slots_total": self.parallel,
                              "slots_busy": s.busy_slots, "queue_depth": s.queue_depth,
                              "kv_cells_running": running, "kv_cells_cached": cached,

@@ -59,7 +59,7 @@ _COUNTERS = (
     ("prompt_cache_evictions", "cache_evictions",
      "Finished conversations' caches the context gave up (for room, or a slot reused)", None),
 )
-# The host-memory prompt cache (--cache-ram): (name, its key in PromptCache.stats, help).
+# The prompt cache's host-memory tier (--cache-ram): (name, its key in HostCache.stats, help).
 _CACHE_RAM_COUNTERS = (
     ("prompt_cache_ram_saved", "saved", "Conversations' caches stored in host memory"),
     ("prompt_cache_ram_restored", "restored", "Conversations' caches put back from host memory into a slot"),
@@ -210,7 +210,7 @@ class Metrics:
             yield fam
             if old is not None:
                 yield CounterMetricFamily(old, f"{doc} (deprecated: {NS}{name})", value=c[key])
-        ram = s.prompt_cache.stats if s.prompt_cache is not None else collections.Counter()
+        ram = s.host_cache.stats if s.host_cache is not None else collections.Counter()
         for name, key, doc in _CACHE_RAM_COUNTERS:
             fam = CounterMetricFamily(NS + name, doc, labels=["model_name"])
             fam.add_metric(model, ram[key])

@@ -57,7 +57,7 @@ def timings(stats: Sequence[Any], n_prompt: int, n_cached: int = 0) -> Dict[str,
         # pyspec's own: drafts copied from the user's memory (suffix drafter)
         "draft_memory_rounds": sum(s.memory_rounds for s in stats),
         "draft_memory_n": sum(s.memory_drafted for s in stats),
-        # TEST-ONLY (serve --test-pit): each decided token's PIT under its target row
+        # TEST-ONLY (TestControls.pit): each decided token's PIT under its target row
         **({"pit": [u for s in stats for u in s.pit]} if any(s.pit for s in stats) else {}),
     }
 

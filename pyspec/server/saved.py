@@ -25,7 +25,7 @@ def conversation_models(decoder) -> List["_core.Model"]:
 class SavedConversations:
     """The folder ``folder`` beside the prompt cache ``cache`` of ``models``."""
 
-    def __init__(self, folder: str, cache: Optional["_core.PromptCache"], models: List["_core.Model"]) -> None:
+    def __init__(self, folder: str, cache: Optional["_core.HostCache"], models: List["_core.Model"]) -> None:
         if cache is None:
             raise ValueError("a prompt cache folder needs host memory to load it into (--cache-ram > 0)")
         self.folder, self.cache, self.models = folder, cache, models

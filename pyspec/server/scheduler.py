@@ -14,7 +14,7 @@ Prompt cache: the contexts hold more sequences (slots) than run at once
 unified cache; a request goes to the slot the engine picks for its prompt
 (``BatchSession.pick_slot``: the one its conversation left, else the least
 recently used), and caches the context must give up go to host memory
-(``PromptCache``, ``--cache-ram``) and come back when their conversation does
+(``HostCache``, ``--cache-ram``) and come back when their conversation does
 (and to disk across restarts: saved.py). Slot j's drafter drafts in sequence j
 of the draft model's context, so the draft model's cache follows the
 conversation too, and two running sequences never share one. Length policies
@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Callable, Deque, Dict, List, Optional, Set, Tu
 from .. import _core
 from ..results import PositionCounts
 from ..settings import PREFILL_CHUNK
+from ..testing import TestControls, controls
 from .jobs import Choice, EngineFailed, Job, JobCancelled, JobRefused, QueueFull, ShuttingDown
 from .saved import SavedConversations, conversation_models
 from .users import UserPolicies
@@ -65,9 +66,9 @@ class Scheduler:
     """Owns ``decoder``'s contexts on one thread; see the module docstring."""
 
     def __init__(self, decoder, *, parallel: int, queue_size: int, prefill_chunk: int = PREFILL_CHUNK,
-                 cache_ram_mb: float = 0, prompt_cache_dir: Optional[str] = None,
+                 cache_ram_mb: float = 0, cache_dir: Optional[str] = None,
                  memories: Optional[Callable[[str], Optional["Memory"]]] = None,
-                 _test=None, _slot_choice: str = "engine") -> None:
+                 _test: Optional[TestControls] = None) -> None:
         self.decoder = decoder
         self.target = decoder.target
         self.parallel = parallel
@@ -79,16 +80,15 @@ class Scheduler:
         self._n_running = 0               # sequences holding a slot (at most `parallel`)
         self._cached_slots = 0
         self._busy: Set[int] = set()      # their slots
-        # TEST-ONLY negative control of the prompt-cache test: "lowest" names the
-        # lowest free slot for every sequence, as the scheduler once did.
-        self._slot_choice = _slot_choice
+        self._test = controls(_test)      # TEST-ONLY (pyspec/testing.py): off in the product
         self.policies = UserPolicies()    # the length policy each user's sequences teach
         # Memory adds and calibration writes: off the round's thread, in order.
         self._after = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pyspec-after")
-        self.prompt_cache = _core.PromptCache(int(cache_ram_mb * 2**20)) if cache_ram_mb > 0 else None
+        # The prompt cache's host-memory tier (--cache-ram) and disk tier (--cache-dir).
+        self.host_cache = _core.HostCache(int(cache_ram_mb * 2**20)) if cache_ram_mb > 0 else None
         self.saved: Optional[SavedConversations] = None
-        if prompt_cache_dir is not None:
-            self.saved = SavedConversations(prompt_cache_dir, self.prompt_cache, conversation_models(decoder))
+        if cache_dir is not None:
+            self.saved = SavedConversations(cache_dir, self.host_cache, conversation_models(decoder))
             self.saved.load()
         self._by_handle: Dict[int, Tuple[Job, Choice]] = {}
         self._stopping = False
@@ -97,9 +97,8 @@ class Scheduler:
         self.counters = collections.Counter()
         self.positions = PositionCounts(MAX_DRAFT)  # draft tokens verified and accepted at each draft position
         self.kv_cells = (0, 0)
-        # _test: TEST-ONLY negative controls (a wrong acceptance rule), for the server's lossless test.
         self._session = decoder.open_session(self._on_token, prefill_chunk=prefill_chunk,
-                                             prompt_cache=self.prompt_cache, _test=_test)
+                                             host_cache=self.host_cache, _test=self._test)
         self._thread = threading.Thread(target=self._run, name="pyspec-scheduler", daemon=True)
         self._thread.start()
 
@@ -252,7 +251,7 @@ class Scheduler:
                 self.counters["prompt_tokens"] += len(prompt)
 
     def _pick_slot(self, prompt: List[int]) -> int:
-        if self._slot_choice == "lowest":
+        if self._test.slot_choice == "lowest":  # TEST-ONLY: the prompt-cache test's control
             return min(set(range(self.target.n_seq_max)) - self._busy)
         return self._session.pick_slot(prompt)
 

@@ -27,6 +27,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 from ... import _core
 from ...model import Model
+from ...results import PositionCounts
 from ..plot import pyplot
 from .backends import LlamaCppRunner, Settings
 
@@ -117,22 +118,16 @@ def run_consensus(target: Model, prompts: Sequence, n: int, settings: Settings, 
             progress(f"rep {rep + 1}/{reps}, {p.id}: consensus n={n}")
             target.clear_cache()
             cons = spec.generate_batch([tokens] * n, seed=seed, **sampling)
-            drafted_at: List[int] = []
-            accepted_at: List[int] = []
+            at = PositionCounts()
             for c in cons.choices:
-                for i, (d, a) in enumerate(zip(c.stats.drafted_at, c.stats.accepted_at)):
-                    if i >= len(drafted_at):
-                        drafted_at.append(0)
-                        accepted_at.append(0)
-                    drafted_at[i] += d
-                    accepted_at[i] += a
+                at.add(c.stats.drafted_at, c.stats.accepted_at)
             drafted = sum(c.stats.drafted for c in cons.choices)
             rows.append({
                 "rep": rep, "prompt": p.id, "category": p.category, "n": n,
                 "plain_tok_s": plain.stats.aggregate_tok_s, "consensus_tok_s": cons.stats.aggregate_tok_s,
                 "ratio": cons.stats.aggregate_tok_s / plain.stats.aggregate_tok_s,
                 "drafted": drafted, "accepted": sum(c.stats.accepted for c in cons.choices),
-                "drafted_at": drafted_at, "accepted_at": accepted_at,
+                "drafted_at": at.drafted, "accepted_at": at.accepted,
                 "rows_per_round": cons.stats.rows / max(cons.stats.rounds, 1),
             })
     return rows
@@ -183,16 +178,10 @@ def summarize(parallel: List[dict], consensus: List[dict]) -> str:
 
 
 def acceptance_by_position(consensus: List[dict]) -> List[float]:
-    drafted: List[int] = []
-    accepted: List[int] = []
+    at = PositionCounts()
     for r in consensus:
-        for i, (d, a) in enumerate(zip(r["drafted_at"], r["accepted_at"])):
-            if i >= len(drafted):
-                drafted.append(0)
-                accepted.append(0)
-            drafted[i] += d
-            accepted[i] += a
-    return [a / d for a, d in zip(accepted, drafted) if d]
+        at.add(r["drafted_at"], r["accepted_at"])
+    return at.rates()
 
 
 def plot_parallel(parallel: List[dict], consensus: List[dict], path: str) -> None:
