@@ -338,6 +338,7 @@ class Generator:
         name changed; None keeps the decoder's. ``_test``: TEST-ONLY negative
         controls (:class:`pyspec.testing.TestControls`).
         """
+        _test = controls(_test)  # a wrong kind fails before any work (or a seed drawn)
         sampling = self.sampling(sampling, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
         constraint = constraints.from_keywords(constraint, json_schema=json_schema, grammar=grammar, regex=regex)
         drafting = self.drafting(drafting, drafter=drafter, policy=policy, draft_max=draft_max, p_min=p_min,
@@ -397,7 +398,7 @@ class Generator:
         drafting = self.drafting(settings.pop("drafting", None),
                                  **{name: settings.pop(name, None) for name in DRAFTING_FIELDS})
         max_tokens, stop = settings.pop("max_tokens", MAX_TOKENS), settings.pop("stop", None)
-        test = settings.pop("_test", None)
+        test = controls(settings.pop("_test", None))
         if settings:
             raise TypeError(f"generate_batch() got unexpected keyword arguments: {', '.join(sorted(settings))}")
         return self._generate_batch(token_lists, seed=seed, on_token=on_token, cancel=cancel, sampling=sampling,

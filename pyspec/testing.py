@@ -61,8 +61,9 @@ class TestControls:
 
     @property
     def breaks_output(self) -> bool:
-        """Whether the output is no longer the target's (every field but the probe)."""
-        return self.replace(pit=False) != TestControls()
+        """Whether the output is no longer the target's (every field but the
+        probe, and the slot choice, which moves only cache hits)."""
+        return self.replace(pit=False, slot_choice="engine") != TestControls()
 
     def replace(self, **changes) -> "TestControls":
         return dataclasses.replace(self, **changes)
@@ -94,5 +95,6 @@ def controls(value: Optional[TestControls]) -> TestControls:
     if value is None:
         return OFF
     if not isinstance(value, TestControls):
-        raise TypeError(f"_test takes a pyspec.testing.TestControls, not {type(value).__name__}")
+        kind = type(value)
+        raise TypeError(f"_test takes a pyspec.testing.TestControls, not {kind.__module__}.{kind.__qualname__}")
     return value

@@ -312,6 +312,26 @@ def test_python_reads_names_and_defaults_from_the_core():
     assert py_sampling.VARIANTS == tuple(_core.sampling.VARIANTS)
 
 
+def test_test_controls_are_one_typed_value():
+    """pyspec.testing.TestControls: validated, JSON for `serve --test-controls`,
+    one native part; anything else as `_test=` is a TypeError naming it."""
+    from pyspec.testing import TestControls, controls
+
+    assert TestControls(variant="residual_is_p").breaks_output and TestControls(grammar="stale").breaks_output
+    assert not TestControls(pit=True).breaks_output and not TestControls(slot_choice="lowest").breaks_output
+    wrong = TestControls(variant="accept_all", grammar="unmasked", shared_stream=True, pit=True)
+    assert TestControls.from_json(wrong.to_json()) == wrong
+    native = wrong.native()
+    assert (native.variant, native.grammar, native.shared_stream, native.pit) == ("accept_all", "unmasked", True, True)
+    with pytest.raises(ValueError, match="variant"):
+        TestControls(variant="nope")
+    with pytest.raises(ValueError, match="slot_choice"):
+        TestControls(slot_choice="nope")
+    with pytest.raises(TypeError, match="pyspec.testing.TestControls, not builtins.dict"):
+        controls({"variant": "accept_all"})
+    assert controls(None) == TestControls()
+
+
 def test_struct_keywords_are_checked():
     with pytest.raises(TypeError, match="unexpected argument 'nope'"):
         _core.SequenceParams(nope=1)

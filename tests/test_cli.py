@@ -150,6 +150,26 @@ def test_bench_with_options_is_bench_paired_after_one_line_on_stderr():
     assert "Invalid value for '--draft-max'" in rest[-1] and "Traceback" not in out.stderr
 
 
+def test_bare_bench_is_bench_paired_after_one_line_on_stderr(monkeypatch):
+    """Bare `pyspec bench` ran the default suite before the grouping, and still
+    does (after the notice), not the group's help. The suite itself is stubbed
+    (it takes many minutes); control: `pyspec bench --help` does not run it."""
+    from click.testing import CliRunner
+
+    from pyspec.cli import main
+    from pyspec.cli.bench_group import bench
+
+    ran = []
+    monkeypatch.setattr(bench.commands["paired"], "callback", lambda **kw: ran.append(kw))
+    out = CliRunner().invoke(main, ["bench"])
+    assert out.exit_code == 0 and len(ran) == 1, (out.output, out.stderr)
+    assert ran[0]["paired"] is None and out.stdout == ""
+    assert out.stderr.splitlines() == ["pyspec: 'pyspec bench [options]' is now 'pyspec bench paired [options]' "
+                                       "(the old spelling goes in a later release)"]
+    helped = CliRunner().invoke(main, ["bench", "--help"])
+    assert helped.exit_code == 0 and len(ran) == 1 and "paired" in helped.stdout
+
+
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 def test_ctrl_c_exits_cleanly(gemma_path):
     exe = shutil.which("pyspec")

@@ -94,7 +94,6 @@ void BatchSession::add_prompt_rows(int32_t budget) {
     for (Sequence& s : seqs_) {
         if (budget <= 0) break;
         if (s.done || s.started || waits_for_prefix(s)) continue;
-        s.prompt_begun = true;
         const int32_t want = static_cast<int32_t>(s.history.size()) - 1;
         int32_t pos = static_cast<int32_t>(target_.cached(s.id).size());
         const int32_t n = std::min(budget, want - pos);

@@ -75,7 +75,6 @@ struct BatchSession::Sequence {
     bool done = false;
     bool cancel_requested = false;
     bool callback_stopped = false;
-    bool prompt_begun = false;     // a chunk of its prompt was scheduled (or copied)
     int32_t prompt_decoded = 0;    // prompt tokens the target decoded for it (the rest were cached)
     Clock::time_point t_start = Clock::now(), t_first{};
     StopRule stop_rule;

@@ -361,7 +361,6 @@ void BatchSession::start_ready() {
         if (s.done || s.started || waits_for_prefix(s)) continue;
         reuse_prefix(s);
         if (target_.cached(s.id).size() >= s.history.size() - 1) {
-            s.prompt_begun = true;
             start(s);
         }
     }

@@ -35,14 +35,15 @@ def notice(old: str, new: str, what: str = "name") -> None:
 
 class BenchGroup(click.Group):
     """Lists its subcommands in the order they were added (the one to start
-    with first); options before any subcommand are the old `pyspec bench
-    [options]`, i.e. `bench paired`."""
+    with first); options before any subcommand, or nothing at all, are the
+    old `pyspec bench [options]`, i.e. `bench paired` (bare `pyspec bench`
+    ran the default suite, and still does, after the notice)."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return list(self.commands)
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        if args and args[0].startswith("-") and args[0] not in ctx.help_option_names:
+        if not args or (args[0].startswith("-") and args[0] not in ctx.help_option_names):
             if not ctx.resilient_parsing:
                 notice("bench [options]", "bench paired [options]", what="spelling")
             args = ["paired", *args]
@@ -62,7 +63,8 @@ class WithOldBenchNames(click.Group):
         return super().resolve_command(ctx, args)
 
 
-@click.group(cls=BenchGroup, short_help="The benchmarks: speed, servers, soaks (pyspec bench --help).")
+@click.group(cls=BenchGroup, no_args_is_help=False,
+             short_help="The benchmarks: speed, servers, soaks (pyspec bench --help).")
 def bench() -> None:
     """Benchmarks: pyspec's speed against plain decoding, llama-cpp-python
     and llama.cpp's llama-server; and a soak of its server.

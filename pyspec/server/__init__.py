@@ -9,7 +9,7 @@ and lossless speculative decoding (needs the ``server`` extra).
 - :mod:`.scheduler`: admission and slot choice: one thread that owns the llama
   contexts and runs the batch.
 - :mod:`.users`: per-user state (draft memories, length policies);
-  :mod:`.saved`: saved conversations (the --prompt-cache folder).
+  :mod:`.saved`: saved conversations (the --cache-dir folder).
 - :mod:`.answer`: a job's events as a JSON response or an SSE stream, and the
   HTTP status of every refusal.
 - :mod:`.app`: create_app and the routes; :mod:`.metrics`: Prometheus' /metrics;

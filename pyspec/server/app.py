@@ -26,7 +26,7 @@ from starlette.routing import Route
 from .. import __version__
 from ..memory import DEFAULT_CAP_MB
 from ..settings import PARALLEL, PREFILL_CHUNK
-from ..testing import TestControls
+from ..testing import TestControls, controls
 from .answer import Answer, error_response, http_error
 from .intake import Intake, authorized
 from .jobs import Job, SchedulerError
@@ -51,6 +51,7 @@ def create_app(decoder, *, model_name: str, parallel: int = PARALLEL, queue_size
     ``memory_users`` users; 0 MB: none; server/users.py)."""
     from ..speculative import DRAFTERS, POLICIES
 
+    _test = controls(_test)  # a wrong kind fails here, not when the server starts
     policies = list(POLICIES) if decoder.speculative else []
     drafters = [d for d in DRAFTERS if not DRAFTERS[d]["needs_draft_model"] or getattr(decoder, "draft", None)]
     drafters = drafters if decoder.speculative else []

@@ -1,4 +1,4 @@
-"""Saved conversations: the ``pyspec serve --prompt-cache`` folder, one file
+"""Saved conversations: the ``pyspec serve --cache-dir`` folder, one file
 per conversation of the host-memory prompt cache (``--cache-ram``), each
 holding every model's cache of it (pyspec/prefix.py's format). Loaded into the
 prompt cache at startup, written from it at shutdown, so a restarted server
