@@ -35,7 +35,9 @@ class Drafting:
     samples (None: as the target). ``memory``: what lookups copy from and the
     answer joins (True: the decoder's, False: none, or a
     :class:`~pyspec.Memory`). ``drafter``: a session slot's drafter by name
-    (None: the decoder's own)."""
+    (None: the decoder's own). ``prediction``: the memory of a predicted
+    answer (:func:`pyspec.prediction.memory_for`), which lookups copy from
+    instead of ``memory`` (the answer still joins ``memory``)."""
 
     policy: str = "auto"
     draft_max: Optional[int] = None
@@ -45,6 +47,7 @@ class Drafting:
     draft_sampling: Optional[Sampling] = None
     memory: Union[bool, "Memory"] = True
     drafter: Optional[str] = None
+    prediction: Optional["Memory"] = None
 
     def policy_params(self) -> "_core.PolicyParams":
         """The core's description of the length policy (it validates it)."""

@@ -23,7 +23,8 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
-from . import _core, constraints
+from . import _core, constraints, fim
+from . import prediction as prediction_
 from .constraints import Constraint
 from .drafting import FIELDS as DRAFTING_FIELDS
 from .drafting import Drafting
@@ -38,8 +39,8 @@ if TYPE_CHECKING:
     from .model import Model
 
 Message = Mapping[str, str]
-#: A string, a list of chat messages, or ready token ids.
-Prompt = Union[str, Sequence[Message], Sequence[int]]
+#: A string, a list of chat messages, ready token ids, or a FIM prompt (pyspec/fim.py).
+Prompt = Union[str, Sequence[Message], Sequence[int], "fim.InfillPrompt"]
 #: Called with each piece of text as soon as it is safe to show. Return False to stop.
 TextCallback = Callable[[str], Optional[bool]]
 #: Like TextCallback, plus whether the token came from an accepted draft.
@@ -112,6 +113,8 @@ class Generator:
     target: "Model"
     #: Whether generations draft (a SpeculativeDecoder) or decode plainly.
     speculative: bool = False
+    #: The drafter's name (None: plain).
+    drafter: Optional[str] = None
     #: The memory lookup drafters copy from, and where finished generations (prompt
     #: and answer) are remembered when ``remember``; None: none.
     memory: Optional["Memory"] = None
@@ -294,6 +297,8 @@ class Generator:
         svip_h: Optional[float] = None,
         draft_sampling: Optional[Sampling] = None,
         memory=None,
+        suffix: Optional[str] = None,
+        prediction: Optional[Union[str, Sequence[int]]] = None,
         _test: Optional[TestControls] = None,
     ) -> Union[Completion, Completions]:
         """Generate a continuation of ``prompt``.
@@ -337,31 +342,97 @@ class Generator:
         ``svip_gamma``, ``svip_h``, ``draft_sampling`` and ``memory`` given by
         name changed; None keeps the decoder's. ``_test``: TEST-ONLY negative
         controls (:class:`pyspec.testing.TestControls`).
+
+        Fill in the middle (docs/editor.md): with ``suffix``, ``prompt`` is the
+        text before the cursor and the answer the text between it and
+        ``suffix``, asked for with the model's FIM tokens (pyspec/fim.py;
+        :meth:`infill` takes other files' text too). ``prediction`` (text or
+        token ids): what the answer will mostly be (OpenAI's Predicted
+        Outputs; pyspec/prediction.py): drafted from, never trusted, so the
+        output's law is unchanged; the completion counts its
+        ``accepted_prediction_tokens`` and ``rejected_prediction_tokens``.
         """
         _test = controls(_test)  # a wrong kind fails before any work (or a seed drawn)
         sampling = self.sampling(sampling, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
         constraint = constraints.from_keywords(constraint, json_schema=json_schema, grammar=grammar, regex=regex)
         drafting = self.drafting(drafting, drafter=drafter, policy=policy, draft_max=draft_max, p_min=p_min,
                                  svip_gamma=svip_gamma, svip_h=svip_h, draft_sampling=draft_sampling, memory=memory)
-        if n != 1:
-            if on_text is not None:
-                raise TypeError("with n > 1 use on_token(index, text, drafted): on_text cannot tell samples apart")
-            return self._generate_batch([self.prompt_tokens(prompt, chat=chat)] * n, seed=seed,
-                                        on_token=on_token, cancel=cancel, max_tokens=max_tokens,
-                                        sampling=sampling, stop=stop, constraint=constraint, drafting=drafting,
-                                        _test=_test)
-        tokens = self.prompt_tokens(prompt, chat=chat)
+        if n != 1 and on_text is not None:
+            raise TypeError("with n > 1 use on_token(index, text, drafted): on_text cannot tell samples apart")
+        fill = prompt if isinstance(prompt, fim.InfillPrompt) else None
+        if suffix is not None:
+            if not isinstance(prompt, str):
+                raise TypeError("suffix= fills in between two texts: the prompt must be the text before it")
+            fill = fim.for_prefix(self.target, prompt, suffix, healing=constraint is None)
+        if fill is not None:
+            if fill.heal and constraint is not None:
+                raise ValueError("a healed FIM prompt takes no other constraint (build it with healing=False)")
+            tokens, constraint = list(fill.tokens), constraint or fill.constraint()
+        else:
+            tokens = self.prompt_tokens(prompt, chat=chat)
+        predicted = prediction_.tokens_of(self.target, prediction) if prediction is not None else None
+        if predicted and drafting is not None:
+            drafting = self.with_prediction(drafting, tokens, predicted)
+        unheal = fim.Unheal(fill.heal if fill is not None else "")
+        if n != 1 or (drafting is not None and drafting.drafter not in (None, self.drafter)):
+            # A batch, or a drafter other than the engine's own: one sequence of a batch is the same law.
+            batch_callback = None
+            if on_token is not None or on_text is not None:
+                cuts = [fim.Unheal(unheal.heal) for _ in range(n)]
+
+                def batch_callback(j: int, text: str, drafted: bool):
+                    text = cuts[j](text)
+                    if not text:
+                        return True
+                    return on_token(j, text, drafted) if n != 1 else (
+                        on_token(text, drafted) if on_token is not None else on_text(text))
+
+            out = self._generate_batch([tokens] * n, seed=seed, on_token=batch_callback, cancel=cancel,
+                                       max_tokens=max_tokens, sampling=sampling, stop=stop, constraint=constraint,
+                                       drafting=drafting, _test=_test)
+            choices = [self._finished(c, fill, predicted) for c in out.choices]
+            return choices[0] if n == 1 else dataclasses.replace(out, choices=choices)
         callback = None
         if on_text is not None or on_token is not None:
 
             def callback(token: int, piece: bytes, drafted: bool):
-                if not piece:
+                text = unheal(piece.decode("utf-8", errors="replace")) if piece else ""
+                if not text:
                     return True
-                text = piece.decode("utf-8", errors="replace")
                 return on_token(text, drafted) if on_token is not None else on_text(text)
 
-        return self._run(tokens, callback, cancel, max_tokens=max_tokens, sampling=sampling, seed=seed, stop=stop,
-                         constraint=constraint, drafting=drafting, _test=_test)
+        out = self._run(tokens, callback, cancel, max_tokens=max_tokens, sampling=sampling, seed=seed, stop=stop,
+                        constraint=constraint, drafting=drafting, _test=_test)
+        return self._finished(out, fill, predicted)
+
+    def infill(self, prefix: str, suffix: str, *, extra: Sequence["fim.Chunk"] = (), layout: str = "still",
+               **settings) -> Union[Completion, Completions]:
+        """The text between ``prefix`` and ``suffix`` (code before and after the
+        cursor), asked for with the model's FIM tokens (pyspec/fim.py):
+        ``extra`` holds other files' text (:class:`pyspec.fim.Chunk`),
+        ``layout`` is ``"still"`` (pyspec's) or ``"llama-server"``. The other
+        ``settings`` are :meth:`generate`'s (``prediction`` included).
+        Raises :class:`pyspec.fim.FimUnsupported` for a model without FIM tokens."""
+        constrained = any(settings.get(k) is not None for k in ("constraint", "json_schema", "grammar", "regex"))
+        fill = fim.for_prefix(self.target, prefix, suffix, extra=extra, layout=layout, healing=not constrained)
+        return self.generate(fill, **settings)
+
+    def with_prediction(self, drafting: Drafting, tokens: Sequence[int], predicted: Sequence[int]) -> Drafting:
+        """``drafting`` that drafts from a prediction (pyspec/prediction.py)."""
+        has_draft = bool(self._draft_models())
+        return dataclasses.replace(drafting, prediction=prediction_.memory_for(tokens, predicted),
+                                   drafter=prediction_.drafter_for(drafting.drafter or self.drafter, has_draft))
+
+    @staticmethod
+    def _finished(out: Completion, fill: Optional["fim.InfillPrompt"], predicted: Optional[List[int]]) -> Completion:
+        """A completion with the healed text taken out and the prediction counted."""
+        changes: dict = {}
+        if fill is not None and fill.heal:
+            changes["text"] = fill.visible(out.text)
+        if predicted is not None:
+            accepted, rejected = prediction_.counts(predicted, out.tokens)
+            changes.update(accepted_prediction_tokens=accepted, rejected_prediction_tokens=rejected)
+        return dataclasses.replace(out, **changes) if changes else out
 
     def generate_batch(
         self,

@@ -93,6 +93,10 @@ class Completion:
     n_prompt_tokens: int
     stop_reason: str  # "eog", "max_tokens", "stop", "context" or "cancelled"
     stats: GenerationStats = field(default_factory=GenerationStats)
+    #: With a ``prediction=``: its tokens that appear in the answer, and the rest
+    #: (pyspec/prediction.py; OpenAI's accepted/rejected_prediction_tokens).
+    accepted_prediction_tokens: Optional[int] = None
+    rejected_prediction_tokens: Optional[int] = None
 
     @property
     def n_generated_tokens(self) -> int:
@@ -106,6 +110,9 @@ class Completion:
             "n_generated_tokens": self.n_generated_tokens,
             "stop_reason": self.stop_reason,
             "stats": self.stats.to_dict(),
+            **({"accepted_prediction_tokens": self.accepted_prediction_tokens,
+                "rejected_prediction_tokens": self.rejected_prediction_tokens}
+               if self.accepted_prediction_tokens is not None else {}),
         }
 
 

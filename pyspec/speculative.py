@@ -136,18 +136,18 @@ class SpeculativeDecoder(Generator):
         if drafters == "engine":
             chosen: List[Optional["_core.Drafter"]] = [None] * len(slots)
         elif drafters == "batch":
-            chosen = list(self._batch_drafters(len(slots)))
+            chosen = list(self._batch_drafters(len(slots), drafting.drafter or self.drafter))
         elif drafters == "slots":
             pool = self._slot_drafters(drafting.drafter or self.drafter)
             chosen = [pool[j] for j in slots]
         else:
             raise ValueError(f"drafters must be 'engine', 'batch' or 'slots', got {drafters!r}")
-        store = memory_.choose(drafting.memory, self.memory)
+        store = drafting.prediction or memory_.choose(drafting.memory, self.memory)
         for d in chosen if drafters != "engine" else [self._core_drafter]:
             d.use_memory(store.native if store is not None else None)
         return list(zip(chosen, policies))
 
-    def _batch_drafters(self, n: int) -> List["_core.Drafter"]:
+    def _batch_drafters(self, n: int, name: str) -> List["_core.Drafter"]:
         """One drafter per sequence of a batch (drafters keep per-sequence state):
         lookup drafters see the siblings' texts (``suffix``, ``consensus``;
         ``ngram`` only its own); with a draft model, each sequence drafts in its
@@ -155,7 +155,7 @@ class SpeculativeDecoder(Generator):
         if self.draft is not None and self.draft.n_seq_max < n:
             raise ValueError(f"{n} sequences drafting with a draft model need it loaded with n_seq_max >= {n} "
                              f"(this one holds {self.draft.n_seq_max}): pyspec.Model(..., n_seq_max={n})")
-        return self._make_drafters(self.drafter, n)
+        return self._make_drafters(name, n)
 
     def _slot_drafters(self, name: str) -> List["_core.Drafter"]:
         """The drafters of a session's slots for drafter ``name``, kept across

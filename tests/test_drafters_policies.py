@@ -204,13 +204,39 @@ def test_stop_rules_judge_a_greedy_draft_by_its_belief(gemma_path, load_model, p
         assert short >= 3, f"{policy} never stopped a greedy draft early: {out.stats.length_hist}"
 
 
-def test_auto_leaves_plain_mode_when_text_turns_repetitive(gemma_path, load_model):
+def _record_costs(target, *, lookup_memory: float = None) -> None:
+    """This model's entry of a private calibration cache: batch costs where a
+    draft pays (V(n) = V(1) (1 + n / 10), a bandwidth-bound machine), and with
+    ``lookup_memory`` a memory whose lookups were all accepted at that rate
+    (what earlier text taught), so that what auto does depends on the text
+    and not on what this machine or an earlier test measured."""
+    from pyspec import calibration
+
+    v1 = 0.02
+    calibration.save(target.native, {n: v1 * (1 + n / 10) for n in (1, 2, 4, 8, 16)})
+    if lookup_memory is not None:
+        probe = pyspec.SpeculativeDecoder(target, drafter="ngram", policy="auto").policy_object()
+        n_buckets = len(probe.memory) - 2  # then host_1, host_row
+        calibration._update(target.native, {calibration.MEMORY: [lookup_memory] * n_buckets + [0.0, 0.0]})
+
+
+@pytest.mark.parametrize("taught", [None, 0.0], ids=["first-run", "after-text-that-never-repeated"])
+def test_auto_leaves_plain_mode_when_text_turns_repetitive(gemma_path, load_model, tmp_path, monkeypatch, taught):
+    """Repetitive text is noticed by the lookup's free guesses on plain rounds,
+    even when earlier text taught that lookups never pay (their long-run
+    acceptance 0): this text's own evidence outweighs it within a few tokens."""
+    monkeypatch.setenv("PYSPEC_CACHE", str(tmp_path))
     target = load_model(gemma_path, n_ctx=1024)
+    _record_costs(target, lookup_memory=taught)
     spec = pyspec.SpeculativeDecoder(target, drafter="ngram", policy="auto", draft_max=8)
     out = spec.generate("Write the word banana twenty times: banana banana banana", chat=False,
                         max_tokens=60, temperature=0)
     s = out.stats
-    assert s.drafted > 0 and s.accepted > 0, "auto never drafted on repetitive text"
+    assert s.drafted > 0 and s.accepted > 0, f"auto never drafted on repetitive text: {s}"
+    # Control: the same costs and text with drafting switched off draft nothing.
+    off = spec.generate("Write the word banana twenty times: banana banana banana", chat=False,
+                        max_tokens=60, temperature=0, draft_max=0)
+    assert off.stats.drafted == 0 and off.tokens == out.tokens
 
 
 def test_auto_times_batches_off_the_first_answers_path_once_per_machine(gemma_path, tmp_path, monkeypatch):

@@ -94,6 +94,16 @@ void bind_model(py::module_& m) {
         .def("is_eog", &Model::is_eog, py::arg("token"))
         .def("token_text", &Model::token_text, py::arg("token"))
         .def("token_attr", &Model::token_attr, py::arg("token"))
+        .def_property_readonly(
+            "fim_tokens",
+            [](const Model& m) {
+                const Model::FimTokens f = m.fim_tokens();
+                py::dict d;  // -1 (LLAMA_TOKEN_NULL) where the vocabulary has none
+                d["pre"] = f.pre, d["suf"] = f.suf, d["mid"] = f.mid;
+                d["pad"] = f.pad, d["rep"] = f.rep, d["sep"] = f.sep;
+                return d;
+            },
+            "fill-in-the-middle token ids {pre, suf, mid, pad, rep, sep}, -1 where absent (pyspec/fim.py)")
         .def("tokenize", &Model::tokenize, py::arg("text"), py::arg("add_special") = true,
              py::arg("parse_special") = false)
         .def("token_to_piece",

@@ -335,6 +335,10 @@ int32_t Model::vocab_type() const { return static_cast<int32_t>(llama_vocab_type
 int32_t Model::bos() const { return llama_vocab_bos(vocab_); }
 int32_t Model::eos() const { return llama_vocab_eos(vocab_); }
 int32_t Model::eot() const { return llama_vocab_eot(vocab_); }
+Model::FimTokens Model::fim_tokens() const {
+    return {llama_vocab_fim_pre(vocab_), llama_vocab_fim_suf(vocab_), llama_vocab_fim_mid(vocab_),
+            llama_vocab_fim_pad(vocab_), llama_vocab_fim_rep(vocab_), llama_vocab_fim_sep(vocab_)};
+}
 bool Model::add_bos() const { return llama_vocab_get_add_bos(vocab_); }
 bool Model::add_eos() const { return llama_vocab_get_add_eos(vocab_); }
 std::optional<std::string> Model::chat_template() const {

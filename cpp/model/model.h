@@ -106,6 +106,10 @@ public:
     bool add_bos() const;
     bool add_eos() const;
     bool is_eog(int32_t token) const;
+    // Fill-in-the-middle tokens (llama_vocab_fim_*: from the GGUF keys, else
+    // found by their text when llama.cpp loaded the vocabulary); -1 where absent.
+    struct FimTokens { int32_t pre, suf, mid, pad, rep, sep; };
+    FimTokens fim_tokens() const;
     std::string token_text(int32_t token) const;
     int32_t token_attr(int32_t token) const;
 

@@ -56,6 +56,12 @@ from .options import (DEFAULT_DRAFT, DEFAULT_MODEL, chat_template_option, comman
 @click.option("--memory", "memory_file", default=None, type=click.Path(dir_okay=False),
               help="A memory file: earlier prompts and answers to draft from (suffix drafter); created if "
                    "missing, and this run's prompt and answer are added to it.")
+@click.option("--suffix", default=None,
+              help="Fill in the middle: PROMPT is the text before the cursor and this the text after it; the "
+                   "answer is what goes between (the model's FIM tokens; no chat template).")
+@click.option("--prediction", "prediction_file", default=None, type=click.Path(exists=True, dir_okay=False),
+              help="A file the answer will mostly copy (Predicted Outputs: an edit of it): drafted from, never "
+                   "trusted; --json counts its accepted and rejected tokens.")
 @chat_template_option
 @constraint_options
 @max_tokens_option()
@@ -63,7 +69,7 @@ from .options import (DEFAULT_DRAFT, DEFAULT_MODEL, chat_template_option, comman
 @model_options
 def generate(prompt, model, draft, no_draft, draft_max, drafter, policy, p_min, svip_h, svip_gamma, raw, stop,
              as_json, show_stats, show_drafts, n_samples, max_tokens, sampling, seed, n_ctx, threads, device,
-             memory_file, chat_template, constraint) -> None:
+             memory_file, chat_template, constraint, suffix, prediction_file) -> None:
     """Generate a continuation of PROMPT and stream it to stdout.
 
     By default the default target/draft pair runs speculative decoding, which
@@ -85,7 +91,10 @@ def generate(prompt, model, draft, no_draft, draft_max, drafter, policy, p_min, 
                                 n_seq_max=n_samples, chat_template=chat_template, **device)
         # The call's drafting, built once (the pair's drafter, policy and cap came with the decoder).
         drafting = gen.drafting(p_min=p_min, svip_h=svip_h, svip_gamma=svip_gamma) if gen.speculative else None
-        kwargs = dict(drafting=drafting, constraint=constraint)
+        kwargs = dict(drafting=drafting, constraint=constraint, suffix=suffix)
+        if prediction_file is not None:
+            with open(prediction_file, encoding="utf-8") as f:
+                kwargs["prediction"] = f.read()
         if constraint is not None:
             try:
                 target.grammars.compile(constraint)  # an invalid one is a usage error, before any work
@@ -99,7 +108,7 @@ def generate(prompt, model, draft, no_draft, draft_max, drafter, policy, p_min, 
 
         if n_samples > 1:
             batch = gen.generate(prompt, n=n_samples, max_tokens=max_tokens, sampling=sampling, seed=seed,
-                                 stop=list(stop), chat=not raw, **kwargs)
+                                 stop=list(stop), chat=not raw and suffix is None, **kwargs)
             _save_memory(memory, memory_file, target)
     if n_samples > 1:
         _print_samples(batch, as_json, show_stats, target.flash_attn, device["n_gpu_layers"])
@@ -111,7 +120,7 @@ def generate(prompt, model, draft, no_draft, draft_max, drafter, policy, p_min, 
             sampling=sampling,
             seed=seed,
             stop=list(stop),
-            chat=not raw,
+            chat=not raw and suffix is None,
             on_token=None if as_json else echo,
             **kwargs,
         )

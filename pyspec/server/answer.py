@@ -61,6 +61,7 @@ class Answer:
         self.n_choices = len(job.prompts) * parsed.settings.n
         clock.choices(self.n_choices)
         self.n_prompt = sum(len(p) for p in job.prompts)
+        self.out_tokens: List[List[int]] = [[] for _ in range(self.n_choices)]  # each choice's, as delivered
 
     def _piece(self, token: int) -> bytes:
         return self.target.native.token_to_piece(token, False)
@@ -95,6 +96,7 @@ class Answer:
                     continue
                 if event[0] == "delta":
                     self.clock.tokens(event[1], len(event[3]))
+                    self.out_tokens[event[1]] += event[3]
                 elif event[0] == "done":
                     remaining -= 1
                     if not remaining:
@@ -233,8 +235,10 @@ class Answer:
         # A prompt's tokens count once (its n samples share them): its first choice's cached share.
         n = self.parsed.settings.n
         cached = sum(results[p * n].stats.n_cached_tokens for p in range(len(self.job.prompts)))
-        return {"usage": responses.usage(self.n_prompt, n_out, cached),
-                "timings": responses.timings([r.stats for r in results], self.n_prompt, cached)}
+        usage = responses.usage(self.n_prompt, n_out, cached)
+        if self.job.prediction is not None:
+            usage["completion_tokens_details"] = responses.prediction_details(self.job.prediction, self.out_tokens)
+        return {"usage": usage, "timings": responses.timings([r.stats for r in results], self.n_prompt, cached)}
 
 
 def _finish_with_calls(finish: str) -> str:

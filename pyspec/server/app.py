@@ -28,7 +28,8 @@ from ..memory import DEFAULT_CAP_MB
 from ..settings import PARALLEL, PREFILL_CHUNK
 from ..testing import TestControls, controls
 from .answer import Answer, error_response, http_error
-from .intake import Intake, authorized
+from . import infill
+from .intake import Intake, authorized, read_body
 from .jobs import Job, SchedulerError
 from .metrics import Metrics
 from .protocol import APIError
@@ -72,6 +73,7 @@ def create_app(decoder, *, model_name: str, parallel: int = PARALLEL, queue_size
 
     routes = [
         Route("/v1/completions", h.completions, methods=["POST"]),
+        Route("/infill", h.infill, methods=["POST"]),
         Route("/v1/chat/completions", h.chat, methods=["POST"]),
         Route("/v1/models", h.models, methods=["GET"]),
         Route("/health", h.health, methods=["GET"]),
@@ -108,8 +110,9 @@ class Handlers:
             return self.error(APIError(401, "a valid API key is required (Authorization: Bearer ...)",
                                        type="authentication_error", code="invalid_api_key"))
         try:
-            parsed, prompts = await self.intake.read(request, kind)
-            job = Job(parsed.settings, prompts, asyncio.get_running_loop(), user=parsed.user or "")
+            parsed, prompts, fills = await self.intake.read(request, kind)
+            job = Job(parsed.settings, prompts, asyncio.get_running_loop(), user=parsed.user or "", fills=fills,
+                      prediction=self.intake.prediction(parsed.settings.prediction))
             self.scheduler.submit(job)
         except SchedulerError as e:
             return self.error(http_error(e))
@@ -119,6 +122,29 @@ class Handlers:
         answer = Answer(kind, parsed, job, self.model_name, self.target, self.metrics, clock, parsed.tool_format)
         if parsed.stream:
             return EventSourceResponse(answer.stream(request), ping=15, sep="\n")
+        return await answer.whole(request)
+
+    async def infill(self, request: Request) -> Response:
+        """llama-server's /infill (server/infill.py)."""
+        clock = self.metrics.clock()
+        if not authorized(request, self.api_key):
+            return self.error(APIError(401, "a valid API key is required (Authorization: Bearer ...)",
+                                       type="authentication_error", code="invalid_api_key"))
+        try:
+            req = infill.parse(await read_body(request), self.target, max_n=self.parallel,
+                               n_batch=self.target.native.n_batch)
+            self.intake.check_model(req.parsed.model)
+            job = Job(req.parsed.settings, [req.fill.tokens], asyncio.get_running_loop(), fills=[req.fill],
+                      editor=req.editor)
+            self.scheduler.submit(job)
+        except SchedulerError as e:
+            return self.error(http_error(e))
+        except APIError as e:
+            return self.error(e)
+        self.metrics.request_started("infill")
+        answer = infill.InfillAnswer(req, job, self.model_name, self.target, self.metrics, clock, self.target.n_ctx)
+        if req.parsed.stream:
+            return EventSourceResponse(answer.native_stream(request), ping=15, sep="\n")
         return await answer.whole(request)
 
     async def completions(self, request: Request) -> Response:

@@ -14,6 +14,8 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 from starlette.requests import ClientDisconnect, Request
 
+from .. import fim
+from .. import prediction as prediction_
 from ..errors import ConstraintError
 from . import protocol
 from .protocol import APIError, ParsedRequest
@@ -51,7 +53,31 @@ async def read_body(request: Request) -> Any:
         raise APIError(400, f"the request body is not valid JSON: {e}") from None
     except RecursionError:
         raise APIError(400, "the request body is nested too deeply") from None
-    return protocol.unicode_checked(body)
+    return unicode_checked(body)
+
+
+def unicode_checked(body: Any) -> Any:
+    """``body`` (decoded JSON) if every string in it is Unicode text, else a 400.
+
+    JSON may escape a lone surrogate (``"\\ud800"``), which Python decodes into a
+    ``str`` that has no UTF-8 form: the tokenizer, the engine's stop strings and
+    the JSON of an error that quotes it could not take it. Walked without
+    recursion (the decoder admits nesting up to Python's recursion limit)."""
+    todo = [body]
+    while todo:
+        v = todo.pop()
+        if isinstance(v, dict):
+            todo.extend(v)
+            todo.extend(v.values())
+        elif isinstance(v, list):
+            todo.extend(v)
+        elif isinstance(v, str):
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise APIError(400, f"the request body holds a lone surrogate (\\u{ord(v[e.start]):04x}), "
+                                    f"which is not Unicode text") from None
+    return body
 
 
 def prompt_tokens(target, kind: str, prompt, parsed: ParsedRequest) -> List[int]:
@@ -103,14 +129,42 @@ class Intake:
         self.target, self.model_name, self.parallel = target, model_name, parallel
         self.policies, self.drafters, self.max_draft = list(policies), list(drafters), max_draft
 
-    async def read(self, request: Request, kind: str) -> Tuple[ParsedRequest, List[List[int]]]:
-        """The request (``kind``: "completion" or "chat") parsed, and its prompts'
-        token ids; raises :class:`APIError` (authorization is checked before)."""
+    async def read(self, request: Request, kind: str
+                   ) -> Tuple[ParsedRequest, List[List[int]], Optional[List[fim.InfillPrompt]]]:
+        """The request (``kind``: "completion" or "chat") parsed, its prompts'
+        token ids, and with a ``suffix`` their FIM prompts (fim.py); raises
+        :class:`APIError` (authorization is checked before)."""
         body = await read_body(request)
         parsed = protocol.parse(kind, body, max_n=self.parallel, policies=self.policies, drafters=self.drafters,
                                 max_draft=self.max_draft, template=self.target.chat_template.source)
-        if parsed.model not in (None, self.model_name):
-            raise APIError(404, f"the model '{parsed.model}' does not exist (this server has '{self.model_name}')",
-                           param="model", code="model_not_found")
+        self.check_model(parsed.model)
         await compile_constraint(self.target, parsed)
-        return parsed, [prompt_tokens(self.target, kind, p, parsed) for p in parsed.prompts]
+        if parsed.suffix is None:
+            return parsed, [prompt_tokens(self.target, kind, p, parsed) for p in parsed.prompts], None
+        fills = [fim_prompt(self.target, lambda: fim.for_prefix(
+            self.target, p, parsed.suffix, healing=parsed.settings.constraint is None)) for p in parsed.prompts]
+        return parsed, [f.tokens for f in fills], fills
+
+    def check_model(self, model: Optional[str]) -> None:
+        """A 404 for a request naming another model ("" and None: this one)."""
+        if model not in (None, "", self.model_name):
+            raise APIError(404, f"the model '{model}' does not exist (this server has '{self.model_name}')",
+                           param="model", code="model_not_found")
+
+    def prediction(self, text: Optional[str]) -> Optional[List[int]]:
+        """A Predicted Output's tokens (None: none)."""
+        return prediction_.tokens_of(self.target, text) if text else None
+
+
+def fim_prompt(target, build) -> "fim.InfillPrompt":
+    """``build()``'s FIM prompt: a 501 for a model without FIM tokens (as
+    llama-server answers), a 400 for one the context cannot hold."""
+    try:
+        fill = build()
+    except fim.FimUnsupported as e:
+        raise APIError(501, str(e), type="not_supported_error") from None
+    if len(fill.tokens) >= target.n_ctx:
+        raise APIError(400, f"This model's maximum context length is {target.n_ctx} tokens; the prompt has "
+                            f"{len(fill.tokens)} (pyspec serve --n-ctx)", param="prompt",
+                       code="context_length_exceeded")
+    return fill

@@ -14,6 +14,7 @@ from ..generation import SequenceSetup
 from .protocol import RequestSettings
 
 if TYPE_CHECKING:
+    from ..fim import EditorStops, InfillPrompt, Unheal
     from ..memory import Memory
 
 
@@ -56,6 +57,8 @@ class Choice:
     text: List[bytes] = field(default_factory=list)
     delivered: int = 0                                # tokens delivered so far
     done: bool = False
+    unheal: Optional["Unheal"] = None                 # FIM: the healed text taken off the answer's front
+    watch: Optional["EditorStops"] = None             # /infill: the editor's stop rules (n_indent, time)
 
 
 @dataclass
@@ -73,6 +76,9 @@ class Job:
     user: str = ""                     # OpenAI's end-user id ("" for one local user): memory and policy follow it
     memory: Optional["Memory"] = None  # the user's, set once admitted: drafts copy from it, answers join it
     admitted: float = 0.0              # time.monotonic() when it left the queue (0: not yet)
+    fills: Optional[List["InfillPrompt"]] = None  # FIM prompts (one per prompt): healing, per prompt
+    prediction: Optional[List[int]] = None        # Predicted Outputs: the prediction's tokens
+    editor: Optional[dict] = None                 # /infill: EditorStops' settings for each choice
 
     @property
     def need(self) -> int:

@@ -19,6 +19,7 @@ from ..chat import RESERVED
 from ..chat.tools import ToolChoice, check_choice, check_tools, tool_constraint, tool_format
 from ..constraints import Constraint
 from ..errors import ConstraintError
+from ..prediction import from_body
 from ..settings import SEED_BITS
 from ..sampling import Sampling
 
@@ -55,6 +56,7 @@ class RequestSettings:
     drafter: Optional[str] = None
     constraint: Optional[Constraint] = None  # what the answer must match (pyspec/constraints.py)
     constraint_param: Optional[str] = None   # the field that asked for it ("tools" for calls), named in errors
+    prediction: Optional[str] = None         # Predicted Outputs: what the answer will mostly be (prediction.py)
 
 
 @dataclass
@@ -70,33 +72,10 @@ class ParsedRequest:
     tool_choice: ToolChoice = field(default_factory=lambda: ToolChoice("none"))  # chat: what calls are allowed
     tool_format: Optional[str] = None          # chat: the format its calls are parsed from (None: no tools)
     template_vars: Dict[str, Any] = field(default_factory=dict)  # chat: chat_template_kwargs
+    suffix: Optional[str] = None               # completion: fill in between prompt and suffix (fim.py)
 
 
 # ------------------------------------------------------------------ parsing
-def unicode_checked(body: Any) -> Any:
-    """``body`` (decoded JSON) if every string in it is Unicode text, else a 400.
-
-    JSON may escape a lone surrogate (``"\\ud800"``), which Python decodes into a
-    ``str`` that has no UTF-8 form: the tokenizer, the engine's stop strings and
-    the JSON of an error that quotes it could not take it. Walked without
-    recursion (the decoder admits nesting up to Python's recursion limit)."""
-    todo = [body]
-    while todo:
-        v = todo.pop()
-        if isinstance(v, dict):
-            todo.extend(v)
-            todo.extend(v.values())
-        elif isinstance(v, list):
-            todo.extend(v)
-        elif isinstance(v, str):
-            try:
-                v.encode("utf-8")
-            except UnicodeEncodeError as e:
-                raise APIError(400, f"the request body holds a lone surrogate (\\u{ord(v[e.start]):04x}), "
-                                    f"which is not Unicode text") from None
-    return body
-
-
 # Fields accepted when they hold the API's default value (they change nothing).
 _NEUTRAL = {
     "frequency_penalty": (0, 0.0, None),
@@ -104,7 +83,6 @@ _NEUTRAL = {
     "logit_bias": (None,),
     "best_of": (1, None),
     "echo": (False, None),
-    "suffix": (None, ""),
     "functions": (None,),
     "function_call": (None, "none"),
     "store": (False, None),
@@ -112,7 +90,6 @@ _NEUTRAL = {
     "service_tier": (None, "auto", "default"),
     "modalities": (None,),
     "audio": (None,),
-    "prediction": (None,),
     "reasoning_effort": (None,),
     "web_search_options": (None,),
 }
@@ -121,8 +98,9 @@ _NO_EFFECT: set = set()
 # response_format is OpenAI's; json_schema and grammar are llama-server's body fields.
 _COMMON = {"user", "model", "max_tokens", "temperature", "top_p", "seed", "stop", "n", "stream", "stream_options",
            "top_k", "min_p", "draft_max", "policy", "drafter", "response_format", "json_schema", "grammar"}
+_COMMON |= {"prediction"}
 _FIELDS = {
-    "completion": _COMMON | {"prompt", "logprobs"},
+    "completion": _COMMON | {"prompt", "logprobs", "suffix"},
     "chat": _COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs", "tools", "tool_choice",
                        "parallel_tool_calls", "chat_template_kwargs"},
 }
@@ -347,6 +325,12 @@ def parse(kind: str, body: Any, *, max_n: int, policies: Sequence[str], drafters
             raise APIError(400, "'prompt' is required", param="prompt")
         prompts = _prompts(body["prompt"])
         max_tokens = _int(body, "max_tokens", 0, default=16)  # OpenAI's default for completions
+        suffix = body.get("suffix") or None  # "": none, as clients send it unasked
+        if suffix is not None and not isinstance(suffix, str):
+            raise _type_error("suffix", "a string")
+        if suffix is not None and not all(isinstance(p, str) for p in prompts):
+            raise APIError(400, "with 'suffix' the prompt is the text before it: a string, not token ids",
+                           param="suffix")
         k = _int(body, "logprobs", 0, MAX_TOP_LOGPROBS)
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
@@ -387,6 +371,7 @@ def parse(kind: str, body: Any, *, max_n: int, policies: Sequence[str], drafters
         drafter=_choice(body, "drafter", drafters),
         constraint=constraint,
         constraint_param=constraint_param,
+        prediction=_prediction(body),
     )
     user = body.get("user")
     user = "" if user is None else user  # some clients send null
@@ -395,4 +380,11 @@ def parse(kind: str, body: Any, *, max_n: int, policies: Sequence[str], drafters
     if kind == "chat":
         return ParsedRequest(kind, model, prompts, settings, stream, include_usage, user, tools=tools,
                              tool_choice=choice, tool_format=fmt, template_vars=_template_vars(body))
-    return ParsedRequest(kind, model, prompts, settings, stream, include_usage, user)
+    return ParsedRequest(kind, model, prompts, settings, stream, include_usage, user, suffix=suffix)
+
+
+def _prediction(body: Dict[str, Any]) -> Optional[str]:
+    try:
+        return from_body(body.get("prediction"))
+    except ValueError as e:
+        raise APIError(400, str(e), param="prediction") from None

@@ -13,6 +13,8 @@ import time
 import uuid
 from typing import Any, Dict, List, Sequence, Tuple
 
+from ..prediction import counts
+
 #: Engine stop reasons as OpenAI's finish_reason.
 FINISH_REASON = {"eog": "stop", "stop": "stop", "max_tokens": "length", "context": "length", "cancelled": "stop"}
 
@@ -60,6 +62,15 @@ def timings(stats: Sequence[Any], n_prompt: int, n_cached: int = 0) -> Dict[str,
         # TEST-ONLY (TestControls.pit): each decided token's PIT under its target row
         **({"pit": [u for s in stats for u in s.pit]} if any(s.pit for s in stats) else {}),
     }
+
+
+def prediction_details(prediction: Sequence[int], answers: Sequence[Sequence[int]]) -> Dict[str, int]:
+    """OpenAI's completion_tokens_details of a request with a prediction: its
+    accepted and rejected prediction tokens (pyspec/prediction.py), summed over
+    the choices."""
+    pairs = [counts(prediction, answer) for answer in answers]
+    return {"reasoning_tokens": 0, "accepted_prediction_tokens": sum(a for a, _ in pairs),
+            "rejected_prediction_tokens": sum(r for _, r in pairs)}
 
 
 LogprobEntry = Tuple[float, List[Tuple[int, float]]]

@@ -33,6 +33,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Callable, Deque, Dict, List, Optional, Set, Tuple
 
 from .. import _core
+from ..fim import EditorStops, Unheal
 from ..results import PositionCounts
 from ..settings import PREFILL_CHUNK
 from ..testing import TestControls, controls
@@ -235,11 +236,19 @@ class Scheduler:
                 # Drafting settings only where the decoder drafts (a plain server ignores them).
                 drafting = (self.decoder.drafting(drafter=s.drafter, policy=s.policy, draft_max=s.draft_max,
                                                   memory=job.memory) if self.decoder.speculative else None)
+                if drafting is not None and job.prediction:
+                    drafting = self.decoder.with_prediction(drafting, prompt, job.prediction)
+                fill = job.fills[p_i] if job.fills else None
+                constraint = fill.constraint() if fill is not None and fill.heal else s.constraint
+                if fill is not None:
+                    c.unheal = Unheal(fill.heal)
+                if job.editor is not None:
+                    c.watch = EditorStops(**job.editor, skip=len(fill.heal) if fill is not None else 0)
                 # No answer outgrows the context.
                 n_ctx = self.target.n_ctx
                 c.setup = self.decoder.setup(
                     max_tokens=n_ctx if s.max_tokens is None else min(s.max_tokens, n_ctx),
-                    sampling=s.sampling, seed=base, stop=s.stop, logprobs=s.logprobs, constraint=s.constraint,
+                    sampling=s.sampling, seed=base, stop=s.stop, logprobs=s.logprobs, constraint=constraint,
                     slots=[slot], drafters="slots", drafting=drafting, policy_keys=[key])[0]
                 c.handle = self._session.add(prompt, c.setup.params, drafter=c.setup.drafter,
                                              policy=c.setup.policy, stream=index, slot=slot)
@@ -261,6 +270,9 @@ class Scheduler:
             c.tokens.append(token)
         if text:
             c.text.append(text)
+            # The editor's rules judge what the user would see (EditorStops.skip: the healed text).
+            if c.watch is not None and not c.watch.feed(text.decode("utf-8", errors="ignore")):
+                return False
         return not job.cancelled
 
     def _deliver(self) -> None:
@@ -272,7 +284,8 @@ class Scheduler:
                 if job.settings.logprobs is not None and c.tokens:
                     logprobs = (result.logprobs[c.delivered:] if result is not None
                                 else self._session.logprobs(handle, c.delivered))
-                job.send(("delta", c.index, b"".join(c.text).decode("utf-8", errors="replace"),
+                text = b"".join(c.text).decode("utf-8", errors="replace")
+                job.send(("delta", c.index, c.unheal(text) if c.unheal is not None else text,
                           list(c.tokens), logprobs))
                 c.delivered += len(c.tokens)
                 self.counters["generated_tokens"] += len(c.tokens)

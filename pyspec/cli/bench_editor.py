@@ -1,0 +1,177 @@
+"""`pyspec bench editor`: a replay of code-editor completion traffic against
+servers' /infill (pyspec/bench/serve/editor.py states the method)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+
+import click
+
+from .options import DEFAULT_DRAFT, DEFAULT_MODEL, check_device, command_errors, device_options
+
+#: llama-server as llama.vim's README runs it for completion (its -c and threads are the bench's).
+LLAMA_EDITOR_ARGS = ("--cache-reuse", "256", "-ub", "1024", "-b", "1024")
+LAYOUTS = ("still", "llama-server")
+
+
+def llama_variants(given, draft: str, llama_server: str) -> list:
+    """``[(name, args)]`` from --llama-variant NAME=ARGS (``{draft}`` in ARGS: the
+    draft model); by default plain, ngram-mod where this build's --help names
+    it, and with a draft model ``draft=-md {draft}``."""
+    if not given:
+        given = ["plain="]
+        try:
+            help_text = subprocess.run([llama_server, "--help"], capture_output=True, text=True, timeout=60).stdout
+        except (OSError, subprocess.SubprocessError):
+            help_text = ""
+        if "ngram-mod" in help_text:
+            given.append("ngram-mod=--spec-type ngram-mod")
+        if draft:
+            given.append("draft=-md {draft}")
+    out = []
+    for v in given:
+        name, eq, args = v.partition("=")
+        if not eq or not name.strip():
+            raise click.BadParameter(f"{v!r}: give NAME=ARGS, e.g. 'plain=' or 'draft=-md {{draft}}'",
+                                     param_hint="--llama-variant")
+        if "{draft}" in args and not draft:
+            raise click.BadParameter(f"{v!r} needs a draft model (--draft)", param_hint="--llama-variant")
+        out.append((name.strip(), [a.replace("{draft}", draft) for a in shlex.split(args)]))
+    return out
+
+
+def editor_backends(path: str, draft_path: str, *, layouts, threads: int, n_ctx: int, llama_server, variants,
+                    device: dict) -> list:
+    """pyspec serve per layout (a process each: no cache shared between them),
+    then llama-server per variant."""
+    from ..bench.serve.editor import EditorBackend
+    from ..bench.serve.process import Backend, llama_server_backends, pyspec_serve_command
+
+    ours = pyspec_serve_command(path, parallel=1, n_ctx=n_ctx, threads=threads, device=device)
+    ours += ["--draft", draft_path] if draft_path else ["--no-draft"]
+    out = [EditorBackend("pyspec" if layout == "still" else f"pyspec layout={layout}", Backend("pyspec", ours),
+                         {"layout": layout}) for layout in layouts]
+    for name, args in variants:
+        (b,) = llama_server_backends(llama_server, path, parallel=1, n_ctx=n_ctx, threads=threads, specs=["none"],
+                                     args=[*LLAMA_EDITOR_ARGS, *args], device=device)
+        out.append(EditorBackend(f"llama-server {name}", b))
+    return out
+
+
+@click.command("editor")
+@click.option("--model", "-m", default=DEFAULT_MODEL, show_default=True,
+              help="Target model (path or default name); it needs FIM tokens (a coder model).")
+@click.option("--draft", "-d", default=DEFAULT_DRAFT, show_default=True, help="Draft model of pyspec serve.")
+@click.option("--no-draft", is_flag=True, help="pyspec serve --no-draft (and no llama-server draft variant).")
+@click.option("--sites", "n_sites", default=6, show_default=True, type=click.IntRange(min=1),
+              help="Lines typed, each at a site of its own in the standard library's code.")
+@click.option("--steps", default=4, show_default=True, type=click.IntRange(min=1),
+              help="Requests while typing each line (the cursor after 1/N ... N/N of it), then one prefetch.")
+@click.option("--seed", default=0, show_default=True, type=int, help="Seed of the sites and of the intervals.")
+@click.option("--prefix-lines", default=64, show_default=True, type=click.IntRange(min=0),
+              help="Lines before the cursor sent (llama.vim sends 256).")
+@click.option("--suffix-lines", default=16, show_default=True, type=click.IntRange(min=0),
+              help="Lines after the cursor sent.")
+@click.option("--n-predict", default=32, show_default=True, type=click.IntRange(min=1),
+              help="Most tokens per suggestion.")
+@click.option("--greedy/--sampled", default=True, show_default=True,
+              help="Send temperature 0 (and the temperature sampler), so that texts and the right share are "
+                   "comparable; --sampled sends the plugin's sampling as is.")
+@click.option("--temperature", default=None, type=click.FloatRange(min=0),
+              help="With --sampled: send this temperature (and the temperature sampler) [default: none sent].")
+@click.option("--layouts", default="still", show_default=True,
+              help="pyspec serve's FIM layouts, comma-separated: still, llama-server (a server each).")
+@click.option("--llama-server", "llama_server", default=None, envvar="PYSPEC_LLAMA_SERVER", show_envvar=True,
+              type=click.Path(dir_okay=False), help="Also run llama.cpp's llama-server binary, per --llama-variant.")
+@click.option("--llama-variant", "llama_variant", multiple=True, metavar="NAME=ARGS",
+              help="A llama-server variant: extra arguments, '{draft}' for the draft model (repeatable) [default: "
+                   "plain=, ngram-mod=--spec-type ngram-mod where supported, draft=-md {draft}].")
+@click.option("--threads", default=2, show_default=True, type=click.IntRange(min=1), help="Threads of every server.")
+@click.option("--n-ctx", default=4096, show_default=True, type=click.IntRange(min=512),
+              help="Context of every server (one slot).")
+@device_options
+@click.option("--json", "json_path", default=None, is_flag=False, flag_value="-",
+              type=click.Path(dir_okay=False, allow_dash=True),
+              help="Print one JSON object (every request, the summary) instead of the table; --json FILE writes it "
+                   "to FILE.")
+@click.option("--plot", "plot_path", default=None, type=click.Path(dir_okay=False),
+              help="Draw each backend's latency distribution to FILE.png (needs matplotlib: the `plot` extra).")
+def bench_editor(model, draft, no_draft, n_sites, steps, seed, prefix_lines, suffix_lines, n_predict, greedy,
+                 temperature, layouts, llama_server, llama_variant, threads, n_ctx, device, json_path,
+                 plot_path) -> None:
+    """Code-editor completion traffic (llama.vim's /infill requests) against
+    pyspec serve and, given --llama-server PATH or $PYSPEC_LLAMA_SERVER,
+    llama.cpp's llama-server.
+
+    --sites lines of the interpreter's standard library are typed again, each
+    in --steps requests as the cursor moves along the line, then a prefetch
+    of the next line; all servers run at once (one slot each), every site on
+    each in turn. Prints per backend the latency of a suggestion (p50, p90,
+    with 95 % intervals), the prompt tokens each request processed, the
+    tokens a suggestion gets within 250 ms and 1 s, and how often the first
+    line of a suggestion is what the user goes on to type; with several
+    backends, the ratio of p50 latencies on the same requests.
+    Progress goes to stderr, one line per site.
+    """
+    from ..bench.serve import editor as be
+    from ..errors import PyspecError
+    from ..model import resolve_path
+
+    names = [x.strip() for x in layouts.split(",") if x.strip()]
+    if not names or any(x not in LAYOUTS for x in names):
+        raise click.BadParameter(f"{layouts!r}: give some of {', '.join(LAYOUTS)}", param_hint="--layouts")
+    if temperature is not None and greedy:
+        raise click.UsageError("--temperature goes with --sampled (--greedy sends temperature 0)")
+    if llama_variant and not llama_server:
+        raise click.UsageError("--llama-variant needs --llama-server PATH (or $PYSPEC_LLAMA_SERVER)")
+
+    def say(line: str) -> None:
+        click.echo(line, err=True)
+
+    skipped = []
+    with command_errors(errors=(PyspecError, ValueError, OSError, RuntimeError)):
+        if plot_path:  # fail before a long run, not after it
+            from ..bench.plot import pyplot
+
+            pyplot()
+        check_device(device)
+        path = resolve_path(model)
+        draft_path = "" if no_draft or not draft else resolve_path(draft)
+        variants = []
+        if not llama_server:
+            skipped.append("llama-server: skipped (give --llama-server PATH or set $PYSPEC_LLAMA_SERVER)")
+        elif not os.path.isfile(llama_server):
+            skipped.append(f"llama-server: skipped ({llama_server} is not a file)")
+        else:
+            variants = llama_variants(list(llama_variant), draft_path, llama_server)
+        for line in skipped:
+            say(line)
+        backends = editor_backends(path, draft_path, layouts=names, threads=threads, n_ctx=n_ctx,
+                                   llama_server=llama_server, variants=variants, device=device)
+        sites = be.sites(n_sites, seed, prefix_lines=prefix_lines, suffix_lines=suffix_lines)
+        sent_temperature = 0.0 if greedy else temperature
+        records = be.run(backends, sites, steps=steps, n_predict=n_predict, temperature=sent_temperature,
+                         progress=say)
+        summary = be.summarize(records, seed=seed)
+    result = {"model": path, "draft": draft_path or None, "threads": threads, "n_ctx": n_ctx,
+              "n_gpu_layers": device["n_gpu_layers"], "seed": seed, "steps": steps, "n_predict": n_predict,
+              "prefix_lines": prefix_lines, "suffix_lines": suffix_lines, "temperature": sent_temperature,
+              "python": sys.version.split()[0], "stdlib": be.stdlib_dir(),
+              "sites": [{"file": s.file, "line": s.line_no, "text": s.line} for s in sites],
+              "backends": [{"name": b.name, "command": b.server.command, "fields": b.fields} for b in backends],
+              "skipped": skipped, "summary": summary, "requests": records}
+    result["table"] = be.format_summary(summary)
+    if json_path:
+        with click.open_file(json_path, "w") as f:
+            json.dump(result, f, indent=2)
+            f.write("\n")
+    if plot_path:
+        be.plot(result, plot_path)
+    if json_path != "-":
+        click.echo(f"{path} (draft {draft_path or 'none'}), {threads} threads, context {n_ctx}, {len(sites)} sites "
+                   f"x {steps} steps + prefetch, {n_predict} tokens at most, "
+                   f"{'greedy' if greedy else 'sampled'}\n" + result["table"])

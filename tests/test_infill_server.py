@@ -1,0 +1,193 @@
+"""`POST /infill` as llama.vim and llama.vscode call it, `/v1/completions`
+with a `suffix`, and Predicted Outputs on the server (issue 50), on a real
+`pyspec serve` of the catalog's Qwen2.5-Coder-0.5B (it has FIM tokens).
+
+The request bodies are the plugins' own (their source: llama.vim's
+`llama#fim`, its warm-up, llama.vscode's `n_cmpl` 3 request).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+
+import httpx
+import pytest
+
+from server_helpers import ServerProcess
+
+PREFIX = "".join(f"def f{i}(x):\n    return x + {i}\n\n\n" for i in range(12))
+LINE = "    total = sum(values) / len(values)"
+SUFFIX = "\n    return total\n\n\ndef g(y):\n    return y\n"
+FIELDS = ["content", "timings/prompt_n", "timings/prompt_ms", "timings/prompt_per_token_ms",
+          "timings/prompt_per_second", "timings/predicted_n", "timings/predicted_ms",
+          "timings/predicted_per_token_ms", "timings/predicted_per_second", "truncated", "tokens_cached"]
+
+
+def vim_body(typed: str, **over) -> dict:
+    """llama.vim's FIM request (autoload/llama.vim, llama#fim), greedy for a fixed answer."""
+    body = {"id_slot": 0, "input_prefix": PREFIX + "def mean(values):\n", "input_suffix": SUFFIX,
+            "input_extra": [{"text": "import math\n", "time": [1, 2], "filename": "util.py"}], "prompt": typed,
+            "n_predict": 16, "stop": [], "n_indent": 4, "top_k": 40, "top_p": 0.90,
+            "samplers": ["top_k", "top_p", "infill"], "stream": False, "cache_prompt": True,
+            "t_max_prompt_ms": 500, "t_max_predict_ms": 250, "response_fields": FIELDS, "model": "",
+            "temperature": 0}
+    body.update(over)
+    return body
+
+
+@pytest.fixture(scope="module")
+def server(draft_path):
+    s = ServerProcess("-m", draft_path, "--n-ctx", "4096", "--parallel", "3")
+    yield s
+    s.stop()
+
+
+def test_llama_vim_reads_the_answer(server):
+    r = server.post("/infill", vim_body("    total = "))
+    assert r.status_code == 200, r.text
+    raw = r.text
+    # llama.vim's check: the body starts with "{" and has "content": with no space after the colon, on one line.
+    assert raw.startswith("{") and '"content":"' in raw and "\n" not in raw
+    body = r.json()
+    assert set(body) == set(FIELDS), "response_fields must pick flat 'a/b' keys"
+    assert body["timings/predicted_n"] >= 1 and body["tokens_cached"] > body["timings/prompt_n"] > 0
+
+
+def test_a_keystroke_processes_only_its_new_tokens(server, draft_path, load_model):
+    model = load_model(draft_path, n_ctx=512)
+    processed, control = [], []
+    for cut in (10, 16, 22, 30, len(LINE)):
+        processed.append(server.post("/infill", vim_body(LINE[:cut])).json()["timings/prompt_n"])
+    new_chars = [LINE[a:b] for a, b in zip((10, 16, 22, 30), (16, 22, 30, len(LINE)))]
+    for n, text in zip(processed[1:], new_chars):
+        # the new characters' tokens, and the healed last token again
+        assert n <= len(model.tokenize(text, add_special=False)) + 2, (processed, new_chars)
+    # Control: llama-server's layout puts the typed text before the suffix, which is processed again.
+    for cut in (10, 16):
+        control.append(server.post("/infill", vim_body(LINE[:cut], layout="llama-server")).json()["timings/prompt_n"])
+    n_suffix = len(model.tokenize(SUFFIX, add_special=False))
+    assert control[1] > n_suffix, control
+
+
+def test_n_cmpl_answers_an_array_and_a_warm_up_an_empty_object(server):
+    r = server.post("/infill", {"id_slot": 0, "input_prefix": PREFIX, "input_suffix": SUFFIX, "prompt": "def ",
+                                "n_predict": 8, "n_cmpl": 3, "top_k": 40, "top_p": 0.99, "stream": False,
+                                "samplers": ["top_k", "top_p", "infill"], "cache_prompt": True,
+                                "t_max_prompt_ms": 500, "t_max_predict_ms": 500})
+    assert r.status_code == 200, r.text
+    answers = r.json()
+    assert isinstance(answers, list) and [a["index"] for a in answers] == [0, 1, 2]
+    for a in answers:  # what llama.vscode's status bar reads
+        assert isinstance(a["content"], str) and a["generation_settings"]["n_ctx"] == 4096
+        assert {"prompt_n", "prompt_ms", "predicted_n", "predicted_ms"} <= set(a["timings"])
+    warm = server.post("/infill", {"id_slot": 0, "input_prefix": "", "input_suffix": "",
+                                   "input_extra": [{"text": "x = 1\n", "filename": "a.py"}], "prompt": "",
+                                   "n_predict": 0, "temperature": 0.0, "samplers": [], "stream": False,
+                                   "cache_prompt": True, "t_max_prompt_ms": 1, "t_max_predict_ms": 1,
+                                   "response_fields": [""]})
+    assert warm.status_code == 200 and warm.json() == {}
+
+
+def test_a_stream_ends_with_the_whole_object_and_no_done(server):
+    with httpx.stream("POST", server.url("/infill"), json=vim_body("    total = ", stream=True,
+                                                                   response_fields=None), timeout=120) as r:
+        assert r.status_code == 200
+        events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+    assert "[DONE]" not in events
+    chunks = [json.loads(e) for e in events]
+    assert chunks[-1]["stop"] is True and chunks[-1]["stop_type"] in ("eos", "limit", "word")
+    assert all(c["stop"] is False for c in chunks[:-1]) and len(chunks) >= 2
+    assert sum(c["tokens_predicted"] > 0 for c in chunks[:-1]) >= 1
+
+
+def test_refusals_name_the_field(server):
+    cases = [({"input_prefix": "a", "input_suffix": "b", "input_extra": 3}, "input_extra"),
+             ({"input_prefix": "a", "input_suffix": "b", "input_extra": [{"filename": "x"}]}, "text"),
+             ({"input_suffix": "b"}, "input_prefix"),
+             ({"input_prefix": "a", "input_suffix": "b", "repeat_penalty": 1.3}, "repeat_penalty"),
+             ({"input_prefix": "a", "input_suffix": "b", "samplers": ["mirostat"]}, "mirostat"),
+             ({"input_prefix": "a", "input_suffix": "b", "n_cmpl": 9}, "n_cmpl"),
+             ({"input_prefix": "a", "input_suffix": "b", "model": "other"}, "other")]
+    for body, word in cases:
+        r = server.post("/infill", body)
+        assert r.status_code in (400, 404) and word in r.text, (body, r.status_code, r.text)
+
+
+def test_hostile_bodies_get_a_4xx_never_a_500(server):
+    rnd = random.Random(50)
+    values = [None, True, -1, 0, 3, 2**70, 1.5, float("nan"), "", "x" * 3, [], [1, "a"], {}, {"text": 1},
+              [{"text": "a", "filename": 3}], "\udc80"[:0] + "<|fim_prefix|>"]
+    fields = ["input_prefix", "input_suffix", "prompt", "input_extra", "n_predict", "n_indent", "t_max_predict_ms",
+              "samplers", "top_k", "top_p", "temperature", "stop", "n_cmpl", "stream", "response_fields", "seed",
+              "layout"]
+    for _ in range(60):
+        body = {"input_prefix": "def f(x):\n", "input_suffix": "\n", "n_predict": 2}
+        for name in rnd.sample(fields, 3):
+            body[name] = rnd.choice(values)
+        try:
+            content = json.dumps(body, allow_nan=True)
+        except ValueError:
+            continue
+        r = httpx.post(server.url("/infill"), content=content, headers={"content-type": "application/json"},
+                       timeout=120)
+        assert r.status_code in (200, 400, 404, 413), (body, r.status_code, r.text)
+
+
+def test_completions_with_a_suffix_fill_in_the_middle(server):
+    r = server.post("/v1/completions", {"prompt": "def add(a, b):\n    ret", "suffix": "\n\nprint(add(1, 2))\n",
+                                        "max_tokens": 6, "temperature": 0})
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["text"].startswith("urn"), "healed: the answer goes on from 'ret'"
+    r = server.post("/v1/completions", {"prompt": [1, 2, 3], "suffix": "x", "max_tokens": 2})
+    assert r.status_code == 400 and "suffix" in r.text
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_predicted_outputs_on_chat(server, stream):
+    messages = [{"role": "user", "content": "Rename x to y, reply with the code only:\n"
+                                            "def f(x):\n    return x * 2 + x\n"}]
+    base = {"messages": messages, "max_tokens": 40, "temperature": 0, "policy": "fixed", "draft_max": 4}
+    plain = server.post("/v1/chat/completions", base).json()
+    answer = plain["choices"][0]["message"]["content"]
+    body = dict(base, prediction={"type": "content", "content": answer})
+    if not stream:
+        r = server.post("/v1/chat/completions", body).json()
+        assert r["choices"][0]["message"]["content"] == answer
+        details = r["usage"]["completion_tokens_details"]
+        assert details["rejected_prediction_tokens"] == 0 and details["accepted_prediction_tokens"] > 0
+        assert r["timings"]["draft_memory_n"] > 0, "the prediction was not drafted from"
+        return
+    with httpx.stream("POST", server.url("/v1/chat/completions"),
+                      json=dict(body, stream=True, stream_options={"include_usage": True}), timeout=120) as r:
+        chunks = [json.loads(line[6:]) for line in r.iter_lines()
+                  if line.startswith("data: ") and line != "data: [DONE]"]
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    assert text == answer
+    assert chunks[-1]["usage"]["completion_tokens_details"]["rejected_prediction_tokens"] == 0
+    bad = server.post("/v1/chat/completions", dict(base, prediction={"type": "text", "content": "x"}))
+    assert bad.status_code == 400 and "prediction" in bad.text
+
+
+def test_a_model_without_fim_tokens_is_a_501(gemma_path):
+    s = ServerProcess("-m", gemma_path, "--n-ctx", "512")
+    try:
+        r = s.post("/infill", {"input_prefix": "a", "input_suffix": "b"})
+        assert r.status_code == 501 and "prefix token is missing" in r.text
+        r = s.post("/v1/completions", {"prompt": "a", "suffix": "b", "max_tokens": 2})
+        assert r.status_code == 501
+    finally:
+        s.stop()
+
+
+def test_n_indent_ends_the_answer_where_it_leaves_the_block(server):
+    """Typing a new top-level function after twelve others, greedy: the model
+    writes one function and goes on at column 0, which n_indent 4 cuts (the
+    line's text dropped); control: without n_indent it goes on."""
+    body = {"input_prefix": PREFIX, "input_suffix": "", "prompt": "def f12(x):", "n_predict": 48,
+            "temperature": 0, "samplers": ["temperature"]}
+    cut = server.post("/infill", dict(body, n_indent=4)).json()
+    free = server.post("/infill", body).json()
+    assert "\ndef " in free["content"] and free["tokens_predicted"] > cut["tokens_predicted"], free["content"]
+    assert cut["stop_type"] == "limit" and "\ndef " not in cut["content"], cut["content"]
+    assert free["content"].startswith(cut["content"].rstrip(" \t"))

@@ -1,0 +1,93 @@
+"""Predicted Outputs are lossless (issue 50): a ``prediction=`` is a draft
+source, so at T > 0 the answer follows the target's law whatever is predicted.
+
+What is sampled, as in test_suffix_lossless.py (whose account of the bug's law
+this test shares): the joint law of the first TWO output tokens (draft_max 2,
+three tokens generated, top-k 3; the exact law from plain evaluation, laws.py).
+The prediction is [a, b]: a the target's most likely first token, b its most
+likely successor. pyspec/prediction.py puts it behind the prompt's tail, so the
+suffix drafter matches the prompt there and drafts [a, b] in the first round of
+every sample, from the prediction alone: the decoder has no memory (the
+prediction's memory is the only store), which the test asserts by the memory
+counters (``memory_drafted`` >= 2 per sample).
+
+The negative control (residual = p, TestControls) must be rejected on the same
+path and fit the bug's stated law (test_suffix_lossless.broken_residual_law).
+ALPHA = 0.001, N from a power calculation against that law (power > 0.99,
+chisquare.assert_power), at least MIN_N.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import pyspec
+
+from chisquare import ALPHA, assert_power, pooled_chisquare, required_n
+from draws import draw
+from laws import PROMPT, TARGET, exact_law, support_of
+from pyspec.testing import TestControls
+from test_suffix_lossless import broken_residual_law, memory_draft
+
+pytestmark = pytest.mark.bitexact
+
+MIN_N = 100
+
+
+@pytest.fixture(scope="module")
+def case(gemma_path, load_model):
+    target = load_model(gemma_path, n_ctx=256, seed=0)
+    tokens, p0, p1, exact = exact_law(target, PROMPT)
+    a, b = memory_draft(p0, p1)
+    for y in support_of(p0):  # the premises of the bug's law
+        assert y == a or y not in tokens + [a, b], "a first token other than a occurs in the prompt or prediction"
+    wrong = broken_residual_law(p0, p1, a, b)
+    n = max(MIN_N, required_n(exact, wrong))
+    assert_power(exact, wrong, n, "prediction")
+    spec = pyspec.SpeculativeDecoder(target, policy="fixed", draft_max=2, memory=False)
+    assert spec.drafter == "suffix" and spec.memory is None
+    return spec, tokens, exact, wrong, n, [a, b]
+
+
+def run(case, **kw):
+    spec, tokens, exact, wrong, n, predicted = case
+    d = draw(spec, tokens, n, seed0=91_000, max_tokens=3, keep=2, prediction=predicted, **TARGET, **kw)
+    t = d.totals
+    assert t["memory_rounds"] >= n and t["memory_drafted"] >= 2 * n, f"not every sample drafted the prediction {t}"
+    assert 0 < t["memory_accepted"] < t["memory_drafted"] and t["drafted_at"][1] > 0, t
+    return d
+
+
+def test_drafting_from_a_prediction_is_lossless(case):
+    _, _, exact, _, n, _ = case
+    d = run(case)
+    stat, df, pv = pooled_chisquare(d.counts, exact, n)
+    print(f"prediction: N={n} chi2={stat:.2f} df={df} p={pv:.3g} drafted={d.totals['memory_drafted']} "
+          f"accepted={d.totals['memory_accepted']}")
+    assert pv > ALPHA, f"samples differ from the target distribution (p={pv:.3g})"
+
+
+def test_negative_control_prediction_with_the_broken_residual(case):
+    _, _, exact, wrong, n, _ = case
+    d = run(case, _test=TestControls(variant="residual_is_p"))
+    stat, df, pv = pooled_chisquare(d.counts, exact, n)
+    fit = pooled_chisquare(d.counts, wrong, n)
+    print(f"NEGATIVE CONTROL prediction residual=p: N={n} chi2={stat:.2f} df={df} p={pv:.3g}; "
+          f"against the bug's law: p={fit[2]:.3g}")
+    assert pv < ALPHA, f"the broken residual was not detected on the prediction path (p={pv:.3g})"
+    assert fit[2] > ALPHA, "the control does not follow the bug's law: the prediction path is not what was tested"
+
+
+def test_counts_follow_openais_definition(case):
+    spec, tokens, *_ = case
+    out = spec.generate(tokens, max_tokens=6, temperature=0, prediction=None)
+    same = spec.generate(tokens, max_tokens=6, temperature=0, prediction=list(out.tokens))
+    assert same.tokens == out.tokens
+    assert (same.accepted_prediction_tokens, same.rejected_prediction_tokens) == (len(out.tokens), 0)
+    assert same.stats.memory_accepted > 0, "the prediction was not drafted from"
+    # Two wrong tokens in the middle: they did not appear, the rest did.
+    wrong = list(out.tokens[:2]) + [out.tokens[0], out.tokens[0]] + list(out.tokens[2:])
+    other = spec.generate(tokens, max_tokens=6, temperature=0, prediction=wrong)
+    assert other.tokens == out.tokens
+    assert (other.accepted_prediction_tokens, other.rejected_prediction_tokens) == (len(out.tokens), 2)
+    assert out.accepted_prediction_tokens is None
