@@ -269,7 +269,26 @@ def _timings(entry: Dict[str, object]) -> Dict[int, float]:
             continue  # other fields of the entry (DRAFT_TOKEN, MEMORY), or a foreign value
         if n > 0 and s > 0:
             out[n] = s
-    return out
+    return _plausible(out)
+
+
+#: A batch of n tokens costs at most this many times n/m batches of m < n (it could
+#: be run as those): a timing above that was taken on a busy machine.
+PLAUSIBLE_SLACK = 1.5
+
+
+def _plausible(timings: Dict[int, float]) -> Dict[int, float]:
+    """The timings without those that a busy machine inflated (each size judged
+    against the largest smaller one kept): such a size is timed again instead of
+    steering the policy away from it for good (a size it no longer uses is
+    never refined by a round)."""
+    kept: Dict[int, float] = {}
+    for n in sorted(timings):
+        below = [m for m in kept if m < n]
+        if below and timings[n] > PLAUSIBLE_SLACK * (n / max(below)) * kept[max(below)]:
+            continue
+        kept[n] = timings[n]
+    return kept
 
 
 def save(core_model, timings: Dict[int, float]) -> None:

@@ -8,12 +8,13 @@ Two layouts, which differ only in where the typed part of the cursor line
 
 ``"still"`` (pyspec's default)::
 
-    [extra] [BOS] PRE prefix SUF suffix MID typed
+    [extra] [BOS] PRE prefix SUF suffix MID lines typed
 
-    The typed text follows MID, where the model itself would have written it.
-    A keystroke then only appends to the prompt: the prefix and suffix stay put
-    while the cursor is on the line, so a cached prompt is reused up to the
-    last keystroke and only the new characters are processed. The suffix's
+    The typed text follows MID, where the model itself would have written it,
+    after the last few lines before it (``lines``: :func:`split_middle`). A
+    keystroke then only appends to the prompt, and so does moving on to the
+    next line: the prefix and suffix stay put, so a cached prompt is reused up
+    to the last keystroke and only the new characters are processed. The suffix's
     budget does not depend on the typed length for the same reason. The last
     typed token is healed (:func:`heal`): a half-typed word continues as the
     model would tokenize the whole word.
@@ -169,6 +170,33 @@ def _is_anchor(line: str, every: int) -> bool:
     return bool(line.strip()) and zlib.crc32(line.encode("utf-8", errors="replace")) % every == 0
 
 
+#: Most lines before the cursor's that a "still" prompt puts after MID (split_middle).
+MIDDLE_LINES = 16
+
+
+def split_middle(prefix: str) -> Tuple[str, str]:
+    """``prefix`` as (what goes before SUF, what goes after MID): the last few
+    lines move behind MID, with the typed part of the cursor line, from an
+    anchor line (by content, as :func:`anchored` picks, about one line in
+    eight) among the last :data:`MIDDLE_LINES`. So accepting a suggestion and
+    going on to the next line (an editor's prefetch) appends to the prompt
+    too, instead of changing the prefix and with it every token of the suffix;
+    the split moves, and the suffix is processed again, about once every eight
+    lines. The earliest such anchor is taken, so that a new line below does not
+    move it."""
+    lines = prefix.splitlines(keepends=True)
+    if not lines or not lines[-1].endswith("\n"):
+        return prefix, ""  # not whole lines: a caller's own split, kept
+    first = max(0, len(lines) - MIDDLE_LINES)
+    every = 8
+    while every >= 1:
+        for i in range(first, len(lines)):
+            if _is_anchor(lines[i], every):
+                return "".join(lines[:i]), "".join(lines[i:])
+        every //= 2
+    return prefix, ""
+
+
 def heal(model, typed_tokens: List[int]) -> Tuple[List[int], str]:
     """Token healing at the cursor: when the typed text ends inside a word, its
     last token is taken back and the answer must begin with that token's text,
@@ -196,6 +224,8 @@ def build(model, prefix: str, suffix: str, *, typed: str = "", extra: Sequence[C
     fim = FimTokens.of(model).check()
     n_batch = max(int(n_batch), 8)
     if layout == "still":
+        prefix, lines = split_middle(prefix)
+        typed = lines + typed
         prefix = anchored(model, prefix, 3 * (n_batch // 4) - 16)  # room: a whole text may take more
     pre = model.tokenize(prefix, add_special=False)
     suf = model.tokenize(suffix, add_special=False)

@@ -20,7 +20,7 @@ from cli_helpers import pyspec_cmd
 
 #: The commands that load a model, or start a `pyspec serve` that does.
 DEVICE_COMMANDS = {"generate", "serve", "agree", "bench paired", "bench simulate", "bench parallel",
-                   "bench multiturn", "bench serve", "bench soak"}
+                   "bench multiturn", "bench serve", "bench editor", "bench soak"}
 
 #: Commands that take a model but run nothing on it: nothing to offload.
 # Commands that take a model but no device flags, and why.

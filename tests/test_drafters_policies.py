@@ -519,3 +519,20 @@ def test_lossless_policies(gemma_target, gemma_path, load_model, policy, n, draf
     print(f"{policy}: N={n} drafted={drafted} chi2={stat:.2f} df={df} p={pv:.3g}")
     assert drafted >= F_MIN * n, "the policy hardly drafted: the test would not exercise verification"
     assert pv > ALPHA
+
+
+def test_timings_a_busy_machine_inflated_are_timed_again(gemma_path, tmp_path, monkeypatch):
+    """A batch of n tokens cannot cost more than n/m batches of m (it could be
+    run as those): sizes recorded above that (a timing taken while the machine
+    was busy) are not handed to the policy, which times them again, instead
+    of avoiding them for good. Control: a plausible curve is read whole."""
+    from pyspec import calibration
+
+    monkeypatch.setenv("PYSPEC_CACHE", str(tmp_path))
+    target = pyspec.Model(gemma_path, n_ctx=256)
+    busy = {1: 0.037, 2: 0.061, 4: 0.092, 8: 0.22, 16: 5.5, 32: 5.8, 64: 7.9}
+    calibration.save(target.native, busy)
+    assert calibration.load(target.native) == {n: busy[n] for n in (1, 2, 4, 8)}
+    quiet = {1: 0.040, 2: 0.066, 4: 0.119, 8: 0.242, 16: 0.300, 32: 0.524, 64: 0.893}
+    calibration.save(target.native, quiet)
+    assert calibration.load(target.native) == quiet

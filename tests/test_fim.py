@@ -168,3 +168,22 @@ def test_the_still_prefix_keeps_its_start_while_lines_are_added(coder):
             moved[layout] += before is not None and head != before
             before = head
     assert moved["llama-server"] >= 8 and moved["still"] <= 3, moved
+
+
+def test_going_on_to_the_next_line_also_only_appends(coder):
+    """An editor's prefetch (the shown line accepted, the cursor on the next):
+    the still prompt of the next line extends this line's, except when the
+    split before MID moves to a later anchor (about once in eight lines);
+    llama-server's layout changes the tokens before its suffix at every line."""
+    import textwrap
+
+    source = open(textwrap.__file__, encoding="utf-8").read().splitlines(keepends=True)
+    rebuilt = {"still": 0, "llama-server": 0}
+    for layout in rebuilt:
+        before = None
+        for n in range(200, 216):
+            # New lines written above unchanged code: the suffix stays.
+            p = fim.build(coder, "".join(source[:n]), "".join(source[230:246]), n_batch=512, layout=layout)
+            rebuilt[layout] += before is not None and p.tokens[:len(before)] != before
+            before = p.tokens
+    assert rebuilt["llama-server"] >= 14 and rebuilt["still"] <= 4, rebuilt

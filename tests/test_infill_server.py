@@ -191,3 +191,23 @@ def test_n_indent_ends_the_answer_where_it_leaves_the_block(server):
     assert "\ndef " in free["content"] and free["tokens_predicted"] > cut["tokens_predicted"], free["content"]
     assert cut["stop_type"] == "limit" and "\ndef " not in cut["content"], cut["content"]
     assert free["content"].startswith(cut["content"].rstrip(" \t"))
+
+
+def test_llama_vims_instruct_requests_on_chat(server):
+    """llama.vim's instruct feature (llama#inst) sends llama-server's fields to
+    /v1/chat/completions: its warm-up and its streamed call both work."""
+    messages = [{"role": "user", "content": "Write a Python comment that says hello."}]
+    warm = server.post("/v1/chat/completions", {"id_slot": 0, "messages": messages, "samplers": [], "n_predict": 0,
+                                                "stream": False, "cache_prompt": True, "response_fields": [""]})
+    assert warm.status_code == 200 and warm.json() == {}, warm.text
+    body = {"id_slot": 0, "messages": messages, "min_p": 0.1, "temperature": 0.1, "samplers": ["min_p", "temperature"],
+            "stream": True, "cache_prompt": True, "n_predict": 8}
+    with httpx.stream("POST", server.url("/v1/chat/completions"), json=body, timeout=120) as r:
+        assert r.status_code == 200
+        lines = [line for line in r.iter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]" and len(lines) >= 3
+    picked = server.post("/v1/chat/completions", {"messages": messages, "n_predict": 2, "temperature": 0,
+                                                  "response_fields": ["usage/completion_tokens", "model"]}).json()
+    assert picked == {"usage/completion_tokens": 2, "model": picked["model"]}
+    bad = server.post("/v1/chat/completions", {"messages": messages, "samplers": ["mirostat"]})
+    assert bad.status_code == 400 and "mirostat" in bad.text

@@ -1,5 +1,7 @@
-"""`pyspec bench editor`: a replay of code-editor completion traffic against
-servers' /infill (pyspec/bench/serve/editor.py states the method)."""
+"""`pyspec bench editor`: a replay of code-editor traffic against servers:
+completion while typing, /infill (pyspec/bench/serve/editor.py states the
+method), and edits asked in chat, with the file as the prediction
+(pyspec/bench/serve/editor_edits.py)."""
 
 from __future__ import annotations
 
@@ -16,6 +18,30 @@ from .options import DEFAULT_DRAFT, DEFAULT_MODEL, check_device, command_errors,
 #: llama-server as llama.vim's README runs it for completion (its -c and threads are the bench's).
 LLAMA_EDITOR_ARGS = ("--cache-reuse", "256", "-ub", "1024", "-b", "1024")
 LAYOUTS = ("still", "llama-server")
+WORKLOADS = ("typing", "edits", "both")
+
+
+def line_range(text: str) -> tuple:
+    """--edit-lines MIN-MAX (or N: exactly N) as (MIN, MAX)."""
+    lo, _, hi = text.partition("-")
+    try:
+        out = (int(lo), int(hi or lo))
+    except ValueError:
+        out = (0, 0)
+    if not 1 <= out[0] <= out[1]:
+        raise click.BadParameter(f"{text!r}: give MIN-MAX lines, 1 <= MIN <= MAX (or N)", param_hint="--edit-lines")
+    return out
+
+
+def edit_servers(backends) -> tuple:
+    """The edits workload's servers, ``[(name, Backend)]``, and its variants:
+    the first pyspec serve (its layout is an /infill field), every llama-server."""
+    from ..bench.serve import editor_edits as ee
+
+    ours = [b for b in backends if b.name.startswith("pyspec")][:1]
+    others = [b for b in backends if not b.name.startswith("pyspec")]
+    servers = [("pyspec", b.server) for b in ours] + [(b.name, b.server) for b in others]
+    return servers, ee.variants("pyspec" if ours else None, [b.name for b in others])
 
 
 def llama_variants(given, draft: str, llama_server: str) -> list:
@@ -63,6 +89,9 @@ def editor_backends(path: str, draft_path: str, *, layouts, threads: int, n_ctx:
 
 
 @click.command("editor")
+@click.option("--workload", type=click.Choice(WORKLOADS), default="typing", show_default=True,
+              help="typing: /infill requests while a line is typed; edits: a rename asked in chat of a file, the "
+                   "file as the prediction (pyspec serve's plain, default and prediction variants); both.")
 @click.option("--model", "-m", default=DEFAULT_MODEL, show_default=True,
               help="Target model (path or default name); it needs FIM tokens (a coder model).")
 @click.option("--draft", "-d", default=DEFAULT_DRAFT, show_default=True, help="Draft model of pyspec serve.")
@@ -71,7 +100,7 @@ def editor_backends(path: str, draft_path: str, *, layouts, threads: int, n_ctx:
               help="Lines typed, each at a site of its own in the standard library's code.")
 @click.option("--steps", default=4, show_default=True, type=click.IntRange(min=1),
               help="Requests while typing each line (the cursor after 1/N ... N/N of it), then one prefetch.")
-@click.option("--seed", default=0, show_default=True, type=int, help="Seed of the sites and of the intervals.")
+@click.option("--seed", default=0, show_default=True, type=int, help="Seed of the sites, the edits and the intervals.")
 @click.option("--prefix-lines", default=64, show_default=True, type=click.IntRange(min=0),
               help="Lines before the cursor sent (llama.vim sends 256).")
 @click.option("--suffix-lines", default=16, show_default=True, type=click.IntRange(min=0),
@@ -90,9 +119,15 @@ def editor_backends(path: str, draft_path: str, *, layouts, threads: int, n_ctx:
 @click.option("--llama-variant", "llama_variant", multiple=True, metavar="NAME=ARGS",
               help="A llama-server variant: extra arguments, '{draft}' for the draft model (repeatable) [default: "
                    "plain=, ngram-mod=--spec-type ngram-mod where supported, draft=-md {draft}].")
+@click.option("--edits", "n_edits", default=4, show_default=True, type=click.IntRange(min=1),
+              help="Edits workload: files to edit, each a window of the standard library's code.")
+@click.option("--edit-lines", default="60-150", show_default=True, metavar="MIN-MAX",
+              help="Edits workload: lines of each file.")
+@click.option("--edit-max-tokens", default=None, type=click.IntRange(min=1),
+              help="Edits workload: at most this many tokens per answer [default: 1.3 x the file's tokens + 32].")
 @click.option("--threads", default=2, show_default=True, type=click.IntRange(min=1), help="Threads of every server.")
-@click.option("--n-ctx", default=4096, show_default=True, type=click.IntRange(min=512),
-              help="Context of every server (one slot).")
+@click.option("--n-ctx", default=None, type=click.IntRange(min=512),
+              help="Context of every server (one slot) [default: 4096; 8192 with the edits workload].")
 @device_options
 @click.option("--json", "json_path", default=None, is_flag=False, flag_value="-",
               type=click.Path(dir_okay=False, allow_dash=True),
@@ -100,13 +135,13 @@ def editor_backends(path: str, draft_path: str, *, layouts, threads: int, n_ctx:
                    "to FILE.")
 @click.option("--plot", "plot_path", default=None, type=click.Path(dir_okay=False),
               help="Draw each backend's latency distribution to FILE.png (needs matplotlib: the `plot` extra).")
-def bench_editor(model, draft, no_draft, n_sites, steps, seed, prefix_lines, suffix_lines, n_predict, greedy,
-                 temperature, layouts, llama_server, llama_variant, threads, n_ctx, device, json_path,
-                 plot_path) -> None:
-    """Code-editor completion traffic (llama.vim's /infill requests) against
-    pyspec serve and, given --llama-server PATH or $PYSPEC_LLAMA_SERVER,
-    llama.cpp's llama-server.
+def bench_editor(workload, model, draft, no_draft, n_sites, steps, seed, prefix_lines, suffix_lines, n_predict,
+                 greedy, temperature, layouts, llama_server, llama_variant, n_edits, edit_lines, edit_max_tokens,
+                 threads, n_ctx, device, json_path, plot_path) -> None:
+    """Code-editor traffic against pyspec serve and, given --llama-server
+    PATH or $PYSPEC_LLAMA_SERVER, llama.cpp's llama-server.
 
+    Typing (--workload typing, the default): llama.vim's /infill requests.
     --sites lines of the interpreter's standard library are typed again, each
     in --steps requests as the cursor moves along the line, then a prefetch
     of the next line; all servers run at once (one slot each), every site on
@@ -115,9 +150,21 @@ def bench_editor(model, draft, no_draft, n_sites, steps, seed, prefix_lines, suf
     tokens a suggestion gets within 250 ms and 1 s, and how often the first
     line of a suggestion is what the user goes on to type; with several
     backends, the ratio of p50 latencies on the same requests.
-    Progress goes to stderr, one line per site.
+
+    Edits (--workload edits): --edits windows of --edit-lines lines of the
+    same files, each with a local variable to rename, asked in chat
+    (temperature 0) of pyspec serve without drafting (plain), with its
+    default drafting, and with the original as the prediction (OpenAI's
+    Predicted Outputs), and of each llama-server variant. Prints per variant
+    the request time, decode tokens/s, each edit's decode and request time
+    over pyspec plain's (geometric mean, 95 % interval over edits), the
+    prediction tokens accepted and rejected, and the answers equal to the
+    renamed file.
+
+    Progress goes to stderr, one line per site or edit.
     """
     from ..bench.serve import editor as be
+    from ..bench.serve import editor_edits as ee
     from ..errors import PyspecError
     from ..model import resolve_path
 
@@ -128,6 +175,11 @@ def bench_editor(model, draft, no_draft, n_sites, steps, seed, prefix_lines, suf
         raise click.UsageError("--temperature goes with --sampled (--greedy sends temperature 0)")
     if llama_variant and not llama_server:
         raise click.UsageError("--llama-variant needs --llama-server PATH (or $PYSPEC_LLAMA_SERVER)")
+    if plot_path and workload == "edits":
+        raise click.UsageError("--plot draws the typing workload (--workload typing or both)")
+    lines = line_range(edit_lines)
+    typing, editing = workload in ("typing", "both"), workload in ("edits", "both")
+    n_ctx = n_ctx or (8192 if editing else 4096)
 
     def say(line: str) -> None:
         click.echo(line, err=True)
@@ -152,19 +204,50 @@ def bench_editor(model, draft, no_draft, n_sites, steps, seed, prefix_lines, suf
             say(line)
         backends = editor_backends(path, draft_path, layouts=names, threads=threads, n_ctx=n_ctx,
                                    llama_server=llama_server, variants=variants, device=device)
-        sites = be.sites(n_sites, seed, prefix_lines=prefix_lines, suffix_lines=suffix_lines)
         sent_temperature = 0.0 if greedy else temperature
-        records = be.run(backends, sites, steps=steps, n_predict=n_predict, temperature=sent_temperature,
-                         progress=say)
-        summary = be.summarize(records, seed=seed)
-    result = {"model": path, "draft": draft_path or None, "threads": threads, "n_ctx": n_ctx,
-              "n_gpu_layers": device["n_gpu_layers"], "seed": seed, "steps": steps, "n_predict": n_predict,
-              "prefix_lines": prefix_lines, "suffix_lines": suffix_lines, "temperature": sent_temperature,
-              "python": sys.version.split()[0], "stdlib": be.stdlib_dir(),
-              "sites": [{"file": s.file, "line": s.line_no, "text": s.line} for s in sites],
+        if typing:
+            sites = be.sites(n_sites, seed, prefix_lines=prefix_lines, suffix_lines=suffix_lines)
+            records = be.run(backends, sites, steps=steps, n_predict=n_predict, temperature=sent_temperature,
+                             progress=say)
+            summary = be.summarize(records, seed=seed)
+        if editing:
+            edits = ee.edits(n_edits, seed, lines=lines)
+            if not edits:
+                raise ValueError(f"no window of {edit_lines} lines with a name to rename in the standard library")
+            if no_draft:
+                say("pyspec serve --no-draft: its edit variants (plain, default, prediction) all decode plainly")
+            for e in edits:
+                need = ee.max_tokens(e, edit_max_tokens) + len(e.original) // 3 + 64
+                if need > n_ctx:
+                    say(f"edit {e.file}:{e.start}: its prompt and answer may need ~{need} tokens, over --n-ctx {n_ctx}")
+            servers, edit_variants = edit_servers(backends)
+            edit_records = ee.run(servers, edit_variants, edits, cap=edit_max_tokens, progress=say)
+            edit_summary = ee.summarize(edit_records, [v.name for v in edit_variants], seed=seed)
+    result = {"workload": workload, "model": path, "draft": draft_path or None, "threads": threads, "n_ctx": n_ctx,
+              "n_gpu_layers": device["n_gpu_layers"], "seed": seed, "python": sys.version.split()[0],
+              "stdlib": be.stdlib_dir(),
               "backends": [{"name": b.name, "command": b.server.command, "fields": b.fields} for b in backends],
-              "skipped": skipped, "summary": summary, "requests": records}
-    result["table"] = be.format_summary(summary)
+              "skipped": skipped}
+    tables, heads = [], []
+    if typing:
+        result.update({"steps": steps, "n_predict": n_predict, "prefix_lines": prefix_lines,
+                       "suffix_lines": suffix_lines, "temperature": sent_temperature,
+                       "sites": [{"file": s.file, "line": s.line_no, "text": s.line} for s in sites],
+                       "summary": summary, "requests": records})
+        tables.append(be.format_summary(summary))
+        heads.append(f"{len(sites)} sites x {steps} steps + prefetch, {n_predict} tokens at most, "
+                     f"{'greedy' if greedy else 'sampled'}")
+    if editing:
+        result["edits"] = {
+            "edit_lines": list(lines), "max_tokens_cap": edit_max_tokens, "temperature": 0, "system": ee.SYSTEM,
+            "edits": [{"file": e.file, "line": e.start, "lines": e.n_lines, "old": e.old, "new": e.new,
+                       "uses": e.uses, "max_tokens": ee.max_tokens(e, edit_max_tokens)} for e in edits],
+            "variants": [{"name": v.name, "server": v.server, "fields": v.fields, "prediction": v.predicted}
+                         for v in edit_variants],
+            "summary": edit_summary, "requests": edit_records, "table": ee.format_summary(edit_summary)}
+        tables.append(result["edits"]["table"])
+        heads.append(f"{len(edits)} edits ({edit_lines}-line files, a rename each), greedy")
+    result["table"] = "\n\n".join(tables)
     if json_path:
         with click.open_file(json_path, "w") as f:
             json.dump(result, f, indent=2)
@@ -172,6 +255,5 @@ def bench_editor(model, draft, no_draft, n_sites, steps, seed, prefix_lines, suf
     if plot_path:
         be.plot(result, plot_path)
     if json_path != "-":
-        click.echo(f"{path} (draft {draft_path or 'none'}), {threads} threads, context {n_ctx}, {len(sites)} sites "
-                   f"x {steps} steps + prefetch, {n_predict} tokens at most, "
-                   f"{'greedy' if greedy else 'sampled'}\n" + result["table"])
+        click.echo(f"{path} (draft {draft_path or 'none'}), {threads} threads, context {n_ctx}; "
+                   + "; ".join(heads) + "\n" + result["table"])

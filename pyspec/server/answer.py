@@ -17,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from ..chat.tools import CallParser, parse_calls
-from . import protocol, responses
+from . import llama_fields, protocol, responses
 from .jobs import EngineFailed, Job, JobCancelled, JobRefused, QueueFull, SchedulerError, ShuttingDown
 from .metrics import Metrics, RequestClock
 from .protocol import APIError
@@ -146,11 +146,11 @@ class Answer:
             else:
                 choices.append({"index": i, "text": texts[i], "logprobs": lp, "finish_reason": finish})
         metrics.request_done(200)
-        return JSONResponse({
+        return JSONResponse(llama_fields.pick({
             "id": self.id, "object": "chat.completion" if self.kind == "chat" else "text_completion",
             "created": self.created, "model": self.model, "choices": choices,
             **self._figures(results, sum(len(t) for t in tokens)),
-        })
+        }, self.parsed.response_fields))
 
     def _chunk(self, choices: List[Dict[str, Any]], **extra) -> Dict[str, str]:
         obj = {"id": self.id, "object": "chat.completion.chunk" if self.kind == "chat" else "text_completion",

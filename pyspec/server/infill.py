@@ -33,27 +33,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from .. import fim
-from ..sampling import Sampling
 from ..settings import SEED_BITS
-from . import protocol, responses
+from . import llama_fields, protocol, responses
 from .answer import Answer, error_response
+from .intake import fim_prompt
 from .protocol import APIError, ParsedRequest, RequestSettings
 
-#: llama-server's sampling defaults (common_params_sampling), which /infill starts from.
-DEFAULTS = Sampling(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05)
-#: Its default chain; the names a chain may hold, each with the body fields that
-#: leave it off (a chain naming one whose fields are not neutral is refused).
-DEFAULT_CHAIN = ["penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature"]
-_NEUTRAL_SAMPLERS = {
-    "penalties": {"repeat_penalty": (1, 1.0), "presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0)},
-    "dry": {"dry_multiplier": (0, 0.0)},
-    "top_n_sigma": {"top_n_sigma": (-1, -1.0)},
-    "typ_p": {"typical_p": (1, 1.0), "typ_p": (1, 1.0)},
-    "xtc": {"xtc_probability": (0, 0.0)},
-}
-_APPLIED = {"top_k", "top_p", "min_p", "temperature", "infill"}
-_CHAR_NAMES = {"e": "penalties", "d": "dry", "s": "top_n_sigma", "k": "top_k", "y": "typ_p", "p": "top_p",
-               "m": "min_p", "x": "xtc", "t": "temperature", "i": "infill"}
 #: Fields that change the answer in llama-server and not here: refused unless neutral.
 _REFUSED = {"grammar": (None, ""), "json_schema": (None,), "logit_bias": (None, [], {}), "ignore_eos": (False, None),
             "mirostat": (0, None), "n_probs": (0, None), "lora": (None, []), "n_keep": (0, -1, None)}
@@ -67,26 +52,6 @@ class InfillRequest:
     response_fields: Optional[List[str]] = None
     samplers: List[str] = field(default_factory=list)
     n_predict: int = -1
-
-
-def _samplers(body: Dict[str, Any]) -> List[str]:
-    chain = body.get("samplers", DEFAULT_CHAIN)
-    if isinstance(chain, str):
-        chain = [_CHAR_NAMES.get(ch, ch) for ch in chain]
-    if not isinstance(chain, list) or not all(isinstance(x, str) for x in chain):
-        raise APIError(400, "'samplers' must be a list of sampler names", param="samplers")
-    for name in chain:
-        if name in _APPLIED:
-            continue
-        if name not in _NEUTRAL_SAMPLERS:
-            raise APIError(400, f"unsupported sampler '{name}' (pyspec serve applies top_k, top_p, min_p, "
-                                f"temperature)", param="samplers")
-    for name, fields in _NEUTRAL_SAMPLERS.items():
-        for key, neutral in fields.items():
-            if key in body and body[key] not in neutral and (name in chain or key.endswith("penalty")):
-                raise APIError(400, f"unsupported parameter '{key}' with this value (pyspec serve does not "
-                                    f"implement it)", param=key)
-    return chain
 
 
 def _extra(value: Any) -> List[fim.Chunk]:
@@ -142,17 +107,8 @@ def parse(body: Any, target, *, max_n: int, n_batch: int) -> InfillRequest:
         if body.get(name) is not None:
             n_predict = protocol._int(body, name, -1)
             break
-    chain = _samplers(body)
-    d = DEFAULTS
-    sampling = Sampling(
-        temperature=protocol._float(body, "temperature", 0.0, 100.0, d.temperature) if "temperature" in chain
-        else 1.0,
-        top_k=protocol._int(body, "top_k", 0, default=d.top_k) if "top_k" in chain else 0,
-        top_p=protocol._float(body, "top_p", 0.0, 1.0, d.top_p) if "top_p" in chain else 1.0,
-        min_p=protocol._float(body, "min_p", 0.0, 1.0, d.min_p) if "min_p" in chain else 0.0,
-    )
-    if sampling.top_p == 0:
-        raise APIError(400, "'top_p' must be > 0", param="top_p")
+    chain = llama_fields.samplers(body, llama_fields.DEFAULT_CHAIN)
+    sampling = llama_fields.chain_sampling(body, chain, llama_fields.DEFAULTS, protocol._float, protocol._int)
     stop = body.get("stop") or []
     if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
         raise APIError(400, "'stop' must be a list of strings", param="stop")
@@ -163,13 +119,9 @@ def parse(body: Any, target, *, max_n: int, n_batch: int) -> InfillRequest:
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise APIError(400, "'stream' must be a boolean", param="stream")
-    fields = body.get("response_fields")
-    if fields is not None and not (isinstance(fields, list) and all(isinstance(f, str) for f in fields)):
-        raise APIError(400, "'response_fields' must be a list of strings", param="response_fields")
+    fields = llama_fields.response_fields(body)
     seed = body.get("seed")
     seed = None if seed in (None, -1, 0xFFFFFFFF) else protocol._int(body, "seed", 0, 2**SEED_BITS - 1)
-    from .intake import fim_prompt
-
     fill = fim_prompt(target, lambda: fim.build(target, prefix, suffix, typed=typed, extra=extra, n_batch=n_batch,
                                                 n_predict=n_predict, layout=layout))
     # n_predict 0 (a client's warm-up, to cache the prompt): one token, as llama-server samples one.
@@ -182,21 +134,6 @@ def parse(body: Any, target, *, max_n: int, n_batch: int) -> InfillRequest:
     return InfillRequest(parsed, fill, editor, fields, chain, n_predict)
 
 
-def _pick(obj: Dict[str, Any], paths: List[str]) -> Dict[str, Any]:
-    """llama-server's response_fields: each path ("a/b" walks into objects) as a
-    flat key, paths that lead nowhere left out."""
-    out = {}
-    for path in paths:
-        node: Any = obj
-        for part in path.split("/"):
-            if not isinstance(node, dict) or part not in node:
-                break
-            node = node[part]
-        else:
-            out[path] = node
-    return out
-
-
 _STOP_TYPE = {"eog": "eos", "stop": "word", "max_tokens": "limit", "context": "limit", "cancelled": "limit"}
 
 
@@ -207,7 +144,7 @@ class InfillAnswer(Answer):
         super().__init__("completion", request.parsed, job, model_name, target, metrics, clock)
         self.req, self.n_ctx = request, n_ctx
 
-    def _object(self, i: int, text: str, result, *, final_content: bool = True) -> Dict[str, Any]:
+    def _object(self, i: int, text: str, result) -> Dict[str, Any]:
         st, c = result.stats, self.job.choices[i] if i < len(self.job.choices) else None
         watch = c.watch if c is not None else None
         stop_type = "limit" if watch is not None and watch.stopped else _STOP_TYPE.get(result.stop_reason, "none")
@@ -216,12 +153,12 @@ class InfillAnswer(Answer):
         n_prompt = len(self.req.fill.tokens)
         s = self.req.parsed.settings
         obj = {
-            "index": i, "content": text if final_content else "", "tokens": [], "id_slot": c.slot if c else -1,
+            "index": i, "content": text, "tokens": [], "id_slot": c.slot if c else -1,
             "stop": True, "model": self.model, "tokens_predicted": st.n_generated, "tokens_evaluated": n_prompt,
             "generation_settings": {"n_ctx": self.n_ctx, "n_predict": self.req.n_predict,
                                     "temperature": s.sampling.temperature, "top_k": s.sampling.top_k,
                                     "top_p": s.sampling.top_p, "min_p": s.sampling.min_p, "stop": s.stop,
-                                    "samplers": [x for x in self.req.samplers if x in _APPLIED - {"infill"}],
+                                    "samplers": [x for x in self.req.samplers if x in llama_fields.APPLIED],
                                     "layout": self.req.fill.layout},
             "prompt": "", "has_new_line": "\n" in text, "truncated": result.stop_reason == "context",
             "stop_type": stop_type, "stopping_word": "", "tokens_cached": n_prompt + st.n_generated,
@@ -230,7 +167,7 @@ class InfillAnswer(Answer):
         return obj
 
     def _shaped(self, obj: Dict[str, Any]) -> Dict[str, Any]:
-        return _pick(obj, self.req.response_fields) if self.req.response_fields is not None else obj
+        return llama_fields.pick(obj, self.req.response_fields)
 
     async def whole(self, request: Request) -> Response:
         texts = [""] * self.n_choices

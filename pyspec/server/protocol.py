@@ -22,23 +22,11 @@ from ..errors import ConstraintError
 from ..prediction import from_body
 from ..settings import SEED_BITS
 from ..sampling import Sampling
+from . import llama_fields
+from .api_error import APIError
 
 #: OpenAI's limit on top_logprobs (and on the legacy completions' logprobs).
 MAX_TOP_LOGPROBS = 20
-
-class APIError(Exception):
-    """A request the server refuses, as OpenAI's error object and an HTTP status."""
-
-    def __init__(self, status: int, message: str, *, param: Optional[str] = None,
-                 type: str = "invalid_request_error", code: Optional[str] = None,
-                 headers: Optional[Dict[str, str]] = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.param, self.type, self.code = status, message, param, type, code
-        self.headers = headers or {}
-
-    def body(self) -> Dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
-
 
 @dataclass(frozen=True)
 class RequestSettings:
@@ -73,6 +61,7 @@ class ParsedRequest:
     tool_format: Optional[str] = None          # chat: the format its calls are parsed from (None: no tools)
     template_vars: Dict[str, Any] = field(default_factory=dict)  # chat: chat_template_kwargs
     suffix: Optional[str] = None               # completion: fill in between prompt and suffix (fim.py)
+    response_fields: Optional[List[str]] = None  # llama-server's: flat "a/b" keys of a whole answer (llama_fields.py)
 
 
 # ------------------------------------------------------------------ parsing
@@ -83,6 +72,7 @@ _NEUTRAL = {
     "logit_bias": (None,),
     "best_of": (1, None),
     "echo": (False, None),
+    "suffix": (None, ""),  # chat's (a completion's suffix is read: fim.py)
     "functions": (None,),
     "function_call": (None, "none"),
     "store": (False, None),
@@ -94,11 +84,12 @@ _NEUTRAL = {
     "web_search_options": (None,),
 }
 # Accepted and without effect on the output by the API's own definition.
-_NO_EFFECT: set = set()
+# (llama-server's: the prompt is always cached, the slot is the one with the longest cached prefix.)
+_NO_EFFECT: set = {"cache_prompt", "id_slot", "t_max_prompt_ms"}
 # response_format is OpenAI's; json_schema and grammar are llama-server's body fields.
 _COMMON = {"user", "model", "max_tokens", "temperature", "top_p", "seed", "stop", "n", "stream", "stream_options",
            "top_k", "min_p", "draft_max", "policy", "drafter", "response_format", "json_schema", "grammar"}
-_COMMON |= {"prediction"}
+_COMMON |= {"prediction", "n_predict", "samplers", "response_fields"}  # the last three: llama-server's (llama.vim)
 _FIELDS = {
     "completion": _COMMON | {"prompt", "logprobs", "suffix"},
     "chat": _COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs", "tools", "tool_choice",
@@ -324,7 +315,8 @@ def parse(kind: str, body: Any, *, max_n: int, policies: Sequence[str], drafters
         if "prompt" not in body:
             raise APIError(400, "'prompt' is required", param="prompt")
         prompts = _prompts(body["prompt"])
-        max_tokens = _int(body, "max_tokens", 0, default=16)  # OpenAI's default for completions
+        # OpenAI's default for completions, unless llama-server's n_predict says
+        max_tokens = _int(body, "max_tokens", 0, default=None if "n_predict" in body else 16)
         suffix = body.get("suffix") or None  # "": none, as clients send it unasked
         if suffix is not None and not isinstance(suffix, str):
             raise _type_error("suffix", "a string")
@@ -348,12 +340,19 @@ def parse(kind: str, body: Any, *, max_n: int, policies: Sequence[str], drafters
         raise APIError(400, f"{len(prompts)} prompts x n={n} choices exceed the server's {max_n} parallel "
                             f"sequences (pyspec serve --parallel)", param="n")
     openai = Sampling.OPENAI  # what a request that names nothing gets
-    sampling = Sampling(
-        temperature=_float(body, "temperature", 0.0, 2.0, openai.temperature),
-        top_p=_float(body, "top_p", 0.0, 1.0, openai.top_p),
-        top_k=_int(body, "top_k", 0, default=openai.top_k),
-        min_p=_float(body, "min_p", 0.0, 1.0, openai.min_p),
-    )
+    if max_tokens is None:
+        max_tokens = _int(body, "n_predict", -1)  # llama-server's name (-1: no limit)
+        max_tokens = None if max_tokens is not None and max_tokens < 0 else max_tokens
+    chain = llama_fields.samplers(body)
+    if chain is not None:  # llama-server's way: the chain says which fields act
+        sampling = llama_fields.chain_sampling(body, chain, openai, _float, _int)
+    else:
+        sampling = Sampling(
+            temperature=_float(body, "temperature", 0.0, 2.0, openai.temperature),
+            top_p=_float(body, "top_p", 0.0, 1.0, openai.top_p),
+            top_k=_int(body, "top_k", 0, default=openai.top_k),
+            min_p=_float(body, "min_p", 0.0, 1.0, openai.min_p),
+        )
     if sampling.top_p == 0:
         raise APIError(400, "'top_p' must be > 0", param="top_p")
     tools, choice = _tools(body) if kind == "chat" else (None, ToolChoice("none"))
@@ -377,10 +376,13 @@ def parse(kind: str, body: Any, *, max_n: int, policies: Sequence[str], drafters
     user = "" if user is None else user  # some clients send null
     if not isinstance(user, str):
         raise APIError(400, "'user' must be a string", param="user")
+    fields = llama_fields.response_fields(body)
     if kind == "chat":
         return ParsedRequest(kind, model, prompts, settings, stream, include_usage, user, tools=tools,
-                             tool_choice=choice, tool_format=fmt, template_vars=_template_vars(body))
-    return ParsedRequest(kind, model, prompts, settings, stream, include_usage, user, suffix=suffix)
+                             tool_choice=choice, tool_format=fmt, template_vars=_template_vars(body),
+                             response_fields=fields)
+    return ParsedRequest(kind, model, prompts, settings, stream, include_usage, user, suffix=suffix,
+                         response_fields=fields)
 
 
 def _prediction(body: Dict[str, Any]) -> Optional[str]:

@@ -41,8 +41,7 @@ site's requests are resampled together: they share a cache); mean prompt
 tokens processed (``timings.prompt_n``); suggestion tokens within 250 ms and
 1 s of generation, approximated from ``predicted_n`` and ``predicted_ms`` as
 if tokens came at an even pace (:func:`within`); the typed steps' right share.
-Ratios of p50 latency, the first backend over each other one, on the same
-requests, with a bootstrap interval over sites.
+Ratios of p50 latency (the first backend over each other), same requests.
 """
 
 from __future__ import annotations
@@ -125,19 +124,24 @@ def candidates(source: str) -> List[int]:
     return sorted(out)
 
 
-def sites(n: int, seed: int = 0, *, prefix_lines: int = 64, suffix_lines: int = 16, root: Optional[str] = None,
-          files: Sequence[str] = FILES) -> List[Site]:
-    """``n`` sites, the same for the same seed (and interpreter): files taken
-    in a seeded order, round robin, one seeded line of each at a time."""
-    root = root or stdlib_dir()
-    texts = {}
+def stdlib_texts(root: str, files: Sequence[str]) -> Dict[str, str]:
+    """The text of each of ``files`` under ``root`` that exists (none: ValueError)."""
+    out = {}
     for f in files:
         path = os.path.join(root, f)
         if os.path.isfile(path):
             with open(path, encoding="utf-8") as fh:
-                texts[f] = fh.read().replace("\r\n", "\n")
-    if not texts:
+                out[f] = fh.read().replace("\r\n", "\n")
+    if not out:
         raise ValueError(f"none of the standard library's files {', '.join(files)} are in {root}")
+    return out
+
+
+def sites(n: int, seed: int = 0, *, prefix_lines: int = 64, suffix_lines: int = 16, root: Optional[str] = None,
+          files: Sequence[str] = FILES) -> List[Site]:
+    """``n`` sites, the same for the same seed (and interpreter): files taken
+    in a seeded order, round robin, one seeded line of each at a time."""
+    texts = stdlib_texts(root or stdlib_dir(), files)
     rng = random.Random(seed)
     order = sorted(texts)
     rng.shuffle(order)

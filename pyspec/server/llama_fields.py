@@ -1,0 +1,94 @@
+"""llama-server's own request fields, where pyspec's routes meet its clients
+(llama.vim and llama.vscode send them to ``/infill`` and to
+``/v1/chat/completions``): the ``samplers`` chain, which decides which of the
+sampling fields act, and ``response_fields``, which picks flat ``"a/b"`` keys
+out of an answer. One owner, so that both routes read them alike.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional
+
+from ..sampling import Sampling
+from .api_error import APIError
+
+#: llama-server's sampling defaults (common_params_sampling).
+DEFAULTS = Sampling(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05)
+#: Its default chain. The names a chain may hold besides the ones applied, each
+#: with the body fields that leave it off: a chain naming one whose fields are
+#: not neutral is refused.
+DEFAULT_CHAIN = ["penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature"]
+NEUTRAL_SAMPLERS = {
+    "penalties": {"repeat_penalty": (1, 1.0), "presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0)},
+    "dry": {"dry_multiplier": (0, 0.0)},
+    "top_n_sigma": {"top_n_sigma": (-1, -1.0)},
+    "typ_p": {"typical_p": (1, 1.0), "typ_p": (1, 1.0)},
+    "xtc": {"xtc_probability": (0, 0.0)},
+}
+#: The samplers pyspec applies (``infill`` is accepted and not applied: docs/editor.md).
+APPLIED = ("top_k", "top_p", "min_p", "temperature")
+_ACCEPTED = set(APPLIED) | {"infill"}
+_CHAR_NAMES = {"e": "penalties", "d": "dry", "s": "top_n_sigma", "k": "top_k", "y": "typ_p", "p": "top_p",
+               "m": "min_p", "x": "xtc", "t": "temperature", "i": "infill"}
+
+
+def samplers(body: Dict[str, Any], default: Optional[List[str]] = None) -> Optional[List[str]]:
+    """The body's chain (names, or llama.cpp's one-letter string), checked;
+    ``default`` when it has none."""
+    chain = body.get("samplers", default)
+    if chain is None:
+        return None
+    if isinstance(chain, str):
+        chain = [_CHAR_NAMES.get(ch, ch) for ch in chain]
+    if not isinstance(chain, list) or not all(isinstance(x, str) for x in chain):
+        raise APIError(400, "'samplers' must be a list of sampler names", param="samplers")
+    for name in chain:
+        if name not in _ACCEPTED and name not in NEUTRAL_SAMPLERS:
+            raise APIError(400, f"unsupported sampler '{name}' (pyspec serve applies {', '.join(APPLIED)})",
+                           param="samplers")
+    for name, fields in NEUTRAL_SAMPLERS.items():
+        for key, neutral in fields.items():
+            if key in body and body[key] not in neutral and (name in chain or key.endswith("penalty")):
+                raise APIError(400, f"unsupported parameter '{key}' with this value (pyspec serve does not "
+                                    f"implement it)", param=key)
+    return chain
+
+
+def chain_sampling(body: Dict[str, Any], chain: List[str], defaults: Sampling, number, integer) -> Sampling:
+    """The sampling a chain asks for: each applied sampler's field (``defaults``
+    where the body has none), the others off; no ``temperature`` in the chain
+    samples at temperature 1, as llama-server's final draw does. ``number`` and
+    ``integer`` read a field (protocol._float, protocol._int)."""
+    sampling = Sampling(
+        temperature=number(body, "temperature", 0.0, 100.0, defaults.temperature) if "temperature" in chain else 1.0,
+        top_k=integer(body, "top_k", 0, default=defaults.top_k) if "top_k" in chain else 0,
+        top_p=number(body, "top_p", 0.0, 1.0, defaults.top_p) if "top_p" in chain else 1.0,
+        min_p=number(body, "min_p", 0.0, 1.0, defaults.min_p) if "min_p" in chain else 0.0,
+    )
+    if sampling.top_p == 0:
+        raise APIError(400, "'top_p' must be > 0", param="top_p")
+    return sampling
+
+
+def response_fields(body: Dict[str, Any]) -> Optional[List[str]]:
+    fields = body.get("response_fields")
+    if fields is not None and not (isinstance(fields, list) and all(isinstance(f, str) for f in fields)):
+        raise APIError(400, "'response_fields' must be a list of strings", param="response_fields")
+    return fields
+
+
+def pick(obj: Dict[str, Any], paths: Optional[List[str]]) -> Dict[str, Any]:
+    """llama-server's response_fields: each path ("a/b" walks into objects) as a
+    flat key, paths that lead nowhere left out (None: the whole object)."""
+    if paths is None:
+        return obj
+    out = {}
+    for path in paths:
+        node: Any = obj
+        for part in path.split("/"):
+            if not isinstance(node, dict) or part not in node:
+                break
+            node = node[part]
+        else:
+            out[path] = node
+    return out
