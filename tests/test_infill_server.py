@@ -107,8 +107,7 @@ def test_refusals_name_the_field(server):
              ({"input_suffix": "b"}, "input_prefix"),
              ({"input_prefix": "a", "input_suffix": "b", "repeat_penalty": 1.3}, "repeat_penalty"),
              ({"input_prefix": "a", "input_suffix": "b", "samplers": ["mirostat"]}, "mirostat"),
-             ({"input_prefix": "a", "input_suffix": "b", "n_cmpl": 9}, "n_cmpl"),
-             ({"input_prefix": "a", "input_suffix": "b", "model": "other"}, "other")]
+             ({"input_prefix": "a", "input_suffix": "b", "n_cmpl": 9}, "n_cmpl")]
     for body, word in cases:
         r = server.post("/infill", body)
         assert r.status_code in (400, 404) and word in r.text, (body, r.status_code, r.text)
@@ -169,13 +168,27 @@ def test_predicted_outputs_on_chat(server, stream):
     assert bad.status_code == 400 and "prediction" in bad.text
 
 
-def test_a_model_without_fim_tokens_is_a_501(gemma_path):
-    s = ServerProcess("-m", gemma_path, "--n-ctx", "512")
+def test_a_request_naming_another_model_is_answered_by_this_one(server):
+    """Local tools send their own default names (issue 51): the loaded model
+    answers and the answer names it, as llama-server does."""
+    name = httpx.get(server.url("/v1/models")).json()["data"][0]["id"]
+    for path, body in (("/v1/completions", {"prompt": "x", "max_tokens": 1, "model": "gpt-4o"}),
+                       ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "max_tokens": 1,
+                                                 "model": "m"})):
+        r = server.post(path, body)
+        assert r.status_code == 200 and r.json()["model"] == name, r.text
+
+
+def test_a_model_without_fim_tokens_is_a_501_and_strict_names_a_404(gemma_path):
+    s = ServerProcess("-m", gemma_path, "--n-ctx", "512", "--strict-model-name")
     try:
         r = s.post("/infill", {"input_prefix": "a", "input_suffix": "b"})
         assert r.status_code == 501 and "prefix token is missing" in r.text
         r = s.post("/v1/completions", {"prompt": "a", "suffix": "b", "max_tokens": 2})
         assert r.status_code == 501
+        r = s.post("/v1/completions", {"prompt": "a", "max_tokens": 1, "model": "gpt-9"})
+        assert r.status_code == 404 and r.json()["error"]["param"] == "model"
+        assert s.post("/v1/completions", {"prompt": "a", "max_tokens": 1, "model": ""}).status_code == 200
     finally:
         s.stop()
 

@@ -188,7 +188,6 @@ def test_eight_concurrent_greedy_clients_get_their_solo_answers(client):
     ({"prompt": "x", "max_tokens": "ten"}, 400, "max_tokens"),
     ({"prompt": "x", "temperature": -1}, 400, "temperature"),
     ({"prompt": "x", "n": 99}, 400, "n"),
-    ({"prompt": "x", "model": "gpt-9"}, 404, "model"),
     ({"prompt": [], "max_tokens": 2}, 400, "prompt"),
     ({"prompt": [10**9], "max_tokens": 2}, 400, "prompt"),
     ({"prompt": "word " * 5000}, 400, "prompt"),

@@ -68,6 +68,10 @@ def _test_controls(ctx, param, value):
 @click.option("--api-key", default=None, envvar="PYSPEC_API_KEY", show_envvar=True,
               help="Require `Authorization: Bearer KEY` on the /v1 routes.")
 @click.option("--model-alias", default=None, help="The model name clients use [default: the target's name].")
+@click.option("--strict-model-name", is_flag=True,
+              help="Answer 404 to a request naming another model (vLLM's rule). Without it a request naming "
+                   "any model is answered by the loaded one, and the answer's `model` is its real name, as "
+                   "llama-server does (local tools send their own default names).")
 @threads_option
 @device_options
 @chat_template_option
@@ -82,7 +86,8 @@ def _test_controls(ctx, param, value):
               help="TEST-ONLY: a JSON object of pyspec.testing.TestControls fields: the lossless and prompt-cache "
                    "tests' negative controls (e.g. {\"variant\": \"residual_is_p\"}) and the PIT probe.")
 def serve(model, draft, no_draft, drafter, policy, draft_max, host, port, parallel, cache_slots, cache_ram,
-          cache_dir, old_cache_dir, queue_size, n_ctx, prefill_chunk, api_key, model_alias, threads, device,
+          cache_dir, old_cache_dir, queue_size, n_ctx, prefill_chunk, api_key, model_alias, strict_model_name, threads,
+          device,
           chat_template, memory, memory_mb, memory_users, test) -> None:
     """Serve the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models),
     with /health and Prometheus /metrics.
@@ -127,7 +132,7 @@ def serve(model, draft, no_draft, drafter, policy, draft_max, host, port, parall
     app = create_app(decoder, model_name=name, parallel=parallel,
                      queue_size=4 * parallel if queue_size is None else queue_size, api_key=api_key,
                      prefill_chunk=prefill_chunk, memory_mb=memory_mb if memory else 0, memory_users=memory_users,
-                     cache_ram_mb=cache_ram, cache_dir=cache_dir, _test=test)
+                     cache_ram_mb=cache_ram, cache_dir=cache_dir, strict_model_name=strict_model_name, _test=test)
     if test is not None and test.breaks_output:
         click.echo(f"pyspec serve: TEST-ONLY controls {test}: output is NOT the target's", err=True)
     click.echo(f"pyspec serve: {name} ({decoder!r}) on http://{host}:{port}/v1 with {parallel} slots, "

@@ -40,7 +40,7 @@ from .users import UserMemories
 def create_app(decoder, *, model_name: str, parallel: int = PARALLEL, queue_size: int = 4 * PARALLEL,
                api_key: Optional[str] = None, prefill_chunk: int = PREFILL_CHUNK, memory_mb: float = DEFAULT_CAP_MB,
                memory_users: int = 8, cache_ram_mb: float = DEFAULT_CACHE_RAM_MB, cache_dir: Optional[str] = None,
-               _test: Optional[TestControls] = None) -> Starlette:
+               strict_model_name: bool = False, _test: Optional[TestControls] = None) -> Starlette:
     """An ASGI app serving ``decoder`` (a Model or SpeculativeDecoder whose
     target, and draft model, hold at least ``parallel`` sequences: more keep
     more conversations cached) under ``model_name``. Caches the context gives
@@ -49,7 +49,9 @@ def create_app(decoder, *, model_name: str, parallel: int = PARALLEL, queue_size
     ``_test``: TEST-ONLY controls (:class:`pyspec.testing.TestControls`: the
     lossless and prompt-cache tests' negative controls, the PIT probe).
     Memory for suffix drafting is kept per user (``memory_mb`` each, for up to
-    ``memory_users`` users; 0 MB: none; server/users.py)."""
+    ``memory_users`` users; 0 MB: none; server/users.py). A request naming
+    another model is answered by this one (its answer names ``model_name``),
+    unless ``strict_model_name``: then it is a 404."""
     from ..speculative import DRAFTERS, POLICIES
 
     _test = controls(_test)  # a wrong kind fails here, not when the server starts
@@ -57,7 +59,7 @@ def create_app(decoder, *, model_name: str, parallel: int = PARALLEL, queue_size
     drafters = [d for d in DRAFTERS if not DRAFTERS[d]["needs_draft_model"] or getattr(decoder, "draft", None)]
     drafters = drafters if decoder.speculative else []
     intake = Intake(decoder.target, model_name=model_name, parallel=parallel, policies=policies, drafters=drafters,
-                    max_draft=MAX_DRAFT)
+                    max_draft=MAX_DRAFT, strict_model_name=strict_model_name)
     h = Handlers(decoder.target, model_name=model_name, parallel=parallel, api_key=api_key, intake=intake)
     memories = UserMemories(memory_mb if decoder.speculative else 0, memory_users)
 

@@ -125,8 +125,9 @@ class Intake:
     ``drafters`` its requests may name."""
 
     def __init__(self, target, *, model_name: str, parallel: int, policies: Sequence[str],
-                 drafters: Sequence[str], max_draft: int) -> None:
+                 drafters: Sequence[str], max_draft: int, strict_model_name: bool = False) -> None:
         self.target, self.model_name, self.parallel = target, model_name, parallel
+        self.strict_model_name = strict_model_name
         self.policies, self.drafters, self.max_draft = list(policies), list(drafters), max_draft
 
     async def read(self, request: Request, kind: str
@@ -146,8 +147,10 @@ class Intake:
         return parsed, [f.tokens for f in fills], fills
 
     def check_model(self, model: Optional[str]) -> None:
-        """A 404 for a request naming another model ("" and None: this one)."""
-        if model not in (None, "", self.model_name):
+        """With ``strict_model_name``, a 404 for a request naming another model
+        ("" and None: this one). Without it every name is this model: local
+        tools send their own default names, and llama-server answers them."""
+        if self.strict_model_name and model not in (None, "", self.model_name):
             raise APIError(404, f"the model '{model}' does not exist (this server has '{self.model_name}')",
                            param="model", code="model_not_found")
 
