@@ -238,7 +238,7 @@ def build(model, prefix: str, suffix: str, *, typed: str = "", extra: Sequence[C
     take_suf = min(len(suf), max(0, room))
     cut = len(pre) - take_pre + len(suf) - take_suf
     pre, suf = pre[len(pre) - take_pre:], suf[:take_suf]
-    ex = extra_tokens(model, fim, extra) if extra else []
+    ex = extra_tokens(model, fim, extra)  # its header even without chunks, as llama-server
     n_ctx = model.n_ctx
     budget = max(0, n_ctx - n_batch - 2 * n_predict) if n_predict >= 0 else max(0, n_ctx - n_batch + 2)
     if len(ex) > budget:

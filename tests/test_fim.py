@@ -187,3 +187,22 @@ def test_going_on_to_the_next_line_also_only_appends(coder):
             rebuilt[layout] += before is not None and p.tokens[:len(before)] != before
             before = p.tokens
     assert rebuilt["llama-server"] >= 14 and rebuilt["still"] <= 4, rebuilt
+
+
+def test_the_llama_server_layout_is_llama_servers(draft_path, load_model):
+    """Golden renderings: llama-server's own /infill prompts (its `prompt`
+    field, tests/fixtures/infill_llama_server.json, recorded from the llama.cpp
+    that llama-cpp-python vendors) for four bodies: other files' chunks, a
+    prefix cut to its budget, an empty typed part, typed text that eats the
+    suffix's budget. pyspec's "llama-server" layout gives the same text and the
+    same number of tokens."""
+    from pathlib import Path
+
+    golden = json.loads((Path(__file__).parent / "fixtures" / "infill_llama_server.json").read_text("utf-8"))
+    model = load_model(draft_path, n_ctx=golden["n_ctx"])
+    for case in golden["cases"]:
+        extra = [fim.Chunk(c["text"], c.get("filename", "tmp")) for c in case.get("input_extra", [])]
+        p = fim.build(model, case["input_prefix"], case["input_suffix"], typed=case["prompt"], extra=extra,
+                      n_batch=golden["n_batch"], layout="llama-server")
+        assert model.detokenize(p.tokens, special=True) == case["llama_server_prompt"], case["name"]
+        assert len(p.tokens) == case["tokens_evaluated"], case["name"]
