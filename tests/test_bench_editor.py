@@ -202,6 +202,9 @@ def test_plot(tmp_path):
     (["--layouts", "still,sideways"], "give some of still, llama-server"),
     (["--temperature", "0.5"], "--temperature goes with --sampled"),
     (["--llama-variant", "plain="], "--llama-variant needs --llama-server"),
+    (["--workload", "edits", "--plot", "x.png"], "--plot draws the typing workload"),
+    (["--workload", "edits", "--edit-lines", "150-60"], "give MIN-MAX lines"),
+    (["--workload", "sideways"], "'sideways' is not one of"),
 ])
 def test_bench_editor_option_errors(args, message, monkeypatch):
     from click.testing import CliRunner
@@ -452,22 +455,6 @@ def test_edit_servers_and_lines_option():
     for bad in ("150-60", "0-5", "x"):
         with pytest.raises(click.BadParameter):
             line_range(bad)
-
-
-@pytest.mark.parametrize("args, message", [
-    (["--workload", "edits", "--plot", "x.png"], "--plot draws the typing workload"),
-    (["--workload", "edits", "--edit-lines", "150-60"], "give MIN-MAX lines"),
-    (["--workload", "sideways"], "'sideways' is not one of"),
-])
-def test_bench_editor_edits_option_errors(args, message, monkeypatch):
-    from click.testing import CliRunner
-
-    from pyspec.cli import main
-
-    monkeypatch.delenv("PYSPEC_LLAMA_SERVER", raising=False)
-    out = CliRunner().invoke(main, ["bench", "editor", *args])
-    assert out.exit_code == 2, out.output
-    assert message in out.output
 
 
 def test_bench_editor_edits_end_to_end(draft_path):
