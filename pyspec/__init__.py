@@ -41,6 +41,7 @@ from .speculative import SpeculativeDecoder
 from .results import BatchStats, Completion, Completions, GenerationStats
 from .sampling import Sampling
 from .drafting import Drafting
+from .llama.llama import Llama
 
 #: Set from another thread to stop a generation (``generate(..., cancel=token)``).
 CancelToken = _core.CancelToken
@@ -58,6 +59,7 @@ __all__ = [
     "SpeculativeDecoder",
     "Sampling",
     "Drafting",
+    "Llama",
     "Constraint",
     "Completion",
     "Completions",

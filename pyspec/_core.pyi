@@ -22,6 +22,17 @@ class SamplingParams:
     def __init__(self, **fields: Any) -> None: ...  # ValueError for invalid settings
     def to_dict(self) -> Dict[str, Any]: ...
 
+class Penalties:  # logit biases and repetition penalties (core/penalties.h)
+    FIELDS: ClassVar[Tuple[str, ...]]
+    repeat: float
+    frequency: float
+    presence: float
+    last_n: int  # -1: every token before the row, 0: off
+    include_prompt: bool
+    logit_bias: List[Tuple[int, float]]
+    def __init__(self, **fields: Any) -> None: ...  # ValueError for invalid settings
+    def to_dict(self) -> Dict[str, Any]: ...
+
 GRAMMAR_CONTROLS: Tuple[str, ...]  # "off", "unmasked", "stale" (engine.h, GrammarControl)
 
 class TestControls:  # TEST-ONLY negative controls, a session's (pyspec.testing.TestControls builds it)
@@ -31,6 +42,7 @@ class TestControls:  # TEST-ONLY negative controls, a session's (pyspec.testing.
     shared_stream: bool  # every sequence draws from the one stream of its seed
     grammar: str  # GRAMMAR_CONTROLS: "unmasked" or "stale": the target's rows under a wrong grammar mask
     pit: bool  # probe, not a control: record each decided token's PIT under its target row in stats.pit
+    stale_penalties: bool  # a row's penalty window leaves out the drafts before it
     def __init__(self, **fields: Any) -> None: ...
     def to_dict(self) -> Dict[str, Any]: ...
 
@@ -56,6 +68,7 @@ class SequenceParams:  # what one sequence generates and how it samples (engine.
     stop: List[str]
     logprobs: int  # -1 none; k >= 0: each token's and the k most likely (the target's, at T = 1)
     grammar: Optional[Grammar]  # the constraint the output follows (constraint/grammar.h)
+    penalties: Penalties  # biases and repetition penalties before sampling (core/penalties.h)
     def __init__(self, **fields: Any) -> None: ...
     def to_dict(self) -> Dict[str, Any]: ...
 
@@ -429,6 +442,8 @@ class _Sampling:
     VARIANTS: Tuple[str, ...]
     def distribution(self, logits: npt.ArrayLike, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
                      min_p: float = 0.0) -> npt.NDArray[np.float64]: ...
+    def penalize(self, logits: npt.ArrayLike, history: npt.ArrayLike, penalties: Penalties,
+                 n_prompt: int = 0) -> npt.NDArray[np.float32]: ...
     def residual_mass(self, p: _Sampling.Distribution, q: _Sampling.Distribution) -> float: ...
     def sample_residual(self, p: _Sampling.Distribution, q: _Sampling.Distribution, u: float) -> int: ...
     def verify_many(self, p: npt.ArrayLike, q: npt.ArrayLike, draft: Optional[npt.ArrayLike], n_rounds: int,

@@ -17,8 +17,10 @@ models and decoders; they take turns.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import queue
+import signal
 import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
@@ -66,17 +68,44 @@ def run_interruptible(call: Callable[[], "_core.GenerateResult"], cancel: "_core
             finished.set()
 
     worker = threading.Thread(target=work, name="pyspec-generate", daemon=True)
-    worker.start()
+    started = False
     try:
+        with ctrl_c_held():
+            worker.start()
+            started = True
         while not finished.wait(0.1):  # polled: Windows does not interrupt an untimed wait
             pass
     except KeyboardInterrupt:
-        cancel.set()
-        _wait_through_interrupts(finished)
+        if started:
+            cancel.set()
+            _wait_through_interrupts(finished)
         raise
     if "err" in box:
         raise box["err"]
     return box["out"]
+
+
+@contextlib.contextmanager
+def ctrl_c_held() -> Iterator[None]:
+    """Hold Ctrl-C back for the block and raise it as the block ends: around
+    ``Thread.start()``, whose wait for the new thread is interruptible. A
+    KeyboardInterrupt from inside start() left its caller not knowing that
+    the worker had begun, so the generation went on uncancelled (still
+    streaming, holding the models) and the process, exiting under it,
+    faulted in ggml's freed state (issue 51: SIGSEGV after Ctrl-C, /exit).
+    SIGINT's handler runs on the main thread only; elsewhere this does nothing."""
+    handler = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or not callable(handler):
+        yield
+        return
+    held: list = []
+    signal.signal(signal.SIGINT, lambda signum, frame: held.append(frame))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, handler)
+        if held:
+            handler(signal.SIGINT, held[0])
 
 
 def _wait_through_interrupts(finished: threading.Event) -> None:
@@ -167,6 +196,8 @@ class Generator:
         params = _core.SequenceParams(max_tokens=max_tokens, sampling=native, draft_sampling=native,
                                       seed=check_seed(seed), stop=list(stop or []),
                                       logprobs=-1 if logprobs is None else logprobs)
+        if sampling.penalized:
+            params.penalties = sampling.native_penalties()
         if constraint is not None:
             params.grammar = self.target.grammars.compile(constraint)
         keys = list(slots) if policy_keys is None else list(policy_keys)
@@ -177,7 +208,8 @@ class Generator:
     def sampling(sampling: Optional[Sampling] = None, **changes) -> Sampling:
         """The one :class:`~pyspec.Sampling` of a call: ``sampling`` (default
         :attr:`Sampling.API`) with the fields given by name (``temperature=``,
-        ``top_k=``, ``top_p=``, ``min_p=``; None keeps the field)."""
+        ``top_k=``, ``top_p=``, ``min_p=``, the penalties and ``logit_bias``;
+        None keeps the field)."""
         return (Sampling.API if sampling is None else sampling).replace(**changes)
 
     def drafting(self, drafting: Optional[Drafting] = None, **changes) -> Optional[Drafting]:
@@ -277,6 +309,12 @@ class Generator:
         top_k: Optional[int] = None,
         top_p: Optional[float] = None,
         min_p: Optional[float] = None,
+        repeat_penalty: Optional[float] = None,
+        frequency_penalty: Optional[float] = None,
+        presence_penalty: Optional[float] = None,
+        penalty_last_n: Optional[int] = None,
+        penalize_prompt: Optional[bool] = None,
+        logit_bias=None,
         seed: Optional[int] = None,
         stop: Optional[Sequence[str]] = None,
         chat: bool = True,
@@ -299,6 +337,7 @@ class Generator:
         memory=None,
         suffix: Optional[str] = None,
         prediction: Optional[Union[str, Sequence[int]]] = None,
+        logprobs: Optional[int] = None,
         _test: Optional[TestControls] = None,
     ) -> Union[Completion, Completions]:
         """Generate a continuation of ``prompt``.
@@ -317,7 +356,11 @@ class Generator:
         top-k 40, top-p 0.95, min-p 0.05) with any of ``temperature``,
         ``top_k``, ``top_p``, ``min_p`` given by name changed; ``temperature`` 0
         is greedy; top-k, top-p and min-p truncate (0, 1.0 and 0.0 switch them
-        off). Without a
+        off); ``logit_bias`` ({token id: bias}) and the repetition penalties
+        (``repeat_penalty``, ``frequency_penalty``, ``presence_penalty`` over
+        the last ``penalty_last_n`` tokens, the prompt's among them when
+        ``penalize_prompt``) come before them, as :class:`~pyspec.Sampling`
+        says. Without a
         ``seed`` every call draws a fresh sample (or the next seed of the model's
         own ``seed`` sequence); the seed used is in ``stats.seed``, and passing it
         back gives the same output on the same build. ``stop`` strings end
@@ -351,9 +394,17 @@ class Generator:
         Outputs; pyspec/prediction.py): drafted from, never trusted, so the
         output's law is unchanged; the completion counts its
         ``accepted_prediction_tokens`` and ``rejected_prediction_tokens``.
+
+        ``logprobs`` (k >= 0): the completion's ``logprobs`` holds, per
+        generated token, its log-probability and the k most likely tokens'
+        (the target's, at temperature 1 without truncation, as the server
+        reports them).
         """
         _test = controls(_test)  # a wrong kind fails before any work (or a seed drawn)
-        sampling = self.sampling(sampling, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
+        sampling = self.sampling(sampling, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                                 repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
+                                 presence_penalty=presence_penalty, penalty_last_n=penalty_last_n,
+                                 penalize_prompt=penalize_prompt, logit_bias=logit_bias)
         constraint = constraints.from_keywords(constraint, json_schema=json_schema, grammar=grammar, regex=regex)
         drafting = self.drafting(drafting, drafter=drafter, policy=policy, draft_max=draft_max, p_min=p_min,
                                  svip_gamma=svip_gamma, svip_h=svip_h, draft_sampling=draft_sampling, memory=memory)
@@ -389,7 +440,7 @@ class Generator:
 
             out = self._generate_batch([tokens] * n, seed=seed, on_token=batch_callback, cancel=cancel,
                                        max_tokens=max_tokens, sampling=sampling, stop=stop, constraint=constraint,
-                                       drafting=drafting, _test=_test)
+                                       drafting=drafting, logprobs=logprobs, _test=_test)
             choices = [self._finished(c, fill, predicted) for c in out.choices]
             return choices[0] if n == 1 else dataclasses.replace(out, choices=choices)
         callback = None
@@ -402,7 +453,7 @@ class Generator:
                 return on_token(text, drafted) if on_token is not None else on_text(text)
 
         out = self._run(tokens, callback, cancel, max_tokens=max_tokens, sampling=sampling, seed=seed, stop=stop,
-                        constraint=constraint, drafting=drafting, _test=_test)
+                        constraint=constraint, drafting=drafting, logprobs=logprobs, _test=_test)
         return self._finished(out, fill, predicted)
 
     def infill(self, prefix: str, suffix: str, *, extra: Sequence["fim.Chunk"] = (), layout: str = "still",
@@ -480,7 +531,7 @@ class Generator:
                         on_token: Optional[BatchTokenCallback], cancel: Optional["_core.CancelToken"],
                         sampling: Sampling, constraint: Optional[Constraint], drafting: Optional[Drafting],
                         max_tokens: int, stop: Optional[Sequence[str]],
-                        _test: Optional[TestControls]) -> Completions:
+                        _test: Optional[TestControls], logprobs: Optional[int] = None) -> Completions:
         n, n_seq = len(token_lists), self.target.n_seq_max
         if n > n_seq:
             raise ValueError(f"{n} sequences in one batch need a target loaded with n_seq_max >= {n} "
@@ -493,7 +544,7 @@ class Generator:
 
         if seed is None:
             seed = self.target.next_seed()
-        seqs = self.setup(max_tokens=max_tokens, sampling=sampling, seed=seed, stop=stop,
+        seqs = self.setup(max_tokens=max_tokens, sampling=sampling, seed=seed, stop=stop, logprobs=logprobs,
                           slots=range(len(token_lists)), drafters="batch", constraint=constraint, drafting=drafting)
         session = self.session_params(_test=_test)
         cancel = cancel if cancel is not None else _core.CancelToken()
@@ -510,13 +561,16 @@ class Generator:
         for j, (seq, tokens, out) in enumerate(zip(seqs, token_lists, outs)):
             self.record(seq, out.stats)
             self._remember(tokens, out.tokens, drafting)
-            choices.append(self._completion(tokens, out, _core.sequence_seed(seed, j)))
+            choices.append(self._completion(tokens, out, _core.sequence_seed(seed, j), logprobs is not None))
         return Completions(choices, BatchStats(batch, seed, tuple(o.stats.ttft_s for o in outs)))
 
     def stream(self, prompt: Prompt, **kwargs) -> Iterator[str]:
         """Like :meth:`generate`, but yields text pieces as they are produced.
-        Closing the iterator early (``break``) stops generation."""
+        Closing the iterator early (``break``) stops generation. The
+        iterator's return value (``result = yield from spec.stream(...)``) is
+        the :class:`~pyspec.Completion`."""
         pieces: "queue.Queue" = queue.Queue()
+        box: dict = {}
         cancel = _core.CancelToken()
         done = object()
 
@@ -528,7 +582,7 @@ class Generator:
 
         def work() -> None:
             try:
-                self.generate(prompt, on_text=on_text, cancel=cancel, **kwargs)
+                box["out"] = self.generate(prompt, on_text=on_text, cancel=cancel, **kwargs)
                 pieces.put(done)
             except BaseException as e:  # handed to the consuming thread
                 pieces.put(e)
@@ -536,39 +590,44 @@ class Generator:
                 finished.set()
 
         worker = threading.Thread(target=work, name="pyspec-stream", daemon=True)
-        worker.start()
+        started = False
         try:
+            with ctrl_c_held():  # a Ctrl-C inside start(): the worker is cancelled below, not left running
+                worker.start()
+                started = True
             while True:
                 item = pieces.get()
                 if item is done:
-                    return
+                    return box["out"]
                 if isinstance(item, BaseException):
                     raise item
                 if item:
                     yield item
         finally:
-            cancel.set()
-            _wait_through_interrupts(finished)
+            if started:
+                cancel.set()
+                _wait_through_interrupts(finished)
 
     # ------------------------------------------------------------ internals
     @staticmethod
-    def _completion(tokens, out: "_core.GenerateResult", seed: int) -> Completion:
+    def _completion(tokens, out: "_core.GenerateResult", seed: int, logprobs: bool = False) -> Completion:
         return Completion(
             text=out.text.decode("utf-8", errors="replace"),
             tokens=list(out.tokens),
             n_prompt_tokens=len(tokens),
             stop_reason=out.stop_reason,
             stats=GenerationStats(out.stats, seed=seed),
+            logprobs=[(lp, list(top)) for lp, top in out.logprobs] if logprobs else None,
         )
 
     def _run(self, tokens, callback, cancel, *, seed: Optional[int], max_tokens: int, sampling: Sampling,
              stop: Optional[Sequence[str]], constraint: Optional[Constraint], drafting: Optional[Drafting],
-             _test: Optional[TestControls] = None):
+             _test: Optional[TestControls] = None, logprobs: Optional[int] = None):
         """One generation of ``tokens`` (the call's values resolved: :meth:`setup`)."""
         if seed is None:
             seed = self.target.next_seed()
-        seq = self.setup(max_tokens=max_tokens, sampling=sampling, seed=seed, stop=stop, constraint=constraint,
-                         drafting=drafting)[0]
+        seq = self.setup(max_tokens=max_tokens, sampling=sampling, seed=seed, stop=stop, logprobs=logprobs,
+                         constraint=constraint, drafting=drafting)[0]
         session = self.session_params(_test=_test)
         cancel = cancel if cancel is not None else _core.CancelToken()
 
@@ -580,7 +639,7 @@ class Generator:
         out = run_interruptible(call, cancel) if on_main else call()
         self.record(seq, out.stats)
         self._remember(tokens, out.tokens, drafting)
-        return self._completion(tokens, out, seed)
+        return self._completion(tokens, out, seed, logprobs is not None)
 
     def _remember(self, prompt: Sequence[int], output: Sequence[int], drafting: Optional[Drafting]) -> None:
         """A finished generation joins the memory it drafted from (the call's

@@ -7,6 +7,9 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from . import _core
 
+#: Engine stop reasons as OpenAI's (and llama-cpp-python's) finish_reason.
+FINISH_REASON = {"eog": "stop", "stop": "stop", "max_tokens": "length", "context": "length", "cancelled": "stop"}
+
 
 class GenerationStats:
     """Timings and counters of one generation.
@@ -97,6 +100,9 @@ class Completion:
     #: (pyspec/prediction.py; OpenAI's accepted/rejected_prediction_tokens).
     accepted_prediction_tokens: Optional[int] = None
     rejected_prediction_tokens: Optional[int] = None
+    #: With ``logprobs=k``: per generated token, (its log-probability, [(token,
+    #: log-probability) of the k most likely]): the target's, at temperature 1.
+    logprobs: Optional[List[Tuple[float, List[Tuple[int, float]]]]] = None
 
     @property
     def n_generated_tokens(self) -> int:
@@ -113,6 +119,8 @@ class Completion:
             **({"accepted_prediction_tokens": self.accepted_prediction_tokens,
                 "rejected_prediction_tokens": self.rejected_prediction_tokens}
                if self.accepted_prediction_tokens is not None else {}),
+            **({"logprobs": [[lp, [list(t) for t in top]] for lp, top in self.logprobs]}
+               if self.logprobs is not None else {}),
         }
 
 

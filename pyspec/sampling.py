@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import ClassVar, Tuple
+from typing import ClassVar, Mapping, Tuple
 
 import numpy as np
 
@@ -51,6 +51,7 @@ __all__ = [
     "Sampling",
     "VARIANTS",
     "distribution",
+    "penalized",
     "verify",
     "verify_many",
 ]
@@ -61,12 +62,39 @@ class Sampling:
     """How tokens are drawn from a model's logits; the order of the steps is
     ``cpp/core/sampling.h``'s. ``temperature`` 0 is greedy; top-k 0, top-p 1
     and min-p 0 switch each truncation off. Frozen: change one field with
-    :meth:`replace`, which leaves ``None`` fields as they are."""
+    :meth:`replace`, which leaves ``None`` fields as they are.
+
+    Before those steps, as llama.cpp's chains do (``cpp/core/penalties.h``):
+    ``logit_bias`` is added to the logits (token id -> bias; ``-inf``
+    forbids the token), then the penalties look at the last
+    ``penalty_last_n`` tokens before the row (-1: all of them, 0: none): a
+    token seen there has its logit divided by ``repeat_penalty`` (multiplied
+    where it is negative), lowered by ``frequency_penalty`` per occurrence and
+    by ``presence_penalty`` once. The window holds the prompt's tokens when
+    ``penalize_prompt`` (llama-server, llama-cli) and only the generated ones
+    otherwise (llama-cpp-python). Speculation applies them to every verified
+    row with the drafts before it, so they stay lossless."""
 
     temperature: float = 0.8
     top_k: int = 40
     top_p: float = 0.95
     min_p: float = 0.05
+    repeat_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    penalty_last_n: int = 64
+    penalize_prompt: bool = True
+    logit_bias: Tuple[Tuple[int, float], ...] = ()
+
+    def __post_init__(self):
+        # One canonical, hashable form: sorted (token, bias) pairs, from a dict or pairs.
+        bias = self.logit_bias
+        items = bias.items() if isinstance(bias, Mapping) else (bias or ())
+        try:
+            pairs = tuple(sorted((int(t), float(b)) for t, b in items))
+        except (TypeError, ValueError):
+            raise ValueError(f"logit_bias must map token ids to numbers, got {bias!r}") from None
+        object.__setattr__(self, "logit_bias", pairs)
 
     API: ClassVar["Sampling"]
     OPENAI: ClassVar["Sampling"]
@@ -81,8 +109,22 @@ class Sampling:
         top_k = self.top_k if self.top_k <= 2**31 - 1 else 0  # past any vocabulary: off (the core's is 32-bit)
         return _core.SamplingParams(temperature=self.temperature, top_k=top_k, top_p=self.top_p, min_p=self.min_p)
 
+    @property
+    def penalized(self) -> bool:
+        """Whether any bias or penalty changes the logits."""
+        return bool(self.logit_bias) or (self.penalty_last_n != 0 and (
+            self.repeat_penalty != 1.0 or self.frequency_penalty != 0.0 or self.presence_penalty != 0.0))
+
+    def native_penalties(self) -> "_core.Penalties":
+        """The core's form of the biases and penalties (it validates them)."""
+        return _core.Penalties(repeat=self.repeat_penalty, frequency=self.frequency_penalty,
+                               presence=self.presence_penalty, last_n=self.penalty_last_n,
+                               include_prompt=self.penalize_prompt, logit_bias=list(self.logit_bias))
+
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        d = dataclasses.asdict(self)
+        d["logit_bias"] = {str(t): b for t, b in self.logit_bias}
+        return d
 
 
 Sampling.API = Sampling()
@@ -147,6 +189,24 @@ def distribution(
     top_k = 0 if top_k > np.iinfo(np.int32).max else max(top_k, -1)
     return _core_sampling.distribution(arr, float(temperature), int(top_k), float(top_p),
                                        float(min_p))
+
+
+def penalized(logits, history, settings: Sampling, n_prompt: int = 0) -> np.ndarray:
+    """The logits of the row that follows ``history`` after ``settings``'
+    ``logit_bias`` and penalties (the steps before :func:`distribution`'s).
+
+    Args:
+        logits: 1-D float32 array over the vocabulary (the model's raw row).
+        history: the token ids before the row, oldest first; its first
+            ``n_prompt`` are the prompt (outside the window unless
+            ``settings.penalize_prompt``).
+
+    Returns:
+        A float32 array of the same length.
+    """
+    arr = _as_real_array(logits, "logits", np.float32)
+    hist = np.ascontiguousarray(np.asarray(history, dtype=np.int64).astype(np.int32))
+    return _core_sampling.penalize(arr, hist, settings.native_penalties(), int(n_prompt))
 
 
 def _convert_verify_inputs(p, q, draft):

@@ -37,6 +37,9 @@ class TestControls:
       (correlated samples) instead of its own;
     - ``grammar``: under a grammar, the target's rows ``"unmasked"`` or masked
       with the ``"stale"`` mask of the round's start (``"off"``: the product);
+    - ``stale_penalties``: a verified row's repetition penalties count the
+      accepted prefix only, not the drafts before the row (the penalties' wrong
+      window, ``cpp/core/penalties.h``);
     - ``pit``: a probe, not a control: record each decided token's randomized PIT
       under its target row (``stats.pit``; a server reports it in ``timings.pit``);
     - ``slot_choice``: a server's slot for each request: ``"engine"`` (the
@@ -51,6 +54,7 @@ class TestControls:
     shared_stream: bool = False
     grammar: str = "off"
     pit: bool = False
+    stale_penalties: bool = False
     slot_choice: str = "engine"
 
     def __post_init__(self) -> None:
@@ -71,7 +75,8 @@ class TestControls:
     def native(self) -> "_core.TestControls":
         """The core's part (a session's: engine.h, SessionParams.test)."""
         return _core.TestControls(variant=self.variant, discard_below=self.discard_below,
-                                  shared_stream=self.shared_stream, grammar=self.grammar, pit=self.pit)
+                                  shared_stream=self.shared_stream, grammar=self.grammar, pit=self.pit,
+                                  stale_penalties=self.stale_penalties)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))

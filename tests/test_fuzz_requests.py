@@ -202,9 +202,13 @@ def sampling_fields(draw, loose: bool, kind: str, n_vocab: int) -> Dict[str, Any
         "draft_max": w(st.integers(0, 63), any_int),
         "policy": w(st.sampled_from(POLICIES), any_text),
         "drafter": w(st.sampled_from(DRAFTERS), any_text | st.just("model")),
-        # Neutral values of fields pyspec does not implement; on a fuzzed body, any value.
-        "frequency_penalty": w(st.sampled_from([0, 0.0, None]), any_float),
-        "logit_bias": w(st.sampled_from([None, {}]), st.dictionaries(clean_text, any_int, max_size=2)),
+        "frequency_penalty": w(st.none() | st.floats(-2, 2), any_float),
+        "presence_penalty": w(st.none() | st.floats(-2, 2), any_float),
+        "repeat_penalty": w(st.none() | st.floats(0.5, 2), any_float),
+        "logit_bias": w(st.none() | st.dictionaries(st.integers(0, 100).map(str), st.floats(-100, 100) | st.just(False),
+                                                    max_size=2),
+                        st.dictionaries(clean_text, any_int, max_size=2)),
+        # The neutral value of a field pyspec does not implement; on a fuzzed body, any value.
         "best_of" if kind == "completion" else "tool_choice":
             w(st.sampled_from([1, None] if kind == "completion" else ["none", "auto", None]), junk),
     }

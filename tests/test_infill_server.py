@@ -105,7 +105,7 @@ def test_refusals_name_the_field(server):
     cases = [({"input_prefix": "a", "input_suffix": "b", "input_extra": 3}, "input_extra"),
              ({"input_prefix": "a", "input_suffix": "b", "input_extra": [{"filename": "x"}]}, "text"),
              ({"input_suffix": "b"}, "input_prefix"),
-             ({"input_prefix": "a", "input_suffix": "b", "repeat_penalty": 1.3}, "repeat_penalty"),
+             ({"input_prefix": "a", "input_suffix": "b", "repeat_penalty": 1.3, "samplers": "kt"}, "repeat_penalty"),
              ({"input_prefix": "a", "input_suffix": "b", "samplers": ["mirostat"]}, "mirostat"),
              ({"input_prefix": "a", "input_suffix": "b", "n_cmpl": 9}, "n_cmpl")]
     for body, word in cases:

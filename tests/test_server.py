@@ -182,7 +182,10 @@ def test_eight_concurrent_greedy_clients_get_their_solo_answers(client):
 
 
 @pytest.mark.parametrize("body, status, param", [
-    ({"prompt": "x", "frequency_penalty": 0.5}, 400, "frequency_penalty"),
+    ({"prompt": "x", "frequency_penalty": 2.5}, 400, "frequency_penalty"),
+    ({"prompt": "x", "repeat_penalty": 0}, 400, "repeat_penalty"),
+    ({"prompt": "x", "logit_bias": {"hello": 1}}, 400, "logit_bias"),
+    ({"prompt": "x", "logit_bias": {"5": "x"}}, 400, "logit_bias"),
     ({"prompt": "x", "tools": [{"type": "function"}]}, 400, "tools"),
     ({"prompt": "x", "bogus": 1}, 400, "bogus"),
     ({"prompt": "x", "max_tokens": "ten"}, 400, "max_tokens"),
@@ -462,3 +465,29 @@ def test_request_clock_counts_a_latency_per_token_after_each_choices_first(monke
     assert reg.itl.cumulative()[0] == ("0.001", 2) and reg.itl.cumulative()[-1] == ("+Inf", 4)
     assert (reg.e2e.count, reg.e2e.sum, reg.queue.count, reg.queue.sum) == (1, 4.0, 1, 0.5)
     assert b'pyspec:inter_token_latency_seconds_count{model_name="x"} 4.0' in reg.render()[0]
+
+
+def test_penalties_and_logit_bias_act_as_in_the_api(server, gemma_path, load_model):
+    """OpenAI's frequency_penalty, presence_penalty and logit_bias, and
+    llama-server's repeat_penalty and repeat_last_n, act as the API's settings
+    with llama-server's window (the prompt's tokens in it)."""
+    prompt = "List the days of the week, then list them again, and again:"
+    body = {"prompt": prompt, "max_tokens": 24, "temperature": 0, "frequency_penalty": 0.5, "presence_penalty": 0.4,
+            "repeat_penalty": 1.2, "repeat_last_n": 32}
+    model = load_model(gemma_path, n_ctx=512)
+    want = model.generate(prompt, chat=False, max_tokens=24, temperature=0, frequency_penalty=0.5,
+                          presence_penalty=0.4, repeat_penalty=1.2, penalty_last_n=32, penalize_prompt=True)
+    plain = model.generate(prompt, chat=False, max_tokens=24, temperature=0)
+    assert want.text != plain.text, "the penalties changed nothing: this prompt cannot tell"
+    r = server.post("/v1/completions", body)
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["text"] == want.text
+    first = plain.tokens[0]
+    banned = model.generate(prompt, chat=False, max_tokens=3, temperature=0, logit_bias={first: float("-inf")})
+    assert banned.tokens[0] != first
+    for bias in ({str(first): -100}, [[first, False]]):  # OpenAI's form, llama-server's
+        r = server.post("/v1/completions", {"prompt": prompt, "max_tokens": 3, "temperature": 0, "logit_bias": bias})
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["text"] == banned.text, bias
+    r = server.post("/v1/completions", {**body, "samplers": ["top_k", "temperature"]})
+    assert r.status_code == 400 and "penalties" in r.text, r.text

@@ -179,3 +179,48 @@ def test_the_interpreter_can_exit_right_after_ctrl_c(gemma_path, tmp_path):
     assert out.stdout.strip() == "INTERRUPTED", out.stdout + out.stderr
     assert out.returncode == 0, out.stderr
 
+
+
+CTRL_C_AS_THE_WORKER_STARTS = textwrap.dedent("""
+    import contextlib, os, signal, sys, threading
+    import pyspec
+    import pyspec.generation
+    if sys.argv[2] == "control":  # the old start: Ctrl-C not held back while the worker starts
+        pyspec.generation.ctrl_c_held = contextlib.nullcontext
+    target = pyspec.Model(sys.argv[1], n_ctx=4096)
+    start = threading.Thread.start
+
+    def start_then_ctrl_c(self):  # SIGINT inside Thread.start(), as a Ctrl-C typed then lands
+        start(self)
+        if self.name == "pyspec-generate":
+            os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread.start = start_then_ctrl_c
+    try:
+        target.generate("Count from one to a thousand:", chat=False, max_tokens=4000, temperature=0)
+        print("FINISHED", flush=True)
+    except KeyboardInterrupt:
+        workers = [t for t in threading.enumerate() if t.name == "pyspec-generate"]
+        for t in workers:
+            t.join(2.0)  # out of the core already; its Python frames end at once
+        print("INTERRUPTED", sum(t.is_alive() for t in workers), flush=True)
+    if sys.argv[2] == "control":
+        os._exit(0)  # a generation still runs: exiting under it faults (SIGSEGV, issue 51)
+""")
+
+
+@pytest.mark.parametrize("control", [False, True], ids=["held", "control"])
+def test_ctrl_c_while_the_worker_starts_cancels_the_generation(gemma_path, tmp_path, control):
+    """A Ctrl-C that lands inside the worker thread's start() (its wait for the
+    new thread is interruptible) used to escape before the generation could
+    be cancelled: it went on streaming and holding the model, and the
+    interpreter exited under it (`pyspec chat`: SIGSEGV after Ctrl-C then
+    /exit). Now Ctrl-C is held back while the worker starts: the generation is
+    cancelled and left before KeyboardInterrupt is raised. The control
+    (the old start) shows the test sees the difference."""
+    script = tmp_path / "ctrl_c_as_the_worker_starts.py"
+    script.write_text(CTRL_C_AS_THE_WORKER_STARTS)
+    out = subprocess.run([sys.executable, str(script), gemma_path, "control" if control else "held"],
+                         capture_output=True, text=True, timeout=120, cwd=str(tmp_path))
+    assert out.stdout.strip() == ("INTERRUPTED 1" if control else "INTERRUPTED 0"), out.stdout + out.stderr
+    assert out.returncode == 0, out.stderr

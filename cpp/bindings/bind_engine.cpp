@@ -161,6 +161,7 @@ void bind_engine(py::module_& m) {
         .property("grammar", [](const TestControls& t) { return grammar_control_names()[static_cast<size_t>(t.grammar)]; },
                   [](TestControls& t, const std::string& v) { t.grammar = parse_grammar_control(v); })
         .field("pit", &TestControls::pit)
+        .field("stale_penalties", &TestControls::stale_penalties)
         .done();
     m.attr("GRAMMAR_CONTROLS") = py::tuple(py::cast(grammar_control_names()));
     Struct<SequenceParams>(m, "SequenceParams", "What one sequence generates and how it samples (engine.h).")
@@ -171,6 +172,7 @@ void bind_engine(py::module_& m) {
         .field("stop", &SequenceParams::stop)
         .field("logprobs", &SequenceParams::logprobs)
         .field("grammar", &SequenceParams::grammar)
+        .field("penalties", &SequenceParams::penalties)
         .done();
     Struct<SessionParams>(m, "SessionParams",
                           "How a session runs all its sequences (engine.h); the cancel flag comes as an argument.")

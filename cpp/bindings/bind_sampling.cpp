@@ -13,6 +13,7 @@
 
 #include "bindings/bind.h"
 #include "tools/bench_verify.h"
+#include "core/penalties.h"
 #include "core/rng.h"
 #include "core/sampling.h"
 
@@ -244,6 +245,23 @@ void bind_sampling(py::module_& m) {
         py::arg("logits"), py::arg("temperature") = 1.0, py::arg("top_k") = 0,
         py::arg("top_p") = 1.0, py::arg("min_p") = 0.0);
 
+    sm.def(
+        "penalize",
+        [](const F32Array& logits, const I32Array& history, const pyspec::Penalties& pen, size_t n_prompt) {
+            if (logits.ndim() != 1) throw std::invalid_argument("logits must be 1-D");
+            if (history.ndim() != 1) throw std::invalid_argument("history must be 1-D");
+            const int32_t n_vocab = checked_vocab(logits.shape(0));
+            pen.validate(n_vocab);
+            const size_t n = static_cast<size_t>(history.shape(0));
+            const size_t start = pen.window_start(n_prompt, n);
+            std::vector<float> out;
+            std::vector<int32_t> counts;
+            pyspec::apply_penalties(logits.data(), n_vocab, pen, history.data() + start, n - start, out, counts);
+            return py::array_t<float>(static_cast<py::ssize_t>(out.size()), out.data());
+        },
+        py::arg("logits"), py::arg("history"), py::arg("penalties"), py::arg("n_prompt") = 0,
+        "The logits of the row after `history` (whose first n_prompt tokens are the prompt) under "
+        "penalties.logit_bias and the penalties of its window: core/penalties.h.");
     sm.def("residual_mass", &pyspec::residual_mass, py::arg("p"), py::arg("q"));
     sm.def(
         "sample_residual",

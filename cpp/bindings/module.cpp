@@ -14,6 +14,7 @@
 #include "bindings/bind.h"
 #include "bindings/bind_struct.h"
 #include "core/errors.h"
+#include "core/penalties.h"
 #include "core/sampling.h"
 #include "model/llama_log.h"
 #include "model/model.h"
@@ -81,6 +82,15 @@ PYBIND11_MODULE(_core, m) {
         .field("top_p", &SamplingParams::top_p)
         .field("min_p", &SamplingParams::min_p)
         .done([](const SamplingParams& p) { p.validate(); });
+    Struct<Penalties>(m, "Penalties", "Logit biases and repetition penalties, applied before the sampling settings "
+                                      "(core/penalties.h).")
+        .field("repeat", &Penalties::repeat)
+        .field("frequency", &Penalties::frequency)
+        .field("presence", &Penalties::presence)
+        .field("last_n", &Penalties::last_n)
+        .field("include_prompt", &Penalties::include_prompt)
+        .field("logit_bias", &Penalties::logit_bias)
+        .done([](const Penalties& p) { p.validate(); });
 
     m.def("llama_system_info", []() { return std::string(llama_print_system_info()); });
     bind_model(m);

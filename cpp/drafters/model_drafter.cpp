@@ -54,6 +54,16 @@ bool ModelDrafter::next(ModelDraftJob& job, int32_t row, int32_t i) {
         mask_logits(logits, n_vocab, job.grammar->mask(i), job.grammar->n_vocab(), masked_);
         logits = masked_.data();
     }
+    if (job.penalties && job.penalties->active()) {  // the window: history, then this draft's tokens so far
+        const std::vector<int32_t>& h = *job.history;
+        const size_t total = h.size() + job.tokens->size();
+        window_.clear();
+        for (size_t j = job.penalties->window_start(job.n_prompt, total); j < total; ++j) {
+            window_.push_back(j < h.size() ? h[j] : (*job.tokens)[j - h.size()]);
+        }
+        apply_penalties(logits, n_vocab, *job.penalties, window_.data(), window_.size(), penalized_, counts_);
+        logits = penalized_.data();
+    }
     try {
         compute_distribution(logits, n_vocab, sampling_, qi, ws_);
     } catch (const std::invalid_argument& e) {

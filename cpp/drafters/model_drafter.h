@@ -10,6 +10,7 @@
 #pragma once
 
 #include "constraint/grammar.h"
+#include "core/penalties.h"
 #include "drafters/drafter.h"
 #include "model/model.h"
 
@@ -29,6 +30,11 @@ struct ModelDraftJob {
     // The sequence's grammar (null: none): q is drawn under its mask and each
     // drawn token is pushed (constraint/grammar.h).
     GrammarState* grammar = nullptr;
+    // The target's biases and penalties (null: none), applied to q too with the
+    // same window (the history's first n_prompt tokens are the prompt): a draft
+    // that follows the penalised target is accepted more often. Any q is lossless.
+    const Penalties* penalties = nullptr;
+    size_t n_prompt = 0;
 };
 
 // Draft for several sequences of one draft model at once: each job as its
@@ -63,6 +69,8 @@ private:
     Distribution belief_;
     SamplingWorkspace ws_;
     std::vector<float> masked_;  // a row's logits under the grammar's mask
+    std::vector<float> penalized_;  // ... and after the penalties
+    std::vector<int32_t> window_, counts_;  // the penalties' window and scratch
 };
 
 // Throws IncompatibleModelsError unless the draft's vocabulary matches the

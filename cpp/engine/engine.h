@@ -41,6 +41,7 @@
 #include <vector>
 
 #include "constraint/grammar.h"
+#include "core/penalties.h"
 #include "drafters/drafter.h"
 #include "model/model.h"
 #include "policies/policy.h"
@@ -82,6 +83,9 @@ struct TestControls {
     bool shared_stream = false;
     GrammarControl grammar = GrammarControl::kOff;
     bool pit = false;
+    // WRONG: a verification row's penalty window leaves out the drafts before the
+    // row (the accepted prefix only, core/penalties.h): the χ² tests must catch it.
+    bool stale_penalties = false;
 };
 
 // What one sequence generates, and how it samples: a server's requests differ
@@ -100,6 +104,9 @@ struct SequenceParams {
     // The grammar the output must follow (constraint/grammar.h: the constrained
     // target); null: none. Each sequence keeps its own place in it (GrammarState).
     std::shared_ptr<Grammar> grammar;
+    // Logit biases and repetition penalties (core/penalties.h), applied to the
+    // target's rows before `sampling`, each row with the drafts before it.
+    Penalties penalties;
 };
 
 // How a session runs all its sequences: one value per BatchSession (and per
@@ -329,8 +336,9 @@ private:
     //    max_tokens or the callback's word.
     void emit(Sequence& s);
     int32_t add_draft_rows(const std::vector<Sequence*>& active);
-    void target_distributions(int32_t first_row, int32_t n_rows, const SamplingParams& sampling,
-                              GrammarState* grammar);
+    // The target's distributions at s's rows first_row.. (its drafts' and the
+    // bonus row): grammar mask, then biases and penalties, then s's sampling.
+    void target_distributions(const Sequence& s, int32_t n_rows);
     // Constrained sequences: the grammar's forced text as s's draft (true), and
     // the grammar's cut and masks over whatever s drafted (grammar.h).
     bool draft_forced(Sequence& s, int32_t round_max);
@@ -371,6 +379,9 @@ private:
     std::vector<Distribution> p_;      // the target's distributions of one sequence's rows
     SamplingWorkspace ws_;
     std::vector<float> masked_;      // a row's logits under its grammar mask
+    std::vector<float> penalized_;   // a row's logits after biases and penalties
+    std::vector<int32_t> window_;    // the tokens a row's penalties count
+    std::vector<int32_t> counts_;    // apply_penalties' scratch
 };
 
 }  // namespace pyspec

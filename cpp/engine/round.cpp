@@ -217,7 +217,8 @@ void BatchSession::draft_from_models(std::vector<Sequence*> seqs) {
                 rest.push_back(s);
                 continue;
             }
-            group.push_back({md, &s->history, s->k, &s->rng, &s->drafts, &s->q, s->stop(), s->grammar.get()});
+            group.push_back({md, &s->history, s->k, &s->rng, &s->drafts, &s->q, s->stop(), s->grammar.get(),
+                             &s->params.penalties, static_cast<size_t>(s->n_prompt())});
             group_seqs.push_back(s);
         }
         const auto t = Clock::now();
@@ -231,7 +232,7 @@ void BatchSession::draft_from_models(std::vector<Sequence*> seqs) {
 
 void BatchSession::accept(Sequence& s) {
     const int32_t n = static_cast<int32_t>(s.drafts.size());
-    target_distributions(s.first_row, n + 1, s.params.sampling, s.grammar.get());
+    target_distributions(s, n + 1);
     s.vr = accept_drafts(p_.data(), s.q.data(), s.drafts.data(), n, s.rng, session_.test.variant);
     if (session_.test.pit) {
         // A draft that was certain (one-hot q: a lookup's, a greedy draft's) is fixed
@@ -252,21 +253,32 @@ void BatchSession::roll_back(Sequence& s) {
     if (s.grammar) s.grammar->commit(s.vr.n_accepted, s.vr.next_token);
 }
 
-void BatchSession::target_distributions(int32_t first_row, int32_t n_rows, const SamplingParams& sampling,
-                                        GrammarState* grammar) {
+void BatchSession::target_distributions(const Sequence& s, int32_t n_rows) {
     std::vector<Distribution>& p = p_;
     const int32_t n_vocab = target_.n_vocab();
+    GrammarState* grammar = s.grammar.get();
+    const Penalties& pen = s.params.penalties;
     if (static_cast<int32_t>(p.size()) < n_rows) p.resize(static_cast<size_t>(n_rows));
     for (int32_t i = 0; i < n_rows; ++i) {
-        const float* logits = target_.logits(first_row + i);
+        const float* logits = target_.logits(s.first_row + i);
         const GrammarControl control = session_.test.grammar;
         if (grammar && control != GrammarControl::kUnmasked) {  // row i under the state after drafts 0..i-1 (grammar.h)
             const int32_t state = control == GrammarControl::kStale ? 0 : i;  // TEST-ONLY: the wrong state
             mask_logits(logits, n_vocab, grammar->mask(state), grammar->n_vocab(), masked_);
             logits = masked_.data();
         }
+        if (pen.active()) {  // row i follows the history and drafts 0..i-1: they are its window
+            const int32_t before = session_.test.stale_penalties ? 0 : i;  // TEST-ONLY: the accepted prefix only
+            const size_t n_hist = s.history.size(), total = n_hist + static_cast<size_t>(before);
+            window_.clear();
+            for (size_t j = pen.window_start(static_cast<size_t>(s.n_prompt()), total); j < total; ++j) {
+                window_.push_back(j < n_hist ? s.history[j] : s.drafts[j - n_hist]);
+            }
+            apply_penalties(logits, n_vocab, pen, window_.data(), window_.size(), penalized_, counts_);
+            logits = penalized_.data();
+        }
         try {
-            compute_distribution(logits, n_vocab, sampling, p[static_cast<size_t>(i)], ws_);
+            compute_distribution(logits, n_vocab, s.params.sampling, p[static_cast<size_t>(i)], ws_);
         } catch (const std::invalid_argument& e) {
             throw DecodeError(std::string("the target model produced invalid logits: ") + e.what());
         }

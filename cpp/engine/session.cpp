@@ -68,6 +68,7 @@ void BatchSession::check(const SequenceSpec& spec) const {
     const SequenceParams& p = spec.params;
     p.sampling.validate();
     p.draft_sampling.validate();
+    p.penalties.validate(target_.n_vocab());
     if (p.max_tokens < 0) throw std::invalid_argument("max_tokens must be >= 0");
     if (spec.stream < 0) throw std::invalid_argument("stream must be >= 0");
     if (p.logprobs < -1) throw std::invalid_argument("logprobs must be -1 (none) or >= 0");

@@ -39,9 +39,10 @@ def main() -> None:
     """
 
 
-from . import agree, bench_group, generate, rpc, serve, tools  # noqa: E402  (each registers its commands on main)
+from . import agree, bench_group, chat, generate, rpc, serve, tools  # noqa: E402  (each registers its commands)
 
 generate.register(main)
+chat.register(main)
 serve.register(main)
 tools.register(main)
 agree.register(main)

@@ -32,7 +32,7 @@ from .options import (command_errors, device_options, load_model, max_tokens_opt
 @click.option("--raw", is_flag=True, help="Send --prompts as is, without the reference's chat template.")
 @click.option("--window", default=512, show_default=True, type=click.IntRange(min=2),
               help="Tokens per stream of a --text file.")
-@sampling_options(Sampling.OPENAI, seed=False)
+@sampling_options(Sampling.OPENAI, seed=False, penalties=False)
 @click.option("--seed", "-s", default=0, show_default=True, type=click.IntRange(0, 2**SEED_BITS - 1),
               help="Seed of the --prompts continuations (prompt i: seed + i).")
 @click.option("--draft-max", "-k", default=8, show_default=True, type=click.IntRange(1, MAX_DRAFT),

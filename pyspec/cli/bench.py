@@ -23,7 +23,7 @@ from .options import (DEFAULT_DRAFT, DEFAULT_MODEL, IntList, command_errors, dev
 @click.command("paired")
 @suite_options
 @max_tokens_option(128, minimum=2)
-@sampling_options(Sampling.GREEDY, seed=False)
+@sampling_options(Sampling.GREEDY, seed=False, penalties=False)
 @click.option("--reps", default=1, show_default=True, type=click.IntRange(min=1), help="Repetitions of the suite.")
 @threads_option
 @n_ctx_option(N_CTX_BENCH)
@@ -48,9 +48,13 @@ from .options import (DEFAULT_DRAFT, DEFAULT_MODEL, IntList, command_errors, dev
                    "each one's speed ratio to every earlier one (B / A, C / A, C / B) as a geometric mean over "
                    "prompts with a 95 % bootstrap interval, per category and for ordinary / copy-heavy / all "
                    "prompts. A configuration "
-                   "is plain, default (hybrid + auto with the draft model) or DRAFTER[:POLICY[:K]], e.g. "
-                   "ngram, model:fixed:4. The runner options (-k, --policy, --ngram, --hybrid, --cap, --lookup) "
-                   "do not apply. Use --reps >= 4.")
+                   "is plain, default (hybrid + auto with the draft model), DRAFTER[:POLICY[:K]] (e.g. "
+                   "ngram, model:fixed:4), or llama-cpp-python / pyspec.Llama: the same create_completion calls "
+                   "on llama_cpp.Llama and on pyspec's drop-in (its default drafting). The runner options (-k, "
+                   "--policy, --ngram, --hybrid, --cap, --lookup) do not apply. Use --reps >= 4.")
+@click.option("--repeat-penalty", default=1.0, show_default=True, type=float,
+              help="Every runner's repetition penalty, as llama-cpp-python applies it (its last 64 generated "
+                   "tokens; 1 = off, its default).")
 @click.option("--memory-from", "memory_from", multiple=True, type=click.Path(exists=True, dir_okay=False),
               help="--paired: text files that fill a fixed memory the lookup drafters may copy from (repeatable); "
                    "the bench's own answers never join it. Without it they have no memory, so repetitions of a "
@@ -62,8 +66,8 @@ from .options import (DEFAULT_DRAFT, DEFAULT_MODEL, IntList, command_errors, dev
                 "(--paired: each category's ratio with its interval, and every prompt's)")
 @click.pass_context
 def bench(ctx, model, categories, per_category, max_tokens, sampling, reps, threads, n_ctx, device, draft,
-          k_values, policies, ngram_policies, hybrid_policies, cap, lookup, paired, memory_from, raw, seed, json_path,
-          plot_path) -> None:
+          k_values, policies, ngram_policies, hybrid_policies, cap, lookup, paired, repeat_penalty, memory_from, raw,
+          seed, json_path, plot_path) -> None:
     """Measure decode speed side by side with llama-cpp-python.
 
     Runs the shipped prompt suite (chat template applied) through each runner,
@@ -86,6 +90,8 @@ def bench(ctx, model, categories, per_category, max_tokens, sampling, reps, thre
     from ..speculative import SpeculativeDecoder
 
     n_threads = threads or physical_cores()
+    if repeat_penalty != 1.0:
+        sampling = sampling.replace(repeat_penalty=repeat_penalty, penalty_last_n=64, penalize_prompt=False)
     if paired is not None:
         from click.core import ParameterSource
 
@@ -180,7 +186,7 @@ def _bench_paired(model, draft, paired, categories, per_category, max_tokens, sa
                                           plot_paired, run_paired, summarize_all)
     from ..bench.structured import constraint_for
     from ..bench.inprocess.runner import progress_bar
-    from ..bench.inprocess.backends import PyspecRunner, Settings
+    from ..bench.inprocess.backends import LlamaCppRunner, PyspecLlamaRunner, PyspecRunner, Settings
     from ..bench.suite import prompts as suite_prompts
     from ..speculative import SpeculativeDecoder
 
@@ -203,7 +209,13 @@ def _bench_paired(model, draft, paired, categories, per_category, max_tokens, sa
         draft_model = load_model(draft, role="draft", **load) if any(c.needs_draft_model for c in configs) else None
         memory = _fixed_memory(target, memory_from)
         runners = []
+        llama = dict(n_ctx=n_ctx, n_threads=n_threads, flash_attn=target.flash_attn == "on",
+                     n_gpu_layers=device["n_gpu_layers"])
         for c in configs:
+            if c.api is not None:  # the same calls on either Llama class
+                runners.append(LlamaCppRunner(target.path, **llama) if c.api == "llama_cpp"
+                               else PyspecLlamaRunner(target.path, **llama))
+                continue
             if c.drafter is None:
                 runners.append(PyspecRunner(target, c.name))
                 continue
@@ -295,7 +307,7 @@ def simulate(model, categories, per_category, max_tokens, draft_max, threads, de
 @click.option("--n", "sizes", default="1,2,4,8,16", show_default=True, type=IntList(1),
               help="Comma-separated batch sizes (samples of one prompt decoded together).")
 @max_tokens_option(64, minimum=2)
-@sampling_options(Sampling.API.replace(temperature=0.7), seed=False)  # > 0: the samples differ
+@sampling_options(Sampling.API.replace(temperature=0.7), seed=False, penalties=False)  # > 0: the samples differ
 @click.option("--reps", default=2, show_default=True, type=click.IntRange(min=1), help="Repetitions.")
 @threads_option
 @device_options

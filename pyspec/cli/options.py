@@ -109,13 +109,32 @@ def write_report(result: dict, json_path, plot_path, draw, text: str) -> None:
         click.echo(text)
 
 
-def sampling_options(preset: Sampling = Sampling.API, *, seed: bool = True):
-    """--temperature, --top-k, --top-p and --min-p (defaults: ``preset``), handed
-    to the command as one ``sampling`` (a :class:`~pyspec.Sampling`), and --seed."""
+def _logit_bias(ctx, param, values) -> tuple:
+    """--logit-bias TOKEN=BIAS (repeatable; BIAS a number or -inf) as pairs."""
+    pairs = []
+    for v in values:
+        token, sep, bias = v.partition("=")
+        try:
+            if not sep:
+                raise ValueError
+            pairs.append((int(token), float(bias)))
+        except ValueError:
+            raise click.BadParameter(f"{v!r}: expected TOKEN_ID=BIAS, e.g. 15043=-inf or 15043=2.5") from None
+    return tuple(pairs)
+
+
+def sampling_options(preset: Sampling = Sampling.API, *, seed: bool = True, penalties: bool = True):
+    """--temperature, --top-k, --top-p and --min-p (defaults: ``preset``), with
+    ``penalties`` the repetition penalties and --logit-bias, handed to the
+    command as one ``sampling`` (a :class:`~pyspec.Sampling`), and --seed."""
     def decorate(f):
         @functools.wraps(f)
         def command(*args, temperature, top_k, top_p, min_p, **kwargs):
-            return f(*args, sampling=Sampling(temperature, top_k, top_p, min_p), **kwargs)
+            more = {k: kwargs.pop(k) for k in ("repeat_penalty", "repeat_last_n", "frequency_penalty",
+                                               "presence_penalty", "logit_bias") if penalties and k in kwargs}
+            if "repeat_last_n" in more:
+                more["penalty_last_n"] = more.pop("repeat_last_n")
+            return f(*args, sampling=Sampling(temperature, top_k, top_p, min_p, **more), **kwargs)
 
         opts = [
             click.option("--temperature", "-t", default=preset.temperature, show_default=True, type=float,
@@ -127,6 +146,21 @@ def sampling_options(preset: Sampling = Sampling.API, *, seed: bool = True):
             click.option("--min-p", default=preset.min_p, show_default=True, type=float,
                          help="Drop tokens less likely than min-p times the most likely one; 0 = off."),
         ]
+        if penalties:  # llama-cli's names and defaults; the window holds the prompt's tokens, as there
+            opts += [
+                click.option("--repeat-penalty", default=preset.repeat_penalty, show_default=True, type=float,
+                             help="Divide the logit of a token seen in the last --repeat-last-n tokens by this "
+                                  "(multiply a negative one); 1 = off."),
+                click.option("--repeat-last-n", default=preset.penalty_last_n, show_default=True,
+                             type=click.IntRange(-1), help="The penalties' window: the last N tokens, prompt "
+                                                           "included; -1 all of them, 0 off."),
+                click.option("--frequency-penalty", default=preset.frequency_penalty, show_default=True,
+                             type=float, help="Lower a token's logit by this per occurrence in the window; 0 = off."),
+                click.option("--presence-penalty", default=preset.presence_penalty, show_default=True, type=float,
+                             help="Lower the logit of a token present in the window by this; 0 = off."),
+                click.option("--logit-bias", multiple=True, callback=_logit_bias, metavar="TOKEN_ID=BIAS",
+                             help="Add BIAS to a token's logit before sampling (repeatable); -inf forbids it."),
+            ]
         if seed:
             opts.append(click.option(
                 "--seed", "-s", default=None, type=click.IntRange(0, SEED_MAX),

@@ -40,7 +40,7 @@ from .intake import fim_prompt
 from .protocol import APIError, ParsedRequest, RequestSettings
 
 #: Fields that change the answer in llama-server and not here: refused unless neutral.
-_REFUSED = {"grammar": (None, ""), "json_schema": (None,), "logit_bias": (None, [], {}), "ignore_eos": (False, None),
+_REFUSED = {"grammar": (None, ""), "json_schema": (None,), "ignore_eos": (False, None),
             "mirostat": (0, None), "n_probs": (0, None), "lora": (None, []), "n_keep": (0, -1, None)}
 
 

@@ -19,14 +19,16 @@ DEFAULTS = Sampling(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05)
 #: not neutral is refused.
 DEFAULT_CHAIN = ["penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature"]
 NEUTRAL_SAMPLERS = {
-    "penalties": {"repeat_penalty": (1, 1.0), "presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0)},
     "dry": {"dry_multiplier": (0, 0.0)},
     "top_n_sigma": {"top_n_sigma": (-1, -1.0)},
     "typ_p": {"typical_p": (1, 1.0), "typ_p": (1, 1.0)},
     "xtc": {"xtc_probability": (0, 0.0)},
 }
 #: The samplers pyspec applies (``infill`` is accepted and not applied: docs/editor.md).
-APPLIED = ("top_k", "top_p", "min_p", "temperature")
+APPLIED = ("penalties", "top_k", "top_p", "min_p", "temperature")
+#: The penalties' fields (OpenAI's two, llama-server's two more) and their neutral values.
+PENALTY_FIELDS = {"repeat_penalty": (1, 1.0), "presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0),
+                  "repeat_last_n": ()}
 _ACCEPTED = set(APPLIED) | {"infill"}
 _CHAR_NAMES = {"e": "penalties", "d": "dry", "s": "top_n_sigma", "k": "top_k", "y": "typ_p", "p": "top_p",
                "m": "min_p", "x": "xtc", "t": "temperature", "i": "infill"}
@@ -48,10 +50,65 @@ def samplers(body: Dict[str, Any], default: Optional[List[str]] = None) -> Optio
                            param="samplers")
     for name, fields in NEUTRAL_SAMPLERS.items():
         for key, neutral in fields.items():
-            if key in body and body[key] not in neutral and (name in chain or key.endswith("penalty")):
+            if key in body and body[key] not in neutral and name in chain:
                 raise APIError(400, f"unsupported parameter '{key}' with this value (pyspec serve does not "
                                     f"implement it)", param=key)
+    if "penalties" not in chain:  # llama-server would ignore them: say so rather than drop them
+        for key, neutral in PENALTY_FIELDS.items():
+            if neutral and body.get(key) not in neutral + (None,):
+                raise APIError(400, f"'{key}' needs \"penalties\" in 'samplers'", param=key)
     return chain
+
+
+def penalties(body: Dict[str, Any], chain: Optional[List[str]], number, integer) -> Dict[str, Any]:
+    """:class:`~pyspec.Sampling`'s bias and penalty fields from a body:
+    OpenAI's ``frequency_penalty``, ``presence_penalty`` and ``logit_bias``,
+    llama-server's ``repeat_penalty`` and ``repeat_last_n`` (its window, 64
+    tokens, the prompt's included). A chain without ``penalties`` leaves them
+    off; ``logit_bias`` is not a step of the chain there, so it always acts."""
+    out: Dict[str, Any] = {"logit_bias": logit_bias(body)}
+    if chain is not None and "penalties" not in chain:
+        return out
+    repeat = number(body, "repeat_penalty", 0.0, 100.0, 1.0)
+    if repeat <= 0:
+        raise APIError(400, "'repeat_penalty' must be > 0 (1 = off)", param="repeat_penalty")
+    out.update(repeat_penalty=repeat,
+               frequency_penalty=number(body, "frequency_penalty", -2.0, 2.0, 0.0),
+               presence_penalty=number(body, "presence_penalty", -2.0, 2.0, 0.0),
+               penalty_last_n=integer(body, "repeat_last_n", -1, default=64))
+    return out
+
+
+def logit_bias(body: Dict[str, Any]) -> Dict[int, float]:
+    """``logit_bias`` as OpenAI sends it ({"token id": bias}) or as
+    llama-server also takes it ([[token id, bias], ...]); a bias of ``false``
+    forbids the token (llama-server's). Keys are token ids: text keys, which
+    llama-server tokenizes, are refused with a clear error."""
+    given = body.get("logit_bias")
+    if given is None:
+        return {}
+    if isinstance(given, dict):
+        items = list(given.items())
+    elif isinstance(given, list) and all(isinstance(x, list) and len(x) == 2 for x in given):
+        items = [tuple(x) for x in given]
+    else:
+        raise APIError(400, "'logit_bias' must map token ids to biases", param="logit_bias")
+    out: Dict[int, float] = {}
+    for key, bias in items:
+        try:
+            token = int(key) if not isinstance(key, (bool, float)) else None
+        except ValueError:
+            token = None
+        if token is None or token < 0:
+            raise APIError(400, f"'logit_bias' keys must be token ids, got {key!r} (pyspec serve does not tokenize "
+                                f"them: /tokenize gives the ids)", param="logit_bias")
+        if bias is False:
+            out[token] = float("-inf")
+        elif isinstance(bias, bool) or not isinstance(bias, (int, float)) or bias != bias or bias == float("inf"):
+            raise APIError(400, f"'logit_bias' for token {token} must be a number or false", param="logit_bias")
+        else:
+            out[token] = float(bias)
+    return out
 
 
 def chain_sampling(body: Dict[str, Any], chain: List[str], defaults: Sampling, number, integer) -> Sampling:
@@ -64,6 +121,7 @@ def chain_sampling(body: Dict[str, Any], chain: List[str], defaults: Sampling, n
         top_k=integer(body, "top_k", 0, default=defaults.top_k) if "top_k" in chain else 0,
         top_p=number(body, "top_p", 0.0, 1.0, defaults.top_p) if "top_p" in chain else 1.0,
         min_p=number(body, "min_p", 0.0, 1.0, defaults.min_p) if "min_p" in chain else 0.0,
+        **penalties(body, chain, number, integer),
     )
     if sampling.top_p == 0:
         raise APIError(400, "'top_p' must be > 0", param="top_p")

@@ -4,10 +4,10 @@ into a :class:`ParsedRequest` and its frozen :class:`RequestSettings`), and
 
 Parsing is strict: a field the server does not implement is a 400 that names it
 (:class:`APIError`), never silently ignored. A field whose value is the API's own
-default (``frequency_penalty: 0``, ``logit_bias: {}``, ``n: 1`` …) is accepted,
-because clients send those unasked. Sampling follows OpenAI's meaning: only
-``temperature`` and ``top_p`` truncate unless the pyspec extensions ``top_k`` and
-``min_p`` are given. What a response says: responses.py.
+default (``best_of: 1``, ``n: 1`` …) is accepted, because clients send those
+unasked. Sampling follows OpenAI's meaning: only ``temperature`` and ``top_p``
+truncate unless the pyspec extensions ``top_k`` and ``min_p`` are given; the
+penalties and ``logit_bias`` act as in llama-server (llama_fields.py). What a response says: responses.py.
 """
 from __future__ import annotations
 
@@ -67,9 +67,6 @@ class ParsedRequest:
 # ------------------------------------------------------------------ parsing
 # Fields accepted when they hold the API's default value (they change nothing).
 _NEUTRAL = {
-    "frequency_penalty": (0, 0.0, None),
-    "presence_penalty": (0, 0.0, None),
-    "logit_bias": (None,),
     "best_of": (1, None),
     "echo": (False, None),
     "suffix": (None, ""),  # chat's (a completion's suffix is read: fim.py)
@@ -90,6 +87,7 @@ _NO_EFFECT: set = {"cache_prompt", "id_slot", "t_max_prompt_ms"}
 _COMMON = {"user", "model", "max_tokens", "temperature", "top_p", "seed", "stop", "n", "stream", "stream_options",
            "top_k", "min_p", "draft_max", "policy", "drafter", "response_format", "json_schema", "grammar"}
 _COMMON |= {"prediction", "n_predict", "samplers", "response_fields"}  # the last three: llama-server's (llama.vim)
+_COMMON |= {"frequency_penalty", "presence_penalty", "logit_bias", "repeat_penalty", "repeat_last_n"}
 _FIELDS = {
     "completion": _COMMON | {"prompt", "logprobs", "suffix"},
     "chat": _COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs", "tools", "tool_choice",
@@ -290,7 +288,7 @@ def parse(kind: str, body: Any, *, max_n: int, policies: Sequence[str], drafters
     for name in sorted(body):
         if name in _FIELDS[kind] or name in _NO_EFFECT:
             continue
-        if name in _NEUTRAL and body[name] in _NEUTRAL[name] or (name == "logit_bias" and body[name] == {}):
+        if name in _NEUTRAL and body[name] in _NEUTRAL[name]:
             continue
         what = "with this value " if name in _NEUTRAL else ""
         raise APIError(400, f"unsupported parameter '{name}' {what}(pyspec serve does not implement it)", param=name)
@@ -352,6 +350,7 @@ def parse(kind: str, body: Any, *, max_n: int, policies: Sequence[str], drafters
             top_p=_float(body, "top_p", 0.0, 1.0, openai.top_p),
             top_k=_int(body, "top_k", 0, default=openai.top_k),
             min_p=_float(body, "min_p", 0.0, 1.0, openai.min_p),
+            **llama_fields.penalties(body, None, _float, _int),
         )
     if sampling.top_p == 0:
         raise APIError(400, "'top_p' must be > 0", param="top_p")

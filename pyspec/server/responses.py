@@ -14,9 +14,7 @@ import uuid
 from typing import Any, Dict, List, Sequence, Tuple
 
 from ..prediction import counts
-
-#: Engine stop reasons as OpenAI's finish_reason.
-FINISH_REASON = {"eog": "stop", "stop": "stop", "max_tokens": "length", "context": "length", "cancelled": "stop"}
+from ..results import FINISH_REASON  # noqa: F401  (the server's modules read it here)
 
 
 def new_id(kind: str) -> str:

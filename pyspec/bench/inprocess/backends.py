@@ -4,6 +4,7 @@ tokens with the same settings and reports the same measurements."""
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -117,20 +118,67 @@ class LlamaCppRunner:
                                        draft_model=draft, verbose=False)
         self.name = name or ("llama-cpp-python lookup" if prompt_lookup else "llama-cpp-python")
 
-    def run(self, tokens: List[int], s: Settings) -> Sample:
+    def run(self, tokens: List[int], s: Settings, constraint=None) -> Sample:
+        if constraint is not None:
+            raise ValueError(f"{self.name} runs free text only: leave out the constrained categories")
         self.llm.reset()  # no prompt reuse between runs: same work as the others
+        sp = s.sampling
+        if sp.penalized and (sp.penalty_last_n != self.llm.last_n_tokens_size or sp.penalize_prompt):
+            # its window is the constructor's, over the generated tokens only
+            raise ValueError("llama-cpp-python penalises the last last_n_tokens_size generated tokens: "
+                             "use penalty_last_n=64, penalize_prompt=False")
+        call = dict(max_tokens=s.max_tokens, temperature=sp.temperature, top_k=sp.top_k, top_p=sp.top_p,
+                    min_p=sp.min_p, repeat_penalty=sp.repeat_penalty, frequency_penalty=sp.frequency_penalty,
+                    presence_penalty=sp.presence_penalty, logit_bias=dict(sp.logit_bias) or None, seed=s.seed)
+        times: List[float] = []
+        finish: List[Optional[str]] = [None]
+        failed: List[BaseException] = []
+
+        def consume() -> None:
+            try:
+                for chunk in self.llm.create_completion(tokens, stream=True, **call):
+                    times.append(time.perf_counter())
+                    finish[0] = chunk["choices"][0].get("finish_reason") or finish[0]
+            except BaseException as e:  # noqa: BLE001 - raised again on the caller's thread
+                failed.append(e)
+
+        # Off the main thread, as pyspec generates: once a thread has run a
+        # llama.cpp graph, ggml's OpenMP team stays with it, and another
+        # thread's graphs then ran 25-35 % slower here (docs/performance.md,
+        # issue 51). llama-cpp-python computes on its caller's thread.
         t0 = time.perf_counter()
-        t_first = t_last = None
-        finish = None
-        for chunk in self.llm.create_completion(tokens, max_tokens=s.max_tokens, **s.sampling.to_dict(),
-                                                seed=s.seed, stream=True):
-            now = time.perf_counter()
-            if t_first is None:
-                t_first = now
-            t_last = now
-            finish = chunk["choices"][0].get("finish_reason") or finish
-        # Generated tokens: everything the context holds past the prompt, plus the
-        # last sampled token, which is never evaluated when the length limit stops it.
-        n_gen = self.llm.n_tokens - len(tokens) + (1 if finish == "length" else 0)
-        t_first = t_first or time.perf_counter()
-        return Sample(self.name, "", "", len(tokens), n_gen, t_first - t0, (t_last or t_first) - t_first)
+        worker = threading.Thread(target=consume, name="bench-llama-cpp-python")
+        worker.start()
+        worker.join()
+        if failed:
+            raise failed[0]
+        n_gen = self._generated(tokens, finish[0])
+        t_first = times[0] if times else time.perf_counter()
+        return Sample(self.name, "", "", len(tokens), n_gen, t_first - t0, (times[-1] if times else t_first) - t_first)
+
+    def _generated(self, tokens: List[int], finish: Optional[str]) -> int:
+        # Everything the context holds past the prompt, plus the last sampled
+        # token, which is never evaluated when the length limit stops it.
+        return self.llm.n_tokens - len(tokens) + (1 if finish == "length" else 0)
+
+
+class PyspecLlamaRunner(LlamaCppRunner):
+    """The same calls on :class:`pyspec.Llama`, the drop-in: speculation as
+    it comes (pyspec's default drafting), no memory of earlier answers (a
+    repeated bench prompt would otherwise copy its last answer; llama-cpp-python
+    keeps none either)."""
+
+    def __init__(self, model_path: str, *, n_ctx: int, n_threads: int, n_batch: int = 512,
+                 flash_attn: bool = False, n_gpu_layers: int = 0, name: str = "pyspec.Llama") -> None:
+        from ...llama import Llama
+
+        self.llm = Llama(model_path, n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads, n_batch=n_batch,
+                         flash_attn=flash_attn, n_gpu_layers=n_gpu_layers, verbose=False)
+        memory = self.llm.generator.memory
+        if memory is not None:
+            self.llm.generator.remember = False
+            memory.clear()
+        self.name = name
+
+    def _generated(self, tokens: List[int], finish: Optional[str]) -> int:
+        return self.llm.last_stats.n_generated

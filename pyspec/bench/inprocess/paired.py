@@ -42,12 +42,14 @@ GROUPS = ("ordinary", "copy", "constrained", "all")
 
 @dataclass(frozen=True)
 class Config:
-    """A named configuration: drafter and policy (None: plain decoding)."""
+    """A named configuration: drafter and policy (None: plain decoding), or
+    a ``Llama`` class's create_completion (``api``: "llama_cpp" or "pyspec")."""
 
     name: str
     drafter: Optional[str] = None
     policy: Optional[str] = None
     draft_max: Optional[int] = None
+    api: Optional[str] = None
 
     @property
     def needs_draft_model(self) -> bool:
@@ -60,12 +62,16 @@ class Config:
 ALIASES = {
     "plain": Config("plain"),
     "default": Config("default", "hybrid", "auto"),  # SpeculativeDecoder(target, draft)'s defaults
+    "llama-cpp-python": Config("llama-cpp-python", api="llama_cpp"),  # llama_cpp.Llama(target)
+    "pyspec.Llama": Config("pyspec.Llama", api="pyspec"),  # pyspec.Llama(target), the drop-in
 }
 
 
 def parse_config(text: str) -> Config:
-    """``plain``, ``default`` (hybrid + auto with the draft model), or
-    ``DRAFTER[:POLICY[:K]]`` such as ``ngram`` (auto), ``model:fixed:4``."""
+    """``plain``, ``default`` (hybrid + auto with the draft model),
+    ``llama-cpp-python`` and ``pyspec.Llama`` (the two Llama classes'
+    create_completion), or ``DRAFTER[:POLICY[:K]]`` such as ``ngram`` (auto),
+    ``model:fixed:4``."""
     from ...speculative import DRAFTERS, POLICIES
 
     text = text.strip()
