@@ -196,8 +196,9 @@ class Generator:
         params = _core.SequenceParams(max_tokens=max_tokens, sampling=native, draft_sampling=native,
                                       seed=check_seed(seed), stop=list(stop or []),
                                       logprobs=-1 if logprobs is None else logprobs)
+        penalties = sampling.native_penalties()  # checked even where they change nothing
         if sampling.penalized:
-            params.penalties = sampling.native_penalties()
+            params.penalties = penalties
         if constraint is not None:
             params.grammar = self.target.grammars.compile(constraint)
         keys = list(slots) if policy_keys is None else list(policy_keys)

@@ -121,6 +121,10 @@ class Sampling:
                                presence=self.presence_penalty, last_n=self.penalty_last_n,
                                include_prompt=self.penalize_prompt, logit_bias=list(self.logit_bias))
 
+    def truncation(self) -> dict:
+        """The settings :func:`distribution` takes (temperature and the truncations)."""
+        return dict(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p)
+
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
         d["logit_bias"] = {str(t): b for t, b in self.logit_bias}

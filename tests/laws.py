@@ -104,7 +104,7 @@ def draft_row(draft: pyspec.Model, prompt_tokens, draft_kwargs: dict):
     """q0: the draft's distribution at the first draft position under its sampling
     settings (``draft_sampling``; absent, the target's: TARGET, as in the engine)."""
     settings = draft_kwargs.get("draft_sampling") or Sampling(**TARGET)
-    return next_row(draft, prompt_tokens, **settings.to_dict())
+    return next_row(draft, prompt_tokens, **settings.truncation())
 
 
 def exact_law(target: pyspec.Model, prompt: str):
@@ -166,4 +166,4 @@ def constrained_draft_row(draft: pyspec.Model, prompt_tokens, grammar, draft_kwa
     logits = np.asarray(core.logits(0), dtype=np.float32)
     core.truncate(0)
     allowed = grammar.allowed([])
-    return sampling.distribution(np.where(allowed[:len(logits)], logits, -np.inf), **settings.to_dict())
+    return sampling.distribution(np.where(allowed[:len(logits)], logits, -np.inf), **settings.truncation())

@@ -205,7 +205,7 @@ def sampling_fields(draw, loose: bool, kind: str, n_vocab: int) -> Dict[str, Any
         "frequency_penalty": w(st.none() | st.floats(-2, 2), any_float),
         "presence_penalty": w(st.none() | st.floats(-2, 2), any_float),
         "repeat_penalty": w(st.none() | st.floats(0.5, 2), any_float),
-        "logit_bias": w(st.none() | st.dictionaries(st.integers(0, 100).map(str), st.floats(-100, 100) | st.just(False),
+        "logit_bias": w(st.none() | st.dictionaries(st.integers(0, 100).map(str), st.floats(-100, 100),
                                                     max_size=2),
                         st.dictionaries(clean_text, any_int, max_size=2)),
         # The neutral value of a field pyspec does not implement; on a fuzzed body, any value.

@@ -468,7 +468,6 @@ BAD_CONSTRUCTION = {
     "chat_handler": (dict(chat_handler=object()), ValueError, "chat_handler"),
     "chat_format": (dict(chat_format="llama-2"), ValueError, "chat_format"),
     "n_threads_batch": (dict(n_threads=2, n_threads_batch=4), ValueError, "n_threads_batch"),
-    "n_ubatch": (dict(n_batch=64, n_ubatch=32), ValueError, "n_ubatch"),
     "a Python draft model": (dict(draft_model=object()), TypeError, "draft_model"),
     "pooling without embeddings": (dict(pooling_type=1), ValueError, "pooling_type"),
     "rope_freq_base": (dict(rope_freq_base=10000.0), ValueError, "rope_freq_base"),
@@ -486,6 +485,12 @@ def test_defaults_given_explicitly_are_accepted(gemma_path):
                rope_scaling_type=-1, split_mode=1, main_gpu=0, offload_kqv=True, logits_all=True, no_perf=True,
                chat_format="chat_template.default", n_threads=2, n_threads_batch=2, n_ubatch=512) as llm:
         assert llm.n_batch == 64
+    # As llama-cpp-python: the physical batch is min(n_batch, n_ubatch), and a
+    # negative penalty window is llama.cpp's 0 (penalties off).
+    with Llama(gemma_path, n_ctx=256, verbose=False, n_batch=128, n_ubatch=32, last_n_tokens_size=-1) as llm:
+        assert llm.n_batch == 32
+        plain = llm("ha ha ha ha", max_tokens=8, temperature=0)["choices"][0]["text"]
+        assert llm("ha ha ha ha", max_tokens=8, temperature=0, repeat_penalty=2.0)["choices"][0]["text"] == plain
 
 
 def test_a_missing_model_path_is_a_value_error():

@@ -136,8 +136,14 @@ def warm(gen, messages: List[Dict[str, str]]) -> None:
     # the main thread leaves ggml's OpenMP team there, and every later turn's
     # graphs (on worker threads) then ran 25-35 % slower (issue 51). Short, so
     # Ctrl-C waits for it rather than leave it decoding under the next turn.
-    worker = threading.Thread(target=lambda: [native.decode(head[n:], n, 1, 0) for native, n in jobs],
-                              name="pyspec-warm")
+    def run() -> None:
+        for native, n in jobs:
+            try:
+                native.decode(head[n:], n, 1, 0)
+            except (PyspecError, ValueError):  # a full context, say: the turn then processes the head itself
+                return
+
+    worker = threading.Thread(target=run, name="pyspec-warm")
     with ctrl_c_held():
         worker.start()
         worker.join()

@@ -109,8 +109,8 @@ class Llama:
         if n_threads_batch is not None and n_threads_batch != n_threads:
             options.refuse("n_threads_batch", n_threads_batch, "pyspec runs prompts and generation with one thread "
                            "count: give n_threads (n_threads_batch only equal to it)")
-        if not isinstance(last_n_tokens_size, int) or last_n_tokens_size < -1:
-            raise ValueError(f"last_n_tokens_size must be an int >= -1 (-1: all), got {last_n_tokens_size!r}")
+        if not isinstance(last_n_tokens_size, int):
+            raise ValueError(f"last_n_tokens_size must be an int, got {last_n_tokens_size!r}")
         try:
             path = resolve_path(model_path)
         except ModelNotFoundError:
@@ -127,10 +127,9 @@ class Llama:
             n_ctx = int(self.metadata.get(f"{self.metadata.get('general.architecture', '')}.context_length", 0))
             if n_ctx <= 0:
                 raise ValueError(f"n_ctx=0: {path} does not say its training context; give n_ctx")
-        self.n_batch = min(n_ctx, n_batch)
-        if n_ubatch < self.n_batch:
-            options.refuse("n_ubatch", n_ubatch, f"pyspec's physical batch is n_batch ({self.n_batch}): give "
-                           f"n_ubatch >= n_batch, or a smaller n_batch")
+        # pyspec has one batch size, the physical one: llama-cpp-python's
+        # min(n_batch, n_ubatch) (a batch size changes speed, never the output).
+        self.n_batch = min(n_ctx, n_batch, n_ubatch)
         self._load = dict(n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers, n_batch=self.n_batch,
                           verbose=verbose, flash_attn=flash, tensor_split=tensor_split, n_seq_max=1)
         self._target: Optional[Model] = Model(path, **self._load)

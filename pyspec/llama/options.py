@@ -127,7 +127,8 @@ def sampling(*, temperature: float, top_k: int, top_p: float, min_p: float, repe
         if math.isnan(b):
             raise ValueError("logit_bias values must be numbers, got NaN")
     out = base.replace(repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
-                       presence_penalty=presence_penalty, penalty_last_n=last_n_tokens_size,
+                       # llama_sampler_init_penalties clamps a negative window to 0: penalties off
+                       presence_penalty=presence_penalty, penalty_last_n=max(last_n_tokens_size, 0),
                        penalize_prompt=False).replace(logit_bias=bias)
     if out.penalized and not hasattr(_core, "Penalties"):
         raise ValueError("repeat_penalty, frequency_penalty, presence_penalty and logit_bias need pyspec's "

@@ -69,14 +69,17 @@ def penalties(body: Dict[str, Any], chain: Optional[List[str]], number, integer)
     out: Dict[str, Any] = {"logit_bias": logit_bias(body)}
     if chain is not None and "penalties" not in chain:
         return out
-    repeat = number(body, "repeat_penalty", 0.0, 100.0, 1.0)
-    if repeat <= 0:
-        raise APIError(400, "'repeat_penalty' must be > 0 (1 = off)", param="repeat_penalty")
+    # From 0.01: a logit divided by much less overflows to +inf, which no row survives.
+    repeat = number(body, "repeat_penalty", 0.01, 100.0, 1.0)
     out.update(repeat_penalty=repeat,
                frequency_penalty=number(body, "frequency_penalty", -2.0, 2.0, 0.0),
                presence_penalty=number(body, "presence_penalty", -2.0, 2.0, 0.0),
                penalty_last_n=integer(body, "repeat_last_n", -1, default=64))
     return out
+
+
+#: Most tokens one request may bias (OpenAI allows 300).
+MAX_LOGIT_BIAS = 1024
 
 
 def logit_bias(body: Dict[str, Any]) -> Dict[int, float]:
@@ -93,6 +96,8 @@ def logit_bias(body: Dict[str, Any]) -> Dict[int, float]:
         items = [tuple(x) for x in given]
     else:
         raise APIError(400, "'logit_bias' must map token ids to biases", param="logit_bias")
+    if len(items) > MAX_LOGIT_BIAS:  # so that no request can forbid a whole vocabulary
+        raise APIError(400, f"'logit_bias' holds {len(items)} tokens; at most {MAX_LOGIT_BIAS}", param="logit_bias")
     out: Dict[int, float] = {}
     for key, bias in items:
         try:
@@ -104,8 +109,9 @@ def logit_bias(body: Dict[str, Any]) -> Dict[int, float]:
                                 f"them: /tokenize gives the ids)", param="logit_bias")
         if bias is False:
             out[token] = float("-inf")
-        elif isinstance(bias, bool) or not isinstance(bias, (int, float)) or bias != bias or bias == float("inf"):
-            raise APIError(400, f"'logit_bias' for token {token} must be a number or false", param="logit_bias")
+        elif isinstance(bias, bool) or not isinstance(bias, (int, float)) or not -100 <= bias <= 100:
+            raise APIError(400, f"'logit_bias' for token {token} must be a number in [-100, 100] (OpenAI's range) "
+                                f"or false (forbidden)", param="logit_bias")
         else:
             out[token] = float(bias)
     return out

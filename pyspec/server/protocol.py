@@ -357,6 +357,10 @@ def parse(kind: str, body: Any, *, max_n: int, policies: Sequence[str], drafters
     tools, choice = _tools(body) if kind == "chat" else (None, ToolChoice("none"))
     fmt = tool_format(template) if tools else None  # a template that does not say: hermes
     constraint, constraint_param = _request_constraint(body, tools, choice, fmt)
+    if constraint is not None and any(b == float("-inf") for _, b in sampling.logit_bias):
+        # Forbidding every token the grammar allows would leave a row with none.
+        raise APIError(400, "'logit_bias' may not forbid tokens (false) under a grammar, schema or tool call: "
+                            "give a finite bias such as -100", param="logit_bias")
     settings = RequestSettings(
         max_tokens=max_tokens,
         sampling=sampling,

@@ -181,4 +181,7 @@ class PyspecLlamaRunner(LlamaCppRunner):
         self.name = name
 
     def _generated(self, tokens: List[int], finish: Optional[str]) -> int:
-        return self.llm.last_stats.n_generated
+        # As llama-cpp-python counts them: an end-of-generation token is not one.
+        from ...llama.completion import generated
+
+        return len(generated(self.llm, self.llm._last))
