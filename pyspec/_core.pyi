@@ -34,6 +34,7 @@ class Penalties:  # logit biases and repetition penalties (core/penalties.h)
     def to_dict(self) -> Dict[str, Any]: ...
 
 GRAMMAR_CONTROLS: Tuple[str, ...]  # "off", "unmasked", "stale" (engine.h, GrammarControl)
+PENALTY_CONTROLS: Tuple[str, ...]  # "off", "stale", "last_draft" (engine.h, PenaltyControl)
 
 class TestControls:  # TEST-ONLY negative controls, a session's (pyspec.testing.TestControls builds it)
     FIELDS: ClassVar[Tuple[str, ...]]
@@ -42,7 +43,7 @@ class TestControls:  # TEST-ONLY negative controls, a session's (pyspec.testing.
     shared_stream: bool  # every sequence draws from the one stream of its seed
     grammar: str  # GRAMMAR_CONTROLS: "unmasked" or "stale": the target's rows under a wrong grammar mask
     pit: bool  # probe, not a control: record each decided token's PIT under its target row in stats.pit
-    stale_penalties: bool  # a row's penalty window leaves out the drafts before it
+    penalties: str  # PENALTY_CONTROLS: "stale" or "last_draft": a row's penalty window leaves out drafts before it
     def __init__(self, **fields: Any) -> None: ...
     def to_dict(self) -> Dict[str, Any]: ...
 
@@ -226,6 +227,8 @@ class Model:
     def decode_rows(self, rows: Sequence[Tuple[int, int, int, bool]]) -> None: ...  # (seq, pos, token, logits)
     def logits(self, row: int = 0) -> npt.NDArray[np.float32]: ...
     def test_simulate_async(self, latency_s: float, synced: bool = True) -> None: ...  # TEST-ONLY (model.h)
+    def test_share_cell(self, src: int, dst: int, pos: int) -> None: ...  # TEST-ONLY (model.h): a row-law control
+    def test_hide_cell(self, seq: int, pos: int) -> None: ...  # TEST-ONLY (model.h): a row-law control
     def truncate(self, pos: int, seq: int = 0) -> None: ...
     def copy_prefix(self, src: int, dst: int, n: int) -> None: ...
     def pos_max(self, seq: int = 0) -> int: ...

@@ -17,7 +17,9 @@ Two layouts, which differ only in where the typed part of the cursor line
     to the last keystroke and only the new characters are processed. The suffix's
     budget does not depend on the typed length for the same reason. The last
     typed token is healed (:func:`heal`): a half-typed word continues as the
-    model would tokenize the whole word.
+    model would tokenize the whole word. Healing changes the law sampled
+    (:func:`heal` says how); ``healing=False`` (a request's ``healing``
+    field) keeps the typed tokens and the plain FIM law.
 
 ``"llama-server"`` (llama.cpp's ``format_prompt_infill``)::
 
@@ -116,8 +118,10 @@ class InfillPrompt:
         return Constraint.regex(re.escape(self.heal) + r"(?s:.*)")
 
     def visible(self, text: str) -> str:
-        """An answer's text after the cursor (the healed characters dropped)."""
-        return text[len(self.heal):] if self.heal and text.startswith(self.heal) else text
+        """An answer's text after the cursor: the healed characters dropped, as
+        a stream drops them (:class:`Unheal`), also from an answer that ends
+        inside them."""
+        return Unheal(self.heal)(text)
 
 
 def extra_tokens(model, fim: FimTokens, chunks: Sequence[Chunk]) -> List[int]:
@@ -202,14 +206,34 @@ def heal(model, typed_tokens: List[int]) -> Tuple[List[int], str]:
     last token is taken back and the answer must begin with that token's text,
     so "ret" can continue as the one token "return" the model would have
     written, not as "ret" + "urn". Returns the tokens kept and the text taken.
-    Healing changes what is sampled (the target's law given that the answer
-    begins with the text), never how: the constraint path is lossless."""
+
+    What is then sampled: the target's rows after the healed prompt (the typed
+    text without its last token), each masked to the tokens that keep the
+    answer on the taken text (``InfillPrompt.constraint``) and renormalised,
+    until the answer has written it. That is masking, not conditioning: it is
+    not the target's law given that the answer begins with the text (which
+    would weigh each first token by how likely its continuations are to match),
+    and the prompt lacks its last typed token. Under speculation it is kept
+    exactly, as every constraint is. The answer shown leaves the taken text
+    out (:class:`Unheal`, :meth:`InfillPrompt.visible`). ``healing=False`` keeps
+    the typed tokens and samples the plain FIM law (:func:`healing`)."""
     if not typed_tokens:
         return typed_tokens, ""
     last = model.detokenize(typed_tokens[-1:])
     if not last or not _WORD.search(last) or "\n" in last:
         return typed_tokens, ""
     return typed_tokens[:-1], last
+
+
+def healing(requested: Optional[bool], constrained: bool) -> bool:
+    """Whether a FIM prompt heals its last typed token (:func:`heal`): as
+    ``requested``, or by default wherever the request has no constraint of its
+    own (healing is one, and a request takes one). Asking for both is a
+    ValueError."""
+    if requested and constrained:
+        raise ValueError("token healing constrains the answer itself: a fill-in-the-middle request with a JSON "
+                         "schema, grammar or regex takes healing=False")
+    return not constrained if requested is None else bool(requested)
 
 
 def build(model, prefix: str, suffix: str, *, typed: str = "", extra: Sequence[Chunk] = (),
@@ -332,7 +356,9 @@ def for_prefix(model, prefix: str, suffix: str, *, extra: Sequence[Chunk] = (), 
 
 class Unheal:
     """Drops the healed text (:attr:`InfillPrompt.heal`) from the front of a
-    streamed answer: call it with each piece, it returns what to show."""
+    streamed answer: call it with each piece, it returns what to show. The
+    answer begins with that text (or is cut inside it): its first len(heal)
+    characters are the typed ones."""
 
     def __init__(self, heal: str) -> None:
         self.heal = heal

@@ -337,6 +337,7 @@ class Generator:
         draft_sampling: Optional[Sampling] = None,
         memory=None,
         suffix: Optional[str] = None,
+        healing: Optional[bool] = None,
         prediction: Optional[Union[str, Sequence[int]]] = None,
         logprobs: Optional[int] = None,
         _test: Optional[TestControls] = None,
@@ -390,7 +391,11 @@ class Generator:
         Fill in the middle (docs/editor.md): with ``suffix``, ``prompt`` is the
         text before the cursor and the answer the text between it and
         ``suffix``, asked for with the model's FIM tokens (pyspec/fim.py;
-        :meth:`infill` takes other files' text too). ``prediction`` (text or
+        :meth:`infill` takes other files' text too). A half-typed last word is
+        healed unless ``healing=False`` (or another constraint is given):
+        its last token is taken back and the answer must begin with its text,
+        which the answer shown leaves out (``fim.heal`` says what law that
+        samples). ``prediction`` (text or
         token ids): what the answer will mostly be (OpenAI's Predicted
         Outputs; pyspec/prediction.py): drafted from, never trusted, so the
         output's law is unchanged; the completion counts its
@@ -415,7 +420,9 @@ class Generator:
         if suffix is not None:
             if not isinstance(prompt, str):
                 raise TypeError("suffix= fills in between two texts: the prompt must be the text before it")
-            fill = fim.for_prefix(self.target, prompt, suffix, healing=constraint is None)
+            fill = fim.for_prefix(self.target, prompt, suffix, healing=fim.healing(healing, constraint is not None))
+        elif healing is not None:
+            raise TypeError("healing= is for a fill-in-the-middle prompt (suffix=, infill())")
         if fill is not None:
             if fill.heal and constraint is not None:
                 raise ValueError("a healed FIM prompt takes no other constraint (build it with healing=False)")
@@ -463,10 +470,11 @@ class Generator:
         cursor), asked for with the model's FIM tokens (pyspec/fim.py):
         ``extra`` holds other files' text (:class:`pyspec.fim.Chunk`),
         ``layout`` is ``"still"`` (pyspec's) or ``"llama-server"``. The other
-        ``settings`` are :meth:`generate`'s (``prediction`` included).
+        ``settings`` are :meth:`generate`'s (``prediction`` and ``healing`` included).
         Raises :class:`pyspec.fim.FimUnsupported` for a model without FIM tokens."""
         constrained = any(settings.get(k) is not None for k in ("constraint", "json_schema", "grammar", "regex"))
-        fill = fim.for_prefix(self.target, prefix, suffix, extra=extra, layout=layout, healing=not constrained)
+        fill = fim.for_prefix(self.target, prefix, suffix, extra=extra, layout=layout,
+                              healing=fim.healing(settings.pop("healing", None), constrained))
         return self.generate(fill, **settings)
 
     def with_prediction(self, drafting: Drafting, tokens: Sequence[int], predicted: Sequence[int]) -> Drafting:

@@ -21,6 +21,7 @@ from . import _core
 #: The C++ core's names (sampling.h, AcceptVariant; engine.h, GrammarControl).
 VARIANTS = tuple(_core.sampling.VARIANTS)
 GRAMMAR_CONTROLS = tuple(_core.GRAMMAR_CONTROLS)
+PENALTY_CONTROLS = tuple(_core.PENALTY_CONTROLS)
 SLOT_CHOICES = ("engine", "lowest")
 
 
@@ -37,9 +38,10 @@ class TestControls:
       (correlated samples) instead of its own;
     - ``grammar``: under a grammar, the target's rows ``"unmasked"`` or masked
       with the ``"stale"`` mask of the round's start (``"off"``: the product);
-    - ``stale_penalties``: a verified row's repetition penalties count the
-      accepted prefix only, not the drafts before the row (the penalties' wrong
-      window, ``cpp/core/penalties.h``);
+    - ``penalties``: a verified row's repetition penalties count a wrong
+      window (``cpp/core/penalties.h``): ``"stale"``, the accepted prefix only,
+      none of the drafts before the row; ``"last_draft"``, only the draft just
+      before it (right for rows 0 and 1, wrong from row 2); ``"off"``: the product;
     - ``pit``: a probe, not a control: record each decided token's randomized PIT
       under its target row (``stats.pit``; a server reports it in ``timings.pit``);
     - ``slot_choice``: a server's slot for each request: ``"engine"`` (the
@@ -54,11 +56,12 @@ class TestControls:
     shared_stream: bool = False
     grammar: str = "off"
     pit: bool = False
-    stale_penalties: bool = False
+    penalties: str = "off"
     slot_choice: str = "engine"
 
     def __post_init__(self) -> None:
         for name, value, allowed in (("variant", self.variant, VARIANTS), ("grammar", self.grammar, GRAMMAR_CONTROLS),
+                                     ("penalties", self.penalties, PENALTY_CONTROLS),
                                      ("slot_choice", self.slot_choice, SLOT_CHOICES)):
             if value not in allowed:
                 raise ValueError(f"TestControls.{name} = {value!r}: one of {', '.join(allowed)}")
@@ -76,7 +79,7 @@ class TestControls:
         """The core's part (a session's: engine.h, SessionParams.test)."""
         return _core.TestControls(variant=self.variant, discard_below=self.discard_below,
                                   shared_stream=self.shared_stream, grammar=self.grammar, pit=self.pit,
-                                  stale_penalties=self.stale_penalties)
+                                  penalties=self.penalties)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))

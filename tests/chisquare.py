@@ -166,15 +166,57 @@ def assert_power(exact: dict, wrong: dict, n: int, what: str) -> float:
     return pw
 
 
-def assert_law(counts, exact: dict, n: int, label: str, *, control: bool = False, note: str = "") -> float:
+def independence(pairs, min_expected: float = 5.0):
+    """Pearson's chi-square test that the two coordinates of ``pairs`` (outcome
+    pairs of two samples drawn together) are independent: ``(statistic, df,
+    p_value)``. The marginals are estimated from the pairs, pooled over both
+    coordinates (the two samples follow one law); outcomes rarer than
+    ``sqrt(min_expected * n)`` in either coordinate's count are pooled into one
+    category, so every cell's expected count reaches ``min_expected``."""
+    pairs = [tuple(p) for p in pairs]
+    n = len(pairs)
+    seen: dict = {}
+    for a, b in pairs:
+        seen[a] = seen.get(a, 0) + 1
+        seen[b] = seen.get(b, 0) + 1
+    keep = {x for x, c in seen.items() if c / 2 >= math.sqrt(min_expected * n)}
+    cat = lambda x: x if x in keep else "other"  # noqa: E731
+    rows: dict = {}
+    for a, b in pairs:
+        rows[(cat(a), cat(b))] = rows.get((cat(a), cat(b)), 0) + 1
+    labels = sorted({cat(x) for x in seen}, key=str)
+    first = {x: sum(c for (a, _), c in rows.items() if a == x) for x in labels}
+    second = {x: sum(c for (_, b), c in rows.items() if b == x) for x in labels}
+    stat = 0.0
+    for a in labels:
+        for b in labels:
+            e = first[a] * second[b] / n
+            if e > 0:
+                stat += (rows.get((a, b), 0) - e) ** 2 / e
+    df = (sum(v > 0 for v in first.values()) - 1) * (sum(v > 0 for v in second.values()) - 1)
+    return stat, df, (check.chi2_sf(stat, df) if df > 0 else math.nan)
+
+
+def assert_law(counts, exact: dict, n: int, label: str, *, control: bool = False, note: str = "",
+               wrong: dict = None) -> float:
     """The verdict of an end-to-end test: ``counts`` of n samples against the exact
     law at ALPHA. A proof must not be rejected; a negative control (``control``:
-    a deliberately wrong sampler) must be. Prints the statistic with ``note``
-    (what fired) and returns the p-value."""
+    a deliberately wrong sampler) must be, and where the test states the bug's
+    law (``wrong``), the control must also fit it (not be rejected against it
+    at ALPHA): the path the samples took is the one the test describes. Prints
+    the statistics with ``note`` (what fired) and returns the p-value."""
     stat, df, pv = pooled_chisquare(counts, exact, n)
-    print(f"{'NEGATIVE CONTROL ' if control else ''}{label}: N={n} chi2={stat:.2f} df={df} p={pv:.3g} {note}")
+    fit = ""
+    if wrong is not None:
+        assert control, f"{label}: the bug's law is the control's to fit"
+        fit_stat, _, fit_p = pooled_chisquare(counts, wrong, n)
+        fit = f"; against the bug's law: chi2={fit_stat:.2f} p={fit_p:.3g}"
+    print(f"{'NEGATIVE CONTROL ' if control else ''}{label}: N={n} chi2={stat:.2f} df={df} p={pv:.3g}{fit} {note}")
     if control:
         assert pv < ALPHA, f"{label}: the wrong sampler was not detected (p={pv:.3g})"
+        if wrong is not None:
+            assert fit_p > ALPHA, (f"{label}: the control does not follow the bug's law (p={fit_p:.3g}): the path "
+                                   "tested is not the one described")
     else:
         assert pv > ALPHA, f"{label}: samples differ from the target distribution (p={pv:.3g})"
     return pv

@@ -3,7 +3,9 @@ the pyspec cache (``$PYSPEC_MODELS`` or the per-user cache), once."""
 
 from __future__ import annotations
 
+import os
 import signal
+import threading
 
 import pytest
 
@@ -40,6 +42,65 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.pair)
         if item.get_closest_marker("slow") is not None and item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(SLOW_TIMEOUT))
+
+
+# ------------------------------------------------ graphs off pytest's main thread
+# Once a thread has computed a llama.cpp graph, ggml's OpenMP runtime (libgomp)
+# keeps a team of threads for it until the thread ends. While two teams exist,
+# libgomp counts more threads than cores and its barriers yield instead of
+# spinning: every later graph of the process ran 25-35 % slower once the main
+# thread had computed one (docs/performance.md, issue 51). pyspec generates on
+# short-lived workers (generation.run_interruptible), and so do the tests: each
+# test body and each fixture's setup runs on a thread of its own, which takes
+# its team with it when it ends. A test that needs the main thread (a real
+# SIGINT raises KeyboardInterrupt there) carries the `main_thread` mark.
+# PYSPEC_TESTS_ON_MAIN_THREAD=1 runs everything on the main thread: the other
+# arm of the A/B that measured this (docs/testing.md, "CI time").
+GRAPHS_ON_MAIN = os.environ.get("PYSPEC_TESTS_ON_MAIN_THREAD") == "1"
+
+
+def _on_a_worker(call):
+    """``call()`` on a new thread; its result, or its exception raised here."""
+    box = {}
+
+    def work():
+        try:
+            box["out"] = call()
+        except BaseException as e:  # noqa: BLE001 - raised again on the caller's thread
+            box["err"] = e
+
+    worker = threading.Thread(target=work, name="pytest-graphs", daemon=True)  # Ctrl-C ends pytest
+    worker.start()
+    worker.join()
+    if "err" in box:
+        raise box["err"]
+    return box.get("out")
+
+
+def _off_main(node) -> bool:
+    return not GRAPHS_ON_MAIN and threading.current_thread() is threading.main_thread() and \
+        node.get_closest_marker("main_thread") is None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem):
+    if not _off_main(pyfuncitem):
+        return None  # pytest's own call, here
+    args = {name: pyfuncitem.funcargs[name] for name in pyfuncitem._fixtureinfo.argnames}
+    _on_a_worker(lambda: pyfuncitem.obj(**args))
+    return True
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_fixture_setup(fixturedef, request):
+    if not _off_main(request.node):
+        return None
+    from _pytest.fixtures import pytest_fixture_setup as setup
+
+    _on_a_worker(lambda: setup(fixturedef, request))
+    # Not the value (pytest reads it from fixturedef.cached_result): a fixture
+    # whose value is None would otherwise make pluggy run pytest's setup again.
+    return True
 
 
 def _ensure(attr: str) -> str:

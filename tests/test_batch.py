@@ -5,7 +5,8 @@ Batch rounding: these tests are about streams and seeds, so both sides run
 without flash attention, where this small model's rows round alike alone and
 in a batch (with it, the default, rows of several sequences move by up to
 0.025 in probability: test_model_sequences.py). Even so a greedy sequence may
-part from its lone run at a near tie (near_ties.py), and such flips are counted.
+part from its lone run at a near tie, and such flips are counted and bounded
+(near_ties.py: the measured row law).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import pytest
 import pyspec
 from pyspec import _core
 
-from near_ties import near_tie_flips
+from near_ties import assert_flips, near_tie_flips, row_law
 
 PROMPTS = ["The capital of France is", "def add(a, b):", "Once upon a time", "1, 2, 3, 4,"]
 
@@ -40,8 +41,7 @@ def test_greedy_batch_equals_each_sequence_alone(batch_model, lone_model):
     for prompt, choice in zip(PROMPTS, out.choices):
         alone = lone_model.generate(prompt, max_tokens=24, temperature=0, chat=False)
         flips += near_tie_flips(lone_model, lone_model.tokenize(prompt), choice.tokens, alone.tokens)
-    print(f"near-tie flips: {flips} of {len(PROMPTS)} sequences")
-    assert flips < len(PROMPTS), "no sequence matched its lone output"
+    assert_flips(row_law(lone_model), flips, len(PROMPTS), 24)
 
 
 def test_each_sample_is_the_lone_generation_with_its_seed(batch_model, lone_model):
@@ -122,7 +122,8 @@ def test_greedy_batch_drafting_with_a_draft_model(gemma_path, load_model, lone_m
     for prompt, choice in zip(PROMPTS, out.choices):
         alone = lone_model.generate(prompt, max_tokens=24, temperature=0, chat=False)
         flips += near_tie_flips(lone_model, lone_model.tokenize(prompt), choice.tokens, alone.tokens)
-    print(f"near-tie flips: {flips} of {len(PROMPTS)}; draft decodes {s.draft_decodes} in {s.rounds} rounds")
+    print(f"draft decodes {s.draft_decodes} in {s.rounds} rounds")
+    assert_flips(row_law(lone_model), flips, len(PROMPTS), 24)
     # Control: a batch cannot give two sequences one draft sequence.
     one = _core.make_batch_drafters(_core.DrafterParams(name="model"), target.native, draft.native, 1)[0]
     with pytest.raises(ValueError, match="same sequence"):

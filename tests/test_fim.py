@@ -79,6 +79,37 @@ def test_healing_takes_back_a_half_typed_word(coder):
     assert not out.text.startswith(" ret") and out.text.startswith("urn"), out.text
 
 
+def test_healing_is_switched_off_by_a_keyword(coder):
+    healed = coder.generate(PREFIX + "    ret", suffix=SUFFIX, max_tokens=2, temperature=0)
+    plain = coder.generate(PREFIX + "    ret", suffix=SUFFIX, max_tokens=2, temperature=0, healing=False)
+    # Off, the typed last token stays in the prompt and nothing constrains the answer.
+    assert plain.n_prompt_tokens == healed.n_prompt_tokens + 1
+    assert coder.infill(PREFIX + "    ret", SUFFIX, max_tokens=2, temperature=0, healing=False).tokens == plain.tokens
+    with pytest.raises(ValueError, match="healing=False"):
+        coder.generate(PREFIX + "    ret", suffix=SUFFIX, max_tokens=2, healing=True, regex="[a-z]+")
+    with pytest.raises(TypeError, match="fill-in-the-middle"):
+        coder.generate("def f():", chat=False, max_tokens=2, healing=False)
+
+
+@pytest.mark.parametrize("max_tokens", [1, 2])
+def test_an_answer_cut_inside_the_healed_text_shows_nothing_whole_or_streamed(coder, max_tokens):
+    """The healed text is " ret"; biases make the answer " r" then "e": cut
+    after one or two tokens it ends inside the typed text, which neither the
+    result nor the stream shows again (they once disagreed: the result
+    repeated the typed characters)."""
+    r, e = (tok(coder, t) for t in (" r", "e"))
+    assert len(r) == len(e) == 1
+    pieces = []
+    out = coder.generate(PREFIX + "    ret", suffix=SUFFIX, max_tokens=max_tokens, temperature=0,
+                         logit_bias={r[0]: 30.0, e[0]: 30.0}, on_text=pieces.append)
+    assert coder.detokenize(out.tokens) == " re"[:1 + max_tokens], "the biases did not cut inside the healed text"
+    assert out.text == "".join(pieces) == ""
+    # Past the healed text, both show the same remainder.
+    more = []
+    longer = coder.generate(PREFIX + "    ret", suffix=SUFFIX, max_tokens=4, temperature=0, on_text=more.append)
+    assert longer.text == "".join(more) and coder.detokenize(longer.tokens).startswith(" ret")
+
+
 def test_suffix_in_generate_and_infill_agree(coder):
     a = coder.generate(PREFIX + "    ", suffix=SUFFIX, max_tokens=10, temperature=0)
     b = coder.infill(PREFIX + "    ", SUFFIX, max_tokens=10, temperature=0)

@@ -14,6 +14,9 @@ import random
 import httpx
 import pytest
 
+from pyspec import _core
+
+from chisquare import ALPHA, independence
 from server_helpers import ServerProcess
 
 PREFIX = "".join(f"def f{i}(x):\n    return x + {i}\n\n\n" for i in range(12))
@@ -87,6 +90,91 @@ def test_n_cmpl_answers_an_array_and_a_warm_up_an_empty_object(server):
                                    "cache_prompt": True, "t_max_prompt_ms": 1, "t_max_predict_ms": 1,
                                    "response_fields": [""]})
     assert warm.status_code == 200 and warm.json() == {}
+
+
+# n_cmpl > 1 (llama.vscode asks for 3): the choices are sampled in one batch,
+# each from its own random stream (the seed's j-th, _core.sequence_seed).
+CHOICES = {"input_prefix": PREFIX + "def mean(values):\n", "input_suffix": SUFFIX, "prompt": "    ",
+           "samplers": ["top_k", "temperature"], "top_k": 3, "temperature": 1.0, "cache_prompt": True}
+N_PAIRS = 60  # pairs of first tokens: under one shared stream every pair agrees, and chi-square says so at once
+
+
+def first_token_pairs(server, n: int):
+    pairs = []
+    for _ in range(n):
+        r = server.post("/infill", dict(CHOICES, n_predict=1, n_cmpl=2))
+        assert r.status_code == 200, r.text
+        pairs.append(tuple(a["content"] for a in r.json()))
+    return pairs
+
+
+@pytest.fixture(scope="module")
+def shared_stream_server(draft_path):
+    """The negative control: every choice of a request draws from one stream."""
+    s = ServerProcess("-m", draft_path, "--n-ctx", "4096", "--parallel", "3",
+                      "--test-controls", json.dumps({"shared_stream": True}))
+    yield s
+    s.stop()
+
+
+def test_n_cmpl_choices_are_independent(server, shared_stream_server):
+    """Two choices' first tokens: independent (Pearson's contingency test at
+    ALPHA); the shared-stream control gives every pair the same token (its
+    law: the diagonal) and the same test rejects it."""
+    pairs = first_token_pairs(server, N_PAIRS)
+    stat, df, p = independence(pairs)
+    print(f"n_cmpl=2 first tokens: chi2={stat:.2f} df={df} p={p:.3g}; {sum(a == b for a, b in pairs)} pairs agree")
+    assert df >= 1, f"the first token hardly varies: the test cannot tell ({pairs[:5]})"
+    assert p > ALPHA, f"the choices of one request are not independent (p={p:.3g})"
+    control = first_token_pairs(shared_stream_server, N_PAIRS)
+    stat, df, p = independence(control)
+    print(f"NEGATIVE CONTROL shared stream: chi2={stat:.2f} df={df} p={p:.3g}")
+    assert p < ALPHA and all(a == b for a, b in control), "one shared stream was not detected"
+
+
+def test_n_cmpl_choices_each_follow_their_seed(server):
+    """Choice j of a request with seed S is what a request for one completion
+    with seed sequence_seed(S, j) answers. Plain decoding (draft_max 0): drafts
+    (from the user's memory, which the first request fills) decide which
+    uniforms test which token, so a seed repeats only where the drafts do. Its
+    rows were batched with the other choices' (near_ties.py: rounding), so one
+    of three may part at T > 0."""
+    seed = next(s for s in range(1, 1000) if all(_core.sequence_seed(s, j) < 2**63 for j in range(3)))
+    body = dict(CHOICES, n_predict=6, top_k=40, draft_max=0)
+    together = [a["content"] for a in server.post("/infill", dict(body, n_cmpl=3, seed=seed)).json()]
+    alone = [server.post("/infill", dict(body, seed=_core.sequence_seed(seed, j))).json()["content"]
+             for j in range(3)]
+    print(f"together {together}; alone {alone}")
+    assert sum(t == a for t, a in zip(together, alone)) >= 2, "the choices do not follow their own seeds"
+    assert len(set(together)) > 1, "three samples at T = 1 were all the same"
+
+
+def test_t_max_predict_ms_ends_the_answer_at_a_line_end(server):
+    """The time budget (1 ms: spent by the second piece) ends the answer at the
+    next piece holding a newline, which is kept; control: without it the
+    answer goes on."""
+    body = {"input_prefix": PREFIX, "input_suffix": "", "prompt": "def f12(x):", "n_predict": 48,
+            "temperature": 0, "samplers": ["temperature"]}
+    free = server.post("/infill", body).json()
+    cut = server.post("/infill", dict(body, t_max_predict_ms=1)).json()
+    print(f"free {free['content']!r}; cut {cut['content']!r}")
+    assert cut["stop_type"] == "limit" and cut["tokens_predicted"] < free["tokens_predicted"], cut
+    assert free["content"].startswith(cut["content"]) and "\n" in cut["content"]
+    assert cut["content"].rstrip(" \t").endswith("\n"), "the answer did not end at a line end"
+    assert free["content"][len(cut["content"]):].strip(), "the control did not go on"
+
+
+def test_healing_is_switched_off_by_a_field(server):
+    healed = server.post("/infill", vim_body("    total = su")).json()
+    plain = server.post("/infill", vim_body("    total = su", healing=False)).json()
+    # Off, the typed last token stays in the prompt.
+    assert plain["tokens_cached"] - plain["timings/predicted_n"] == \
+        healed["tokens_cached"] - healed["timings/predicted_n"] + 1
+    bad = server.post("/infill", vim_body("    total = su", healing="no"))
+    assert bad.status_code == 400 and "healing" in bad.text
+    both = server.post("/v1/completions", {"prompt": "def f(x):\n    ret", "suffix": "\n", "max_tokens": 2,
+                                           "healing": True, "grammar": 'root ::= [a-z]+'})
+    assert both.status_code == 400 and "healing" in both.text, both.text
 
 
 def test_a_stream_ends_with_the_whole_object_and_no_done(server):

@@ -26,9 +26,6 @@ from near_ties import near_tie_flips
 
 llama_cpp = pytest.importorskip("llama_cpp")
 
-PENALTIES = hasattr(pyspec._core, "Penalties")
-needs_penalties = pytest.mark.skipif(not PENALTIES, reason="this pyspec._core has no Penalties (rebuild pyspec)")
-
 FOX = "The quick brown fox jumps over the lazy dog. The quick brown fox"
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "The current weather in a city",
@@ -108,10 +105,9 @@ CASES = {
     "token prompt": ([2, 818, 5279, 563], dict(max_tokens=6, temperature=0)),
     "empty prompt": ("", dict(max_tokens=4, temperature=0)),
     "seeded": ("Once upon a time", dict(max_tokens=8, temperature=0, seed=7, top_k=50, top_p=0.9)),
-    "penalties": pytest.param(FOX, dict(max_tokens=16, temperature=0, repeat_penalty=1.5, frequency_penalty=0.5,
-                                        presence_penalty=0.3), marks=needs_penalties),
-    "logit_bias": pytest.param(FOX, dict(max_tokens=4, temperature=0, logit_bias={8864: 30.0}),
-                               marks=needs_penalties),  # 8864: " cat"
+    "penalties": (FOX, dict(max_tokens=16, temperature=0, repeat_penalty=1.5, frequency_penalty=0.5,
+                            presence_penalty=0.3)),
+    "logit_bias": (FOX, dict(max_tokens=4, temperature=0, logit_bias={8864: 30.0})),  # 8864: " cat"
 }
 
 

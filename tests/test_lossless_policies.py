@@ -222,6 +222,77 @@ def test_negative_control_ngram_broken_residual_two_tokens(gemma_models, ngram_c
     assert_law(counts, exact, n, "ngram residual=p, draft_max=2", control=True)
 
 
+# ------------------------------------------------ a drafter named in the call
+# generate(drafter=...) on a decoder whose own drafter is another one takes the
+# batch path (issue 50; before that the name was ignored). The decoder's own
+# drafter is the suffix drafter with a memory that holds the prompt followed by
+# another token than the one the prompt's own n-gram lookup proposes: the two
+# drafters propose different first tokens, and which one drafted shows, greedy
+# in whether the first token was a kept draft, and at T > 0 in the broken
+# residual's law, which holds the proposal. One-token drafts, and the first
+# token's law alone: p0, and under the bug
+#     P(x) = p0(d) [x = d] + (1 - p0(d)) p0(x)   (d the n-gram drafter's proposal).
+
+@pytest.fixture(scope="module")
+def named_drafter_case(gemma_models):
+    target, _ = gemma_models
+    tokens, p0, _, _ = exact_law(target, NGRAM_PROMPT)
+    d = lookup_proposal(target, "ngram", tokens, 1)[0]
+    assert d == int(np.argmax(p0)), "the n-gram drafter's proposal must be the greedy token"
+    other = next(int(x) for x in np.argsort(p0)[::-1] if int(x) != d)  # what the memory says comes next
+    memory = pyspec.Memory(1)
+
+    def remember(_spec=None):  # a generation adds its text to memory: the one document again
+        memory.clear()
+        memory.add(tokens + [other])
+
+    exact = {(int(x),): float(p0[x]) for x in np.flatnonzero(p0)}
+    wrong = {(int(x),): float(p0[d] * (x == d) + (1 - p0[d]) * p0[x]) for x in np.flatnonzero(p0)}
+    n = max(MIN_N, required_n(exact, wrong))
+    spec = pyspec.SpeculativeDecoder(target, policy="fixed", draft_max=1, memory=memory)
+    assert spec.drafter == "suffix"
+    return spec, tokens, d, other, remember, exact, wrong, n
+
+
+def test_a_drafter_named_in_the_call_drafts(named_drafter_case):
+    """Greedy: named, the n-gram drafter proposes the greedy token, kept; the
+    control, the decoder's own suffix drafter, proposes the memory's token,
+    rejected."""
+    spec, tokens, d, other, remember, *_ = named_drafter_case
+    for drafter, kept in (("ngram", True), (None, False)):
+        remember()
+        flags = []
+        out = spec.generate(tokens, max_tokens=2, temperature=0, drafter=drafter,
+                            on_token=lambda text, drafted: flags.append(drafted))
+        s = out.stats
+        print(f"drafter={drafter}: memory rounds {s.memory_rounds}, lookup rounds {s.ngram_rounds}, first kept {flags[0]}")
+        assert out.tokens[0] == d and flags[0] is kept, (drafter, out.tokens, flags)
+        assert (s.memory_rounds > 0) is (drafter is None), "the drafter that ran is not the one named"
+
+
+def named_run(case, **kw):
+    spec, tokens, d, other, remember, exact, wrong, n = case
+    dr = draw(spec, tokens, n, seed0=73_000, max_tokens=2, keep=1, before=remember, drafter="ngram", **TARGET, **kw)
+    t = dr.totals
+    assert t["ngram_rounds"] >= n and t["drafted_at"][0] >= n and t["memory_rounds"] == 0, \
+        f"not every sample drafted, by lookup in its own text alone {t}"
+    return dr
+
+
+def test_a_drafter_named_in_the_call_is_lossless(named_drafter_case):
+    *_, exact, wrong, n = named_drafter_case
+    d = named_run(named_drafter_case)
+    assert_law(d.counts, exact, n, "ngram named on a suffix decoder", note=f"accepted {d.totals['accepted_at'][:1]}")
+
+
+def test_negative_control_a_drafter_named_in_the_call_with_the_broken_residual(named_drafter_case):
+    """The bug's law holds the n-gram drafter's proposal: samples drafted by the
+    decoder's own drafter (the memory's token) would not fit it."""
+    *_, exact, wrong, n = named_drafter_case
+    d = named_run(named_drafter_case, _test=TestControls(variant="residual_is_p"))
+    assert_law(d.counts, exact, n, "ngram named on a suffix decoder, residual = p", control=True, wrong=wrong)
+
+
 def first_run_sample(spec) -> None:
     """auto as a first run meets it (issue 39): a new policy with no timings on
     record (calibration.prepare is off in the test), so its first round is

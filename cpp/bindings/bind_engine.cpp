@@ -161,9 +161,12 @@ void bind_engine(py::module_& m) {
         .property("grammar", [](const TestControls& t) { return grammar_control_names()[static_cast<size_t>(t.grammar)]; },
                   [](TestControls& t, const std::string& v) { t.grammar = parse_grammar_control(v); })
         .field("pit", &TestControls::pit)
-        .field("stale_penalties", &TestControls::stale_penalties)
+        .property("penalties",
+                  [](const TestControls& t) { return penalty_control_names()[static_cast<size_t>(t.penalties)]; },
+                  [](TestControls& t, const std::string& v) { t.penalties = parse_penalty_control(v); })
         .done();
     m.attr("GRAMMAR_CONTROLS") = py::tuple(py::cast(grammar_control_names()));
+    m.attr("PENALTY_CONTROLS") = py::tuple(py::cast(penalty_control_names()));
     Struct<SequenceParams>(m, "SequenceParams", "What one sequence generates and how it samples (engine.h).")
         .field("max_tokens", &SequenceParams::max_tokens)
         .field("sampling", &SequenceParams::sampling)

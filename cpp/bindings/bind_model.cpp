@@ -149,6 +149,12 @@ void bind_model(py::module_& m) {
              py::call_guard<py::gil_scoped_release>(),
              "TEST-ONLY: behave as an asynchronous backend whose every decode finishes latency_s after its "
              "launch; synced=False is the clock tests' negative control (model.h).")
+        .def("test_share_cell", &Model::test_share_cell, py::arg("src"), py::arg("dst"), py::arg("pos"),
+             py::call_guard<py::gil_scoped_release>(),
+             "TEST-ONLY: the cell of src at pos becomes visible to dst too (a row-law control, model.h).")
+        .def("test_hide_cell", &Model::test_hide_cell, py::arg("seq"), py::arg("pos"),
+             py::call_guard<py::gil_scoped_release>(),
+             "TEST-ONLY: the cell of seq at pos is hidden from its later rows (a row-law control, model.h).")
         .def("truncate", &Model::truncate, py::arg("pos"), py::arg("seq") = 0,
              py::call_guard<py::gil_scoped_release>())
         .def("copy_prefix", &Model::copy_prefix, py::arg("src"), py::arg("dst"), py::arg("n"),

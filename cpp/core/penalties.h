@@ -18,7 +18,8 @@
 // distribution after the prefix ending in drafts 0..i-1, so its window must hold
 // those drafts (the engine builds it that way, cpp/engine/round.cpp). A window of
 // the accepted prefix only would sample row i under the wrong history, which is
-// exactly the TEST-ONLY control TestControls::stale_penalties the χ² test must catch.
+// exactly the TEST-ONLY control TestControls::penalties ("stale"; "last_draft": only
+// draft i-1, wrong from row 2 on) that the χ² tests must catch.
 #pragma once
 
 #include <cstddef>

@@ -20,6 +20,19 @@ GrammarControl parse_grammar_control(const std::string& name) {
     throw std::invalid_argument("unknown grammar control '" + name + "' (off, unmasked, stale)");
 }
 
+const std::vector<std::string>& penalty_control_names() {
+    static const std::vector<std::string> names{"off", "stale", "last_draft"};
+    return names;
+}
+
+PenaltyControl parse_penalty_control(const std::string& name) {
+    const std::vector<std::string>& names = penalty_control_names();
+    for (size_t i = 0; i < names.size(); ++i) {
+        if (names[i] == name) return static_cast<PenaltyControl>(i);
+    }
+    throw std::invalid_argument("unknown penalty control '" + name + "' (off, stale, last_draft)");
+}
+
 uint64_t sequence_seed(uint64_t seed, int32_t j) {
     if (j == 0) return seed;
     // splitmix64 of (seed, j): streams of different j are unrelated, and a

@@ -62,6 +62,17 @@ enum class GrammarControl {
 const std::vector<std::string>& grammar_control_names();
 GrammarControl parse_grammar_control(const std::string& name);
 
+// TEST-ONLY: a verification row's penalty window built wrongly (TestControls::penalties,
+// core/penalties.h). Row i's window holds the committed tokens and drafts 0..i-1.
+enum class PenaltyControl {
+    kOff,        // the product
+    kStale,      // the committed tokens only: no draft counts
+    kLastDraft,  // the committed tokens and draft i-1 alone (right for rows 0 and 1, wrong from row 2)
+};
+// Its names as Python spells them ("off", "stale", "last_draft"), as grammar_control_names.
+const std::vector<std::string>& penalty_control_names();
+PenaltyControl parse_penalty_control(const std::string& name);
+
 // TEST-ONLY negative controls: each breaks losslessness on purpose, and the
 // lossless tests must catch it. Never set in the product. A session's, so they
 // hold for every sequence it runs (one value; pyspec/testing.py builds it).
@@ -71,7 +82,8 @@ GrammarControl parse_grammar_control(const std::string& name);
 //   shared_stream  every sequence draws from the one stream of its seed (correlated
 //                  samples) instead of its own;
 //   grammar        under a grammar, the target's rows masked wrongly (GrammarControl);
-//                  its grammar then tolerates the tokens it refuses instead of failing.
+//                  its grammar then tolerates the tokens it refuses instead of failing;
+//   penalties      the target's rows penalised with a wrong window (PenaltyControl).
 // And one probe (no control: it changes nothing a sequence draws):
 //   pit            record, for every token a round decides, its randomized PIT under
 //                  the target row it was decided by (Distribution::pit), in
@@ -83,9 +95,9 @@ struct TestControls {
     bool shared_stream = false;
     GrammarControl grammar = GrammarControl::kOff;
     bool pit = false;
-    // WRONG: a verification row's penalty window leaves out the drafts before the
-    // row (the accepted prefix only, core/penalties.h): the χ² tests must catch it.
-    bool stale_penalties = false;
+    // WRONG: a verification row's penalty window leaves out drafts before the row
+    // (PenaltyControl, core/penalties.h): the χ² tests must catch it.
+    PenaltyControl penalties = PenaltyControl::kOff;
 };
 
 // What one sequence generates, and how it samples: a server's requests differ

@@ -268,10 +268,13 @@ void BatchSession::target_distributions(const Sequence& s, int32_t n_rows) {
             logits = masked_.data();
         }
         if (pen.active()) {  // row i follows the history and drafts 0..i-1: they are its window
-            const int32_t before = session_.test.stale_penalties ? 0 : i;  // TEST-ONLY: the accepted prefix only
+            const PenaltyControl wrong = session_.test.penalties;  // TEST-ONLY: a wrong window
+            const int32_t before = wrong == PenaltyControl::kStale ? 0 : i;
             const size_t n_hist = s.history.size(), total = n_hist + static_cast<size_t>(before);
+            const size_t skip_to = wrong == PenaltyControl::kLastDraft && before > 1 ? total - 1 : n_hist;
             window_.clear();
             for (size_t j = pen.window_start(static_cast<size_t>(s.n_prompt()), total); j < total; ++j) {
+                if (j >= n_hist && j < skip_to) continue;  // TEST-ONLY: drafts before the last left out
                 window_.push_back(j < n_hist ? s.history[j] : s.drafts[j - n_hist]);
             }
             apply_penalties(logits, n_vocab, pen, window_.data(), window_.size(), penalized_, counts_);

@@ -509,6 +509,22 @@ void Model::claim(const void* owner) {
     }
 }
 
+void Model::test_share_cell(int32_t src, int32_t dst, int32_t pos) {
+    checked_seq(src);
+    checked_seq(dst);
+    const auto held = lock();
+    llama_memory_seq_cp(llama_get_memory(ctx_.get()), src, dst, pos, pos + 1);
+}
+
+void Model::test_hide_cell(int32_t seq, int32_t pos) {
+    checked_seq(seq);
+    const auto held = lock();
+    if (!llama_memory_seq_rm(llama_get_memory(ctx_.get()), seq, pos, pos + 1)) {
+        throw DecodeError("llama.cpp could not remove position " + std::to_string(pos) + " of sequence " +
+                          std::to_string(seq));
+    }
+}
+
 void Model::truncate(int32_t pos, int32_t seq) {
     std::vector<int32_t>& cached = cached_[checked_seq(seq)];
     const auto held = lock();

@@ -169,6 +169,15 @@ public:
     // llama_get_logits_ith waits. synced = false is the negative control the
     // clock tests must catch: decodes return at launch (the clocks of before).
     void simulate_async(double latency_s, bool synced = true);
+    // TEST-ONLY: the row law's negative controls (tests/test_row_law.py), cells
+    // the record (cached()) does not know, as an engine bug would leave them:
+    // test_share_cell makes the cell of `src` at `pos` visible to `dst` too
+    // (another sequence's cell); test_hide_cell takes the cell of `seq` at `pos`
+    // out of its rows' view (a stale mask). llama.cpp refuses a hidden cell at
+    // the sequence's last position (its positions must stay consecutive), so
+    // `pos` is below it. The test truncates the sequences afterwards.
+    void test_share_cell(int32_t src, int32_t dst, int32_t pos);
+    void test_hide_cell(int32_t seq, int32_t pos);
 
     // Drop sequence `seq` from position pos on (pos = 0 clears it). Throws
     // DecodeError if llama.cpp cannot remove that part of its memory.

@@ -59,6 +59,9 @@ from .options import (DEFAULT_DRAFT, DEFAULT_MODEL, chat_template_option, comman
 @click.option("--suffix", default=None,
               help="Fill in the middle: PROMPT is the text before the cursor and this the text after it; the "
                    "answer is what goes between (the model's FIM tokens; no chat template).")
+@click.option("--no-healing", is_flag=True,
+              help="With --suffix: keep a half-typed last word's token in the prompt (the plain FIM law) instead "
+                   "of healing it (docs/editor.md: token healing).")
 @click.option("--prediction", "prediction_file", default=None, type=click.Path(exists=True, dir_okay=False),
               help="A file the answer will mostly copy (Predicted Outputs: an edit of it): drafted from, never "
                    "trusted; --json counts its accepted and rejected tokens.")
@@ -69,7 +72,7 @@ from .options import (DEFAULT_DRAFT, DEFAULT_MODEL, chat_template_option, comman
 @model_options
 def generate(prompt, model, draft, no_draft, draft_max, drafter, policy, p_min, svip_h, svip_gamma, raw, stop,
              as_json, show_stats, show_drafts, n_samples, max_tokens, sampling, seed, n_ctx, threads, device,
-             memory_file, chat_template, constraint, suffix, prediction_file) -> None:
+             memory_file, chat_template, constraint, suffix, no_healing, prediction_file) -> None:
     """Generate a continuation of PROMPT and stream it to stdout.
 
     By default the default target/draft pair runs speculative decoding, which
@@ -92,6 +95,10 @@ def generate(prompt, model, draft, no_draft, draft_max, drafter, policy, p_min, 
         # The call's drafting, built once (the pair's drafter, policy and cap came with the decoder).
         drafting = gen.drafting(p_min=p_min, svip_h=svip_h, svip_gamma=svip_gamma) if gen.speculative else None
         kwargs = dict(drafting=drafting, constraint=constraint, suffix=suffix)
+        if no_healing:
+            if suffix is None:
+                raise click.UsageError("--no-healing is for a fill-in-the-middle prompt (--suffix)")
+            kwargs["healing"] = False
         if prediction_file is not None:
             with open(prediction_file, encoding="utf-8") as f:
                 kwargs["prediction"] = f.read()

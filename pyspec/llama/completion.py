@@ -62,8 +62,8 @@ def prepare(llm: "Llama", prompt: Union[str, List[int]], *, suffix: Optional[str
     if suffix is not None:
         if not isinstance(prompt, str):
             raise TypeError("with suffix, the prompt is the text before it: a string, not token ids")
-        tokens: Union[List[int], fim.InfillPrompt] = fim.for_prefix(target, prompt, suffix,
-                                                                     healing=constraint is None)
+        tokens: Union[List[int], fim.InfillPrompt] = fim.for_prefix(
+            target, prompt, suffix, healing=fim.healing(None, constraint is not None))
         n_prompt, text = len(tokens.tokens), prompt
     elif isinstance(prompt, str):
         tokens = list(target.native.tokenize(prompt, True, True))

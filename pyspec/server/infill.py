@@ -6,7 +6,8 @@ typed part of the cursor line), ``input_extra`` (other files' chunks), the
 sampling fields with their ``samplers`` chain, ``n_predict``, ``n_indent``,
 ``t_max_predict_ms``, ``stop``, ``n_cmpl``, ``stream``, ``response_fields``;
 ``layout`` (pyspec's: ``"still"``, the default, or ``"llama-server"``:
-fim.py) picks the prompt's layout. Fields that only tune llama-server
+fim.py) picks the prompt's layout, and ``healing`` (pyspec's, a boolean:
+default on, fim.heal) whether a half-typed last word is healed. Fields that only tune llama-server
 (``cache_prompt``, ``id_slot``, ``t_max_prompt_ms``, ``samplers`` names that
 are off at their defaults ...) are accepted; one that would change the answer
 and that pyspec does not implement is a 400 naming it.
@@ -116,14 +117,13 @@ def parse(body: Any, target, *, max_n: int, n_batch: int) -> InfillRequest:
     if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= max_n:
         raise APIError(400, f"n_cmpl must be an integer in [1, {max_n}] (the server's slots: pyspec serve "
                             f"--parallel)", param="n_cmpl")
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool):
-        raise APIError(400, "'stream' must be a boolean", param="stream")
+    stream = protocol._flag(body, "stream", False)
     fields = llama_fields.response_fields(body)
     seed = body.get("seed")
     seed = None if seed in (None, -1, 0xFFFFFFFF) else protocol._int(body, "seed", 0, 2**SEED_BITS - 1)
+    healing = protocol._flag(body, "healing")
     fill = fim_prompt(target, lambda: fim.build(target, prefix, suffix, typed=typed, extra=extra, n_batch=n_batch,
-                                                n_predict=n_predict, layout=layout))
+                                                n_predict=n_predict, layout=layout, healing=healing))
     # n_predict 0 (a client's warm-up, to cache the prompt): one token, as llama-server samples one.
     max_tokens = None if n_predict < 0 else max(n_predict, 1)
     settings = RequestSettings(max_tokens=max_tokens, sampling=sampling, seed=seed, stop=[s for s in stop if s],

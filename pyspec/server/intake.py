@@ -142,8 +142,12 @@ class Intake:
         await compile_constraint(self.target, parsed)
         if parsed.suffix is None:
             return parsed, [prompt_tokens(self.target, kind, p, parsed) for p in parsed.prompts], None
-        fills = [fim_prompt(self.target, lambda: fim.for_prefix(
-            self.target, p, parsed.suffix, healing=parsed.settings.constraint is None)) for p in parsed.prompts]
+        try:
+            heal = fim.healing(parsed.healing, parsed.settings.constraint is not None)
+        except ValueError as e:
+            raise APIError(400, str(e), param="healing") from None
+        fills = [fim_prompt(self.target, lambda: fim.for_prefix(self.target, p, parsed.suffix, healing=heal))
+                 for p in parsed.prompts]
         return parsed, [f.tokens for f in fills], fills
 
     def check_model(self, model: Optional[str]) -> None:

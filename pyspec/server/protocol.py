@@ -61,6 +61,7 @@ class ParsedRequest:
     tool_format: Optional[str] = None          # chat: the format its calls are parsed from (None: no tools)
     template_vars: Dict[str, Any] = field(default_factory=dict)  # chat: chat_template_kwargs
     suffix: Optional[str] = None               # completion: fill in between prompt and suffix (fim.py)
+    healing: Optional[bool] = None             # completion with a suffix: heal the last typed token (fim.healing)
     response_fields: Optional[List[str]] = None  # llama-server's: flat "a/b" keys of a whole answer (llama_fields.py)
 
 
@@ -89,7 +90,7 @@ _COMMON = {"user", "model", "max_tokens", "temperature", "top_p", "seed", "stop"
 _COMMON |= {"prediction", "n_predict", "samplers", "response_fields"}  # the last three: llama-server's (llama.vim)
 _COMMON |= {"frequency_penalty", "presence_penalty", "logit_bias", "repeat_penalty", "repeat_last_n"}
 _FIELDS = {
-    "completion": _COMMON | {"prompt", "logprobs", "suffix"},
+    "completion": _COMMON | {"prompt", "logprobs", "suffix", "healing"},
     "chat": _COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs", "tools", "tool_choice",
                        "parallel_tool_calls", "chat_template_kwargs"},
 }
@@ -119,6 +120,14 @@ def _float(body: Dict[str, Any], name: str, lo: float, hi: float, default: float
     if not lo <= v <= hi:
         raise APIError(400, f"'{name}' must be in [{lo}, {hi}], got {v}", param=name)
     return float(v)
+
+
+def _flag(body: Dict[str, Any], name: str, default: Optional[bool] = None) -> Optional[bool]:
+    """A boolean field (absent or null: ``default``)."""
+    v = body.get(name)
+    if v is not None and not isinstance(v, bool):
+        raise _type_error(name, "a boolean")
+    return default if v is None else v
 
 
 def _stop(body: Dict[str, Any]) -> List[str]:
@@ -302,9 +311,7 @@ def parse(kind: str, body: Any, *, max_n: int, policies: Sequence[str], drafters
         max_tokens = _int(body, "max_completion_tokens", 0)
         if max_tokens is None:
             max_tokens = _int(body, "max_tokens", 0)
-        logprobs = body.get("logprobs")
-        if logprobs is not None and not isinstance(logprobs, bool):
-            raise _type_error("logprobs", "a boolean")
+        logprobs = _flag(body, "logprobs")
         top = _int(body, "top_logprobs", 0, MAX_TOP_LOGPROBS)
         if top is not None and not logprobs:
             raise APIError(400, "'top_logprobs' needs 'logprobs': true", param="top_logprobs")
@@ -322,9 +329,7 @@ def parse(kind: str, body: Any, *, max_n: int, policies: Sequence[str], drafters
             raise APIError(400, "with 'suffix' the prompt is the text before it: a string, not token ids",
                            param="suffix")
         k = _int(body, "logprobs", 0, MAX_TOP_LOGPROBS)
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool):
-        raise _type_error("stream", "a boolean")
+    stream = _flag(body, "stream", False)
     options = body.get("stream_options")
     include_usage = False
     if options is not None:
@@ -385,7 +390,7 @@ def parse(kind: str, body: Any, *, max_n: int, policies: Sequence[str], drafters
                              tool_choice=choice, tool_format=fmt, template_vars=_template_vars(body),
                              response_fields=fields)
     return ParsedRequest(kind, model, prompts, settings, stream, include_usage, user, suffix=suffix,
-                         response_fields=fields)
+                         response_fields=fields, healing=_flag(body, "healing"))
 
 
 def _prediction(body: Dict[str, Any]) -> Optional[str]:
