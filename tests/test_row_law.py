@@ -65,7 +65,7 @@ TEXTS = [
 ]
 N_ROWS = 16
 CACHED_ROWS = 4          # generated tokens an earlier request computed with the prompt (cache hit)
-CONTROL_ROWS = 8         # rows decoded after each control's fault
+CONTROL_ROWS = 8         # rows decoded after each control's fault (fewer would weaken the controls)
 CONTROL_MARGIN = 2.0     # each control's largest |d log p| must be this many times the bound
 ALL_SHAPES = ("verify 2", "verify 4", "verify 8", "verify 16", "seqs 2", "seqs 4", "seqs 8", "seqs 16", "mixed",
               "cache hit", "copied")
@@ -246,14 +246,17 @@ def check(law: RowLaw, table: Dict[str, Deviation]) -> None:
                 f"{d.prob:.4f}: not beyond the bound by the margin, so the near-tie rules could excuse it")
 
 
-# The default tier measures half the rows (8 a text), flash attention off in the
-# shapes that differ there; the slow tier every shape and control at 16 rows a
-# text, as the bounds were set.
-FLASH_OFF_SHAPES = ("verify 2", "verify 4", "seqs 4", "seqs 16", "mixed", "cache hit")
+# The default tier measures half the rows (8 a text) in the shapes whose rows
+# differ on this CPU (a batch of 4 or more rows gives each row the same numbers
+# whatever the batch holds: verify 8 and 16, seqs 8 and 16 and mixed measured
+# alike); the slow tier every shape and control at 16 rows a text, as the
+# bounds were set.
+FLASH_SHAPES = ("verify 2", "verify 4", "seqs 2", "seqs 16", "cache hit", "copied")
+FLASH_OFF_SHAPES = ("verify 2", "seqs 4", "seqs 16", "cache hit")
 
 
 @pytest.mark.parametrize("flash_attn, n_rows, shapes, controls", [
-    pytest.param(1, 8, ALL_SHAPES, CONTROLS, id="flash"),
+    pytest.param(1, 8, FLASH_SHAPES, CONTROLS, id="flash"),
     pytest.param(0, 8, FLASH_OFF_SHAPES, (), id="no-flash"),
     pytest.param(1, N_ROWS, ALL_SHAPES, CONTROLS, id="flash-all-rows", marks=pytest.mark.slow),
     pytest.param(0, N_ROWS, ALL_SHAPES, CONTROLS, id="no-flash-all-rows", marks=pytest.mark.slow),
@@ -265,11 +268,11 @@ def test_row_law_of_the_test_model(gemma_path, flash_attn, n_rows, shapes, contr
     check(law, table)
 
 
-# The default target in the default tier: half the texts, half the rows, the shapes
-# that differ most (a draft's rows, many sequences, a cache hit) and the controls;
-# every shape with flash attention on and off in the slow tier.
+# The default target in the default tier: half the texts, half the rows, a draft's
+# rows (8 in one batch), a cache hit, and the controls; every shape with flash
+# attention on and off in the slow tier.
 @pytest.mark.parametrize("flash_attn, texts, n_rows, shapes", [
-    pytest.param(1, TEXTS[:8], 8, ("verify 8", "seqs 8", "mixed", "cache hit"), id="default-tier"),
+    pytest.param(1, TEXTS[:8], 8, ("verify 8", "cache hit"), id="default-tier"),
     pytest.param(1, TEXTS, N_ROWS, ALL_SHAPES, id="flash", marks=pytest.mark.slow),
     pytest.param(0, TEXTS, N_ROWS, ALL_SHAPES, id="no-flash", marks=pytest.mark.slow),
 ])
