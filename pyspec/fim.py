@@ -245,6 +245,9 @@ def build(model, prefix: str, suffix: str, *, typed: str = "", extra: Sequence[C
     token. Raises :class:`FimUnsupported` for a model without FIM tokens."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+    if healing and layout == "llama-server":
+        raise ValueError("healing is the still layout's: llama-server's puts the typed text before the suffix, "
+                         "whole")
     fim = FimTokens.of(model).check()
     n_batch = max(int(n_batch), 8)
     if layout == "still":

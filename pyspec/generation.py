@@ -422,7 +422,8 @@ class Generator:
                 raise TypeError("suffix= fills in between two texts: the prompt must be the text before it")
             fill = fim.for_prefix(self.target, prompt, suffix, healing=fim.healing(healing, constraint is not None))
         elif healing is not None:
-            raise TypeError("healing= is for a fill-in-the-middle prompt (suffix=, infill())")
+            raise TypeError("healing= acts where a fill-in-the-middle prompt is built: with suffix= or infill() "
+                            "(an InfillPrompt has it built in)")
         if fill is not None:
             if fill.heal and constraint is not None:
                 raise ValueError("a healed FIM prompt takes no other constraint (build it with healing=False)")

@@ -13,6 +13,7 @@ calculation needs the noncentral chi-square, from SciPy.
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import numpy as np
 
@@ -169,36 +170,43 @@ def assert_power(exact: dict, wrong: dict, n: int, what: str) -> float:
 def independence(pairs, min_expected: float = 5.0):
     """Pearson's chi-square test that the two coordinates of ``pairs`` (outcome
     pairs of two samples drawn together) are independent: ``(statistic, df,
-    p_value)``. The marginals are estimated from the pairs, pooled over both
-    coordinates (the two samples follow one law); outcomes rarer than
-    ``sqrt(min_expected * n)`` in either coordinate's count are pooled into one
-    category, so every cell's expected count reaches ``min_expected``."""
+    p_value)``. The categories are the outcomes of both coordinates (the two
+    samples follow one law), the rarest pooled into the next rarest until every
+    cell's expected count (each coordinate's own marginal, estimated from the
+    pairs) reaches ``min_expected``, or two categories are left (then, short of
+    it, Fisher's exact test gives the p-value)."""
     pairs = [tuple(p) for p in pairs]
     n = len(pairs)
     seen: dict = {}
-    for a, b in pairs:
-        seen[a] = seen.get(a, 0) + 1
-        seen[b] = seen.get(b, 0) + 1
-    keep = {x for x, c in seen.items() if c / 2 >= math.sqrt(min_expected * n)}
-    cat = lambda x: x if x in keep else "other"  # noqa: E731
-    rows: dict = {}
-    for a, b in pairs:
-        rows[(cat(a), cat(b))] = rows.get((cat(a), cat(b)), 0) + 1
-    labels = sorted({cat(x) for x in seen}, key=str)
-    first = {x: sum(c for (a, _), c in rows.items() if a == x) for x in labels}
-    second = {x: sum(c for (_, b), c in rows.items() if b == x) for x in labels}
-    stat = 0.0
-    for a in labels:
-        for b in labels:
-            e = first[a] * second[b] / n
-            if e > 0:
-                stat += (rows.get((a, b), 0) - e) ** 2 / e
-    df = (sum(v > 0 for v in first.values()) - 1) * (sum(v > 0 for v in second.values()) - 1)
+    for pair in pairs:
+        for x in pair:
+            seen[x] = seen.get(x, 0) + 1
+    groups = [[x] for x in sorted(seen, key=lambda x: -seen[x])]
+
+    def table(groups):
+        where = {x: g for g, members in enumerate(groups) for x in members}
+        cells = np.zeros((len(groups), len(groups)))
+        for a, b in pairs:
+            cells[where[a], where[b]] += 1
+        return cells, np.outer(cells.sum(1), cells.sum(0)) / n
+
+    cells, expected = table(groups)
+    while len(groups) > 2 and expected.min() < min_expected:
+        rarest = groups.pop()
+        groups[-1] = groups[-1] + rarest
+        cells, expected = table(groups)
+    used = expected > 0
+    stat = float(((cells[used] - expected[used]) ** 2 / expected[used]).sum())
+    df = (int((cells.sum(1) > 0).sum()) - 1) * (int((cells.sum(0) > 0).sum()) - 1)
+    if df == 1 and expected.min() < min_expected:  # too few for the chi-square law: Fisher's exact test
+        from scipy import stats
+
+        return stat, df, float(stats.fisher_exact(cells).pvalue)
     return stat, df, (check.chi2_sf(stat, df) if df > 0 else math.nan)
 
 
 def assert_law(counts, exact: dict, n: int, label: str, *, control: bool = False, note: str = "",
-               wrong: dict = None) -> float:
+               wrong: Optional[dict] = None) -> float:
     """The verdict of an end-to-end test: ``counts`` of n samples against the exact
     law at ALPHA. A proof must not be rejected; a negative control (``control``:
     a deliberately wrong sampler) must be, and where the test states the bug's

@@ -3,6 +3,7 @@ the pyspec cache (``$PYSPEC_MODELS`` or the per-user cache), once."""
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import signal
 import threading
@@ -54,6 +55,10 @@ def pytest_collection_modifyitems(config, items):
 # test body and each fixture's setup runs on a thread of its own, which takes
 # its team with it when it ends. A test that needs the main thread (a real
 # SIGINT raises KeyboardInterrupt there) carries the `main_thread` mark.
+# (Fixture teardowns still run on the main thread: none computes a graph.
+# In-process generations from a worker thread run there directly: the
+# product's main-thread path, run_interruptible, is what the main_thread
+# tests and the CLI's subprocesses exercise.)
 # PYSPEC_TESTS_ON_MAIN_THREAD=1 runs everything on the main thread: the other
 # arm of the A/B that measured this (docs/testing.md, "CI time").
 GRAPHS_ON_MAIN = os.environ.get("PYSPEC_TESTS_ON_MAIN_THREAD") == "1"
@@ -69,9 +74,17 @@ def _on_a_worker(call):
         except BaseException as e:  # noqa: BLE001 - raised again on the caller's thread
             box["err"] = e
 
-    worker = threading.Thread(target=work, name="pytest-graphs", daemon=True)  # Ctrl-C ends pytest
+    worker = threading.Thread(target=work, name="pytest-graphs", daemon=True)
     worker.start()
-    worker.join()
+    try:
+        worker.join()
+    except BaseException as e:  # a timeout (pytest-timeout's signal) or Ctrl-C, here on the main thread
+        if worker.is_alive():
+            # The test still runs, on models that later tests share: end the
+            # process, with every thread's stack, rather than run on beside it.
+            faulthandler.dump_traceback(all_threads=True)
+            os._exit(130 if isinstance(e, KeyboardInterrupt) else 1)
+        raise
     if "err" in box:
         raise box["err"]
     return box.get("out")
@@ -95,6 +108,7 @@ def pytest_pyfunc_call(pyfuncitem):
 def pytest_fixture_setup(fixturedef, request):
     if not _off_main(request.node):
         return None
+    # pytest's own implementation (pytest 7 to 9: the same signature), run there.
     from _pytest.fixtures import pytest_fixture_setup as setup
 
     _on_a_worker(lambda: setup(fixturedef, request))

@@ -11,7 +11,7 @@ import pytest
 
 from pyspec import _core
 
-from near_ties import assert_flips, near_tie_flips, row_law
+from near_ties import assert_near
 
 
 def params(max_tokens, seed=1, temperature=0.0):
@@ -59,14 +59,13 @@ def test_a_long_prompt_joins_in_chunks_while_the_others_generate(multi, lone):
     assert all(rows <= chunk for rows, _ in during)
     assert all(new == 2 for _, new in during[:-1]), during
     assert len(results[c].tokens) == 8
-    flips = 0
-    for h, prompt, n in ((a, "The capital of France is", 24), (b, "One, two, three,", 24)):
-        want = lone.generate(prompt, max_tokens=n, temperature=0, chat=False).tokens
-        flips += near_tie_flips(lone, lone.tokenize(prompt), list(results[h].tokens), want)
-    want_c = lone.generate(long_prompt, max_tokens=8, temperature=0, chat=False).tokens
-    flips += near_tie_flips(lone, long_prompt, list(results[c].tokens), want_c)
+    cases = [(lone.tokenize(prompt), list(results[h].tokens),
+              lone.generate(prompt, max_tokens=24, temperature=0, chat=False).tokens)
+             for h, prompt in ((a, "The capital of France is"), (b, "One, two, three,"))]
+    cases.append((long_prompt, list(results[c].tokens), lone.generate(long_prompt, max_tokens=8, temperature=0,
+                                                                      chat=False).tokens))
     print(f"prompt rows per round while joining: {[r for r, _ in during]}")
-    assert_flips(row_law(lone), flips, 3, 24)
+    assert_near(lone, cases)
 
 
 def test_equal_prompts_are_prefilled_once(multi):

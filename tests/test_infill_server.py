@@ -175,6 +175,10 @@ def test_healing_is_switched_off_by_a_field(server):
     both = server.post("/v1/completions", {"prompt": "def f(x):\n    ret", "suffix": "\n", "max_tokens": 2,
                                            "healing": True, "grammar": 'root ::= [a-z]+'})
     assert both.status_code == 400 and "healing" in both.text, both.text
+    for path, body in (("/v1/completions", {"prompt": "def f(x):", "max_tokens": 2, "healing": False}),
+                       ("/infill", vim_body("    total = su", healing=True, layout="llama-server"))):
+        r = server.post(path, body)  # no FIM prompt to heal; a layout that never heals
+        assert r.status_code == 400 and "healing" in r.text, r.text
 
 
 def test_a_stream_ends_with_the_whole_object_and_no_done(server):

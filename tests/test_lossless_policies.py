@@ -43,7 +43,8 @@ from pyspec import Sampling
 
 from chisquare import assert_law, power, required_n
 from draws import draw
-from laws import PROMPT, TARGET, draft_row, exact_law, lookup_proposal, one_hot, wrong_residual_distribution
+from laws import (PROMPT, TARGET, draft_row, exact_law, lookup_proposal, one_hot, residual_is_p_row,
+                  wrong_residual_distribution)
 from pyspec.testing import TestControls
 
 # Exact laws from single-token rows: bit-exact batch rows presumed (conftest skips these on GPU builds).
@@ -247,7 +248,8 @@ def named_drafter_case(gemma_models):
         memory.add(tokens + [other])
 
     exact = {(int(x),): float(p0[x]) for x in np.flatnonzero(p0)}
-    wrong = {(int(x),): float(p0[d] * (x == d) + (1 - p0[d]) * p0[x]) for x in np.flatnonzero(p0)}
+    bug = residual_is_p_row(p0, one_hot(d, p0))
+    wrong = {(int(x),): float(bug[x]) for x in np.flatnonzero(p0)}
     n = max(MIN_N, required_n(exact, wrong))
     spec = pyspec.SpeculativeDecoder(target, policy="fixed", draft_max=1, memory=memory)
     assert spec.drafter == "suffix"
@@ -265,7 +267,8 @@ def test_a_drafter_named_in_the_call_drafts(named_drafter_case):
         out = spec.generate(tokens, max_tokens=2, temperature=0, drafter=drafter,
                             on_token=lambda text, drafted: flags.append(drafted))
         s = out.stats
-        print(f"drafter={drafter}: memory rounds {s.memory_rounds}, lookup rounds {s.ngram_rounds}, first kept {flags[0]}")
+        print(f"drafter={drafter}: memory rounds {s.memory_rounds}, lookup rounds {s.ngram_rounds}, "
+              f"first kept {flags[0]}")
         assert out.tokens[0] == d and flags[0] is kept, (drafter, out.tokens, flags)
         assert (s.memory_rounds > 0) is (drafter is None), "the drafter that ran is not the one named"
 

@@ -12,12 +12,13 @@ prediction's memory is the only store), which the test asserts by the memory
 counters (``memory_drafted`` >= 2 per sample).
 
 Two decoders (issue 57): one without a draft model (its suffix drafter reads
-the prediction), and one whose drafter is the draft model (a self-draft): a
-prediction switches it to ``hybrid`` for the call, through the batch path, so
-lookups in the prediction draft first and the model drafts where they have
-nothing (after a first token y != a); both must have fired. The self-draft
-samples as the target does, so its q is p's (up to the rounding of its own
-batch split) and the bug's law is the same for both.
+the prediction), and one whose drafter is the draft model (a self-draft at
+T = 0.3 over its top 8, so that q != p): a prediction switches it to
+``hybrid`` for the call, through the batch path, so lookups in the prediction
+draft first and the model drafts where they have nothing, after a first token
+y != a; both must have fired. There the bug's second token follows the broken
+residual of the model's draft, min(p1, q1) + (1 - beta) p1 at y
+(model_drafted_law), instead of p1.
 
 The negative control (residual = p, TestControls) must be rejected on the same
 path and fit the bug's stated law (test_suffix_lossless.broken_residual_law).
@@ -30,16 +31,30 @@ from __future__ import annotations
 import pytest
 
 import pyspec
+from pyspec import Sampling
 
 from chisquare import assert_law, assert_power, required_n
 from draws import draw
-from laws import PROMPT, TARGET, exact_law, support_of
+from laws import PROMPT, TARGET, exact_law, next_row, residual_is_p_row, support_of
 from pyspec.testing import TestControls
 from test_suffix_lossless import broken_residual_law, memory_draft
 
 pytestmark = pytest.mark.bitexact
 
 MIN_N = 100
+DRAFT_SAMPLING = Sampling(temperature=0.3, top_k=8, top_p=1.0, min_p=0.0)
+
+
+def model_drafted_law(law: dict, draft: pyspec.Model, tokens, p0, p1, a) -> dict:
+    """The bug's law where the draft model drafts after a first token y != a:
+    its second token from the broken residual of p1(. | y) and q1(. | y)."""
+    out = {k: v for k, v in law.items() if k[0] == a}
+    for y in support_of(p0):
+        if y != a:
+            r1 = residual_is_p_row(p1[y], next_row(draft, tokens + [y], **DRAFT_SAMPLING.truncation()))
+            for z in support_of(r1):
+                out[(y, z)] = float((1.0 - p0[a]) * p0[y] * r1[z])
+    return out
 
 
 @pytest.fixture(scope="module", params=["suffix", "draft model"])
@@ -50,20 +65,23 @@ def case(request, gemma_path, load_model):
     for y in support_of(p0):  # the premises of the bug's law
         assert y == a or y not in tokens + [a, b], "a first token other than a occurs in the prompt or prediction"
     wrong = broken_residual_law(p0, p1, a, b)
-    n = max(MIN_N, required_n(exact, wrong))
-    assert_power(exact, wrong, n, "prediction")
     if request.param == "suffix":
         spec = pyspec.SpeculativeDecoder(target, policy="fixed", draft_max=2, memory=False)
         assert spec.drafter == "suffix" and spec.memory is None
+        kw = {}
     else:
         draft = load_model(gemma_path, "draft", n_ctx=256, seed=0)
         spec = pyspec.SpeculativeDecoder(target, draft, drafter="model", policy="fixed", draft_max=2, memory=False)
-    return spec, tokens, exact, wrong, n, [a, b]
+        wrong, kw = model_drafted_law(wrong, draft, tokens, p0, p1, a), dict(draft_sampling=DRAFT_SAMPLING)
+    assert abs(sum(wrong.values()) - 1.0) < 1e-9
+    n = max(MIN_N, required_n(exact, wrong))
+    assert_power(exact, wrong, n, f"prediction, {request.param}")
+    return spec, tokens, exact, wrong, n, [a, b], kw
 
 
 def run(case, **kw):
-    spec, tokens, exact, wrong, n, predicted = case
-    d = draw(spec, tokens, n, seed0=91_000, max_tokens=3, keep=2, prediction=predicted, **TARGET, **kw)
+    spec, tokens, exact, wrong, n, predicted, settings = case
+    d = draw(spec, tokens, n, seed0=91_000, max_tokens=3, keep=2, prediction=predicted, **TARGET, **settings, **kw)
     t = d.totals
     assert t["memory_rounds"] >= n and t["memory_drafted"] >= 2 * n, f"not every sample drafted the prediction {t}"
     assert 0 < t["memory_accepted"] < t["memory_drafted"] and t["drafted_at"][1] > 0, t
@@ -73,14 +91,14 @@ def run(case, **kw):
 
 
 def test_drafting_from_a_prediction_is_lossless(case):
-    _, _, exact, _, n, _ = case
+    _, _, exact, _, n, _, _ = case
     d = run(case)
     assert_law(d.counts, exact, n, "prediction",
                note=f"drafted={d.totals['memory_drafted']} accepted={d.totals['memory_accepted']}")
 
 
 def test_negative_control_prediction_with_the_broken_residual(case):
-    _, _, exact, wrong, n, _ = case
+    _, _, exact, wrong, n, _, _ = case
     d = run(case, _test=TestControls(variant="residual_is_p"))
     assert_law(d.counts, exact, n, "prediction residual=p", control=True, wrong=wrong)
 

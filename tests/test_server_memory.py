@@ -17,12 +17,14 @@ import pytest
 
 from pyspec import models
 
-from near_ties import assert_flips, logprob_flip, row_law
+from near_ties import assert_flips, first_difference, flip_chances, logprob_flip, logprob_gaps, row_law
 from server_helpers import ServerProcess
 
-# Its greedy answer (24 tokens) has no top-2 gap below 0.65 in plain evaluation: no
-# near tie, so the answers must be the same. ("The capital of France is" flips at
-# token 11, " largest" / " capital" within 0.007, between runs drafting differently.)
+# Its greedy answer (24 tokens) has no top-2 gap below 0.65 in probability in plain
+# evaluation, so a flip has little chance: the comparisons with one reference may
+# part at most as its gaps allow (assert_one_reference). ("The capital of France
+# is" flips at token 11, " largest" / " capital" within 0.007, between runs
+# drafting differently.)
 PROMPT = "1, 2, 3, 4,"
 LAW = row_law(models.TEST_MODEL)
 SERVER_ARGS = ("--parallel", "2", "--n-ctx", "1024", "--model-alias", "gemma")
@@ -43,7 +45,7 @@ def server_without_memory(gemma_path):
 
 
 def complete(server, user=None, prompt=PROMPT, **extra) -> dict:
-    body = dict(model="gemma", prompt=prompt, max_tokens=24, temperature=0, logprobs=2, policy="fixed",
+    body = dict(model="gemma", prompt=prompt, max_tokens=24, temperature=0, logprobs=5, policy="fixed",
                 draft_max=8, **extra)
     if user is not None:
         body["user"] = user
@@ -58,6 +60,13 @@ def memory_rounds(response) -> int:
     return t["draft_memory_rounds"]
 
 
+def assert_one_reference(ref: dict, flips: int, n: int) -> None:
+    """Comparisons with one reference are one event (near_ties.assert_near):
+    whether any parted, against the chance its gaps give n comparisons."""
+    chance = flip_chances(LAW, [logprob_gaps(ref["choices"][0]["logprobs"]["top_logprobs"])], batched=True)[0]
+    assert_flips(int(flips > 0), [min(1.0, n * chance)])
+
+
 def near_tie_flip(ref: dict, other: dict, what: str) -> int:
     """0 if the two greedy answers agree; 1 if they part at a near tie of `ref`'s
     own row (near_ties.logprob_flip); anything else fails."""
@@ -65,8 +74,8 @@ def near_tie_flip(ref: dict, other: dict, what: str) -> int:
     if a["text"] == b["text"]:
         return 0
     ta, tb = a["logprobs"]["tokens"], b["logprobs"]["tokens"]
-    i = next((k for k, (x, y) in enumerate(zip(ta, tb)) if x != y), None)
-    assert i is not None, f"{what}: one answer ends where the other goes on: {a['text']!r} vs {b['text']!r}"
+    i = first_difference(ta, tb)
+    assert i < min(len(ta), len(tb)), f"{what}: one answer ends where the other goes on: {a['text']!r} vs {b['text']!r}"
     logprob_flip(LAW, a["logprobs"]["top_logprobs"][i], ta[i], tb[i], f"{what}, token {i}")
     return 1
 
@@ -87,7 +96,7 @@ def test_memory_is_kept_per_user(server):
     assert rounds["bob_2"] > 0, "bob's own repeat did not draft from his memory"
     others = dict(alice_2=alice_2, bob_1=bob_1, anonymous=anonymous, bob_2=bob_2)
     flips = sum(near_tie_flip(alice_1, r, f"alice 1 vs {name}") for name, r in others.items())
-    assert_flips(LAW, flips, len(others), 24, batched=True)
+    assert_one_reference(alice_1, flips, len(others))
 
 
 def test_no_memory_server_never_drafts_from_memory(server, server_without_memory):
@@ -99,7 +108,7 @@ def test_no_memory_server_never_drafts_from_memory(server, server_without_memory
     assert second["timings"]["draft_n"] > 0, "the server without memory did not draft at all (lookup in the text)"
     flips = near_tie_flip(reference, first, "memory server vs --no-memory") + \
         near_tie_flip(reference, second, "memory server vs --no-memory, repeated")
-    assert_flips(LAW, flips, 2, 24, batched=True)
+    assert_one_reference(reference, flips, 2)
 
 
 @pytest.mark.parametrize("user", [123, ["alice"], {"name": "alice"}, True, False])

@@ -12,7 +12,7 @@ import pytest
 import pyspec
 from pyspec import IncompatibleModelsError, Sampling
 
-from near_ties import assert_flips, near_tie_flips, row_law
+from near_ties import assert_near
 
 GREEDY_PROMPTS = [
     "Write a Python function that checks whether a number is prime.",
@@ -41,13 +41,12 @@ def _self_draft(target, draft, k):
 @pytest.mark.parametrize("k", [1, 4, 8])
 def test_greedy_equals_plain(pair, k):
     target, spec = pair
-    flips = 0
+    cases = []
     for prompt in GREEDY_PROMPTS:
         tokens = target.prompt_tokens(prompt)
         plain = target.generate(tokens, max_tokens=48, temperature=0).tokens
-        fast = spec.generate(tokens, max_tokens=48, temperature=0, draft_max=k).tokens
-        flips += near_tie_flips(target, tokens, fast, plain)
-    assert_flips(row_law(target), flips, len(GREEDY_PROMPTS), 48, what=f"k={k}: ")
+        cases.append((tokens, spec.generate(tokens, max_tokens=48, temperature=0, draft_max=k).tokens, plain))
+    assert_near(target, cases, what=f"k={k}: ")
 
 
 def test_greedy_equals_plain_exactly_with_small_batches(gemma_path, load_model):

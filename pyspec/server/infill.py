@@ -122,6 +122,9 @@ def parse(body: Any, target, *, max_n: int, n_batch: int) -> InfillRequest:
     seed = body.get("seed")
     seed = None if seed in (None, -1, 0xFFFFFFFF) else protocol._int(body, "seed", 0, 2**SEED_BITS - 1)
     healing = protocol._flag(body, "healing")
+    if healing and layout == "llama-server":
+        raise APIError(400, "'healing' is the still layout's: llama-server's puts the typed text before the suffix",
+                       param="healing")
     fill = fim_prompt(target, lambda: fim.build(target, prefix, suffix, typed=typed, extra=extra, n_batch=n_batch,
                                                 n_predict=n_predict, layout=layout, healing=healing))
     # n_predict 0 (a client's warm-up, to cache the prompt): one token, as llama-server samples one.

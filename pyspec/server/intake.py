@@ -141,6 +141,9 @@ class Intake:
         self.check_model(parsed.model)
         await compile_constraint(self.target, parsed)
         if parsed.suffix is None:
+            if parsed.healing is not None:
+                raise APIError(400, "'healing' is for a fill-in-the-middle request (one with a 'suffix')",
+                               param="healing")
             return parsed, [prompt_tokens(self.target, kind, p, parsed) for p in parsed.prompts], None
         try:
             heal = fim.healing(parsed.healing, parsed.settings.constraint is not None)
