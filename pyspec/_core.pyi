@@ -381,6 +381,7 @@ class BatchSession:
     stats: BatchStats
 
 def sequence_seed(seed: int, j: int) -> int: ...
+def gguf_metadata(path: str) -> Dict[str, str]: ...
 def calibration_rows(draft_max: int, n_batch: int, n_seq: int) -> int: ...  # min(n_batch, (draft_max + 1) * n_seq)
 
 # --------------------------------------------------------------- build facts (bind_info.cpp)

@@ -1,4 +1,5 @@
-"""Facts about the host that pick defaults (thread count)."""
+"""Facts about the host that pick defaults (thread count), and the versions
+of the packages installed beside pyspec."""
 
 from __future__ import annotations
 
@@ -52,3 +53,13 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def package_version(dist: str, missing: str = "unknown") -> str:
+    """The installed version of distribution ``dist`` (``missing`` when it is not installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return missing

@@ -51,6 +51,7 @@ from typing import List, Optional, Tuple
 
 from . import _core
 from ._durable import replacing
+from ._platform import package_version
 from ._locks import CacheLock
 from ._platform import physical_cores
 
@@ -116,16 +117,7 @@ def check_instruction_sets() -> None:
             f"this llama.cpp build was compiled for a CPU with {', '.join(missing)}, which this CPU lacks "
             f"(a wheel built on another machine, reused from pip's cache): reinstall it here with "
             f"CMAKE_ARGS=\"-DGGML_RPC=ON\" pip install --force-reinstall --no-cache-dir --no-deps "
-            f"llama-cpp-python=={_llama_cpp_python_version()}, then pyspec")
-
-
-def _llama_cpp_python_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("llama-cpp-python")
-    except PackageNotFoundError:
-        return "<its version>"
+            f"llama-cpp-python=={package_version('llama-cpp-python', '<its version>')}, then pyspec")
 
 
 def guarded_buffer_type() -> str:

@@ -35,9 +35,10 @@ class Drafting:
     samples (None: as the target). ``memory``: what lookups copy from and the
     answer joins (True: the decoder's, False: none, or a
     :class:`~pyspec.Memory`). ``drafter``: a session slot's drafter by name
-    (None: the decoder's own). ``prediction``: the memory of a predicted
-    answer (:func:`pyspec.prediction.memory_for`), which lookups copy from
-    instead of ``memory`` (the answer still joins ``memory``)."""
+    (None: the decoder's own). ``prediction_memory``: the memory of a
+    predicted answer (:func:`pyspec.prediction.memory_for`), which lookups
+    copy from instead of ``memory`` (the answer still joins ``memory``); a
+    request's ``prediction`` sets it (pyspec/request.py), no keyword does."""
 
     policy: str = "auto"
     draft_max: Optional[int] = None
@@ -47,7 +48,7 @@ class Drafting:
     draft_sampling: Optional[Sampling] = None
     memory: Union[bool, "Memory"] = True
     drafter: Optional[str] = None
-    prediction: Optional["Memory"] = None
+    prediction_memory: Optional["Memory"] = dataclasses.field(default=None, metadata={"keyword": False})
 
     def policy_params(self) -> "_core.PolicyParams":
         """The core's description of the length policy (it validates it)."""
@@ -56,4 +57,4 @@ class Drafting:
 
 
 #: The keywords that ``generate`` and ``generate_batch`` take for drafting.
-FIELDS: Tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Drafting))
+FIELDS: Tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Drafting) if f.metadata.get("keyword", True))

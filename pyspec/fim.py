@@ -216,7 +216,7 @@ def heal(model, typed_tokens: List[int]) -> Tuple[List[int], str]:
     and the prompt lacks its last typed token. Under speculation it is kept
     exactly, as every constraint is. The answer shown leaves the taken text
     out (:class:`Unheal`, :meth:`InfillPrompt.visible`). ``healing=False`` keeps
-    the typed tokens and samples the plain FIM law (:func:`healing`)."""
+    the typed tokens and samples the plain FIM law (``pyspec.request.heals``)."""
     if not typed_tokens:
         return typed_tokens, ""
     last = model.detokenize(typed_tokens[-1:])
@@ -225,29 +225,16 @@ def heal(model, typed_tokens: List[int]) -> Tuple[List[int], str]:
     return typed_tokens[:-1], last
 
 
-def healing(requested: Optional[bool], constrained: bool) -> bool:
-    """Whether a FIM prompt heals its last typed token (:func:`heal`): as
-    ``requested``, or by default wherever the request has no constraint of its
-    own (healing is one, and a request takes one). Asking for both is a
-    ValueError."""
-    if requested and constrained:
-        raise ValueError("token healing constrains the answer itself: a fill-in-the-middle request with a JSON "
-                         "schema, grammar or regex takes healing=False")
-    return not constrained if requested is None else bool(requested)
-
-
 def build(model, prefix: str, suffix: str, *, typed: str = "", extra: Sequence[Chunk] = (),
           n_batch: int = 1024, n_predict: int = -1, layout: str = "still",
-          healing: Optional[bool] = None) -> InfillPrompt:
+          healing: bool = True) -> InfillPrompt:
     """The FIM prompt of ``model`` for the text between ``prefix`` and
     ``suffix``, the cursor line's typed part being ``typed`` (module
-    docstring). ``healing`` (default: on for ``"still"``) heals the last typed
-    token. Raises :class:`FimUnsupported` for a model without FIM tokens."""
+    docstring). ``healing`` heals the last typed token in the still layout
+    (whether a request heals is pyspec/request.py's ``heals``). Raises
+    :class:`FimUnsupported` for a model without FIM tokens."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
-    if healing and layout == "llama-server":
-        raise ValueError("healing is the still layout's: llama-server's puts the typed text before the suffix, "
-                         "whole")
     fim = FimTokens.of(model).check()
     n_batch = max(int(n_batch), 8)
     if layout == "still":
@@ -258,7 +245,7 @@ def build(model, prefix: str, suffix: str, *, typed: str = "", extra: Sequence[C
     suf = model.tokenize(suffix, add_special=False)
     typed_ids = model.tokenize(typed, add_special=False, parse_special=layout == "llama-server") if typed else []
     healed = ""
-    if layout == "still" and (healing is None or healing):
+    if layout == "still" and healing:
         typed_ids, healed = heal(model, typed_ids)
     take_pre = min(len(pre), 3 * (n_batch // 4))
     room = n_batch // 4 - 2 - (len(typed_ids) if layout == "llama-server" else 0)
@@ -345,16 +332,6 @@ class EditorStops:
     def final(self, text: str) -> str:
         """The answer's text with the n_indent cut applied."""
         return text[:self.cut_at] if self.cut_at is not None else text
-
-
-def for_prefix(model, prefix: str, suffix: str, *, extra: Sequence[Chunk] = (), layout: str = "still",
-               healing: Optional[bool] = None, n_predict: int = -1) -> InfillPrompt:
-    """:func:`build` for a caller that gives the text before the cursor whole
-    (a Python call, ``/v1/completions`` with a ``suffix``): its last line is
-    the typed part."""
-    cut = prefix.rfind("\n") + 1
-    return build(model, prefix[:cut], suffix, typed=prefix[cut:], extra=extra, layout=layout, healing=healing,
-                 n_batch=model.native.n_batch, n_predict=n_predict)
 
 
 class Unheal:

@@ -1,14 +1,13 @@
-"""generate() and stream(), shared by plain and speculative generation.
+"""The in-process driver, shared by plain and speculative generation.
 
-Over 400 lines on purpose: :class:`Generator` is the one place a call's three
-values are resolved and a sequence is set up (``setup``); its entries
-(``generate``, ``generate_batch``, ``stream``, sessions, saved prefixes) sit
-beside it so that none grows its own copy.
-
-Both run the same C++ loop (``_core.Engine``); a plain model's engine has no
-drafter. This module owns prompt handling, seeds, Ctrl-C, streaming through a
-worker thread, and turning the core's result into a
-:class:`~pyspec.results.Completion`. The core validates every setting.
+:class:`Generator` runs :class:`~pyspec.request.Request` values
+(pyspec/request.py; its entries ``generate``, ``infill``,
+``generate_batch`` and ``stream`` build them with wire/python.py and stay
+thin), and ``setup`` is where every request, the server's too, becomes the
+core's sequences. Both plain and speculative decoders run the same C++ loop
+(``_core.Engine``); a plain model's engine has no drafter. This module turns
+the core's result into a :class:`~pyspec.results.Completion`; Ctrl-C and the
+stream's worker thread are interrupts.py's. The core validates every setting.
 
 Threads: the C++ core owns one lock per llama context and every generation
 holds the locks of the contexts it uses, so any number of threads may share
@@ -17,22 +16,16 @@ models and decoders; they take turns.
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
-import queue
-import signal
-import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
-from . import _core, constraints, fim
-from . import prediction as prediction_
-from .constraints import Constraint
-from .drafting import FIELDS as DRAFTING_FIELDS
+from . import _core, fim, interrupts
+from .wire import python as keywords
 from .drafting import Drafting
 from .memory import choose as choose_memory
-from .results import BatchStats, Completion, Completions, GenerationStats
-from .settings import MAX_TOKENS, check_seed
+from .request import Request
+from .results import BatchStats, Completion, Completions
+from .settings import check_seed
 from .sampling import Sampling
 from .testing import TestControls, controls
 
@@ -49,78 +42,6 @@ TextCallback = Callable[[str], Optional[bool]]
 TokenTextCallback = Callable[[str, bool], Optional[bool]]
 #: For batches: (sequence index, text, drafted). Returning False stops that sequence.
 BatchTokenCallback = Callable[[int, str, bool], Optional[bool]]
-
-
-def run_interruptible(call: Callable[[], "_core.GenerateResult"], cancel: "_core.CancelToken") -> "_core.GenerateResult":
-    """Run ``call`` (a C++ generation) on a worker thread so that the main thread
-    stays free to receive Ctrl-C; on KeyboardInterrupt, cancel the generation
-    (llama.cpp's abort callback stops even a long prompt within a graph node),
-    wait for it to unwind, and re-raise."""
-    box: dict = {}
-    finished = threading.Event()
-
-    def work() -> None:
-        try:
-            box["out"] = call()
-        except BaseException as e:  # handed to the calling thread
-            box["err"] = e
-        finally:
-            finished.set()
-
-    worker = threading.Thread(target=work, name="pyspec-generate", daemon=True)
-    started = False
-    try:
-        with ctrl_c_held():
-            worker.start()
-            started = True
-        while not finished.wait(0.1):  # polled: Windows does not interrupt an untimed wait
-            pass
-    except KeyboardInterrupt:
-        if started:
-            cancel.set()
-            _wait_through_interrupts(finished)
-        raise
-    if "err" in box:
-        raise box["err"]
-    return box["out"]
-
-
-@contextlib.contextmanager
-def ctrl_c_held() -> Iterator[None]:
-    """Hold Ctrl-C back for the block and raise it as the block ends: around
-    ``Thread.start()``, whose wait for the new thread is interruptible. A
-    KeyboardInterrupt from inside start() left its caller not knowing that
-    the worker had begun, so the generation went on uncancelled (still
-    streaming, holding the models) and the process, exiting under it,
-    faulted in ggml's freed state (issue 51: SIGSEGV after Ctrl-C, /exit).
-    SIGINT's handler runs on the main thread only; elsewhere this does nothing."""
-    handler = signal.getsignal(signal.SIGINT)
-    if threading.current_thread() is not threading.main_thread() or not callable(handler):
-        yield
-        return
-    held: list = []
-    signal.signal(signal.SIGINT, lambda signum, frame: held.append(frame))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, handler)
-        if held:
-            handler(signal.SIGINT, held[0])
-
-
-def _wait_through_interrupts(finished: threading.Event) -> None:
-    """Wait until a cancelled worker is out of the C++ core, even through more
-    Ctrl-C. Not Thread.join(): on CPython <= 3.12 a KeyboardInterrupt inside
-    join() can mark a running thread as stopped (the bpo-45274 fix), so a second
-    join() returns at once; the interpreter may then exit while the worker is in
-    C++, and finalization kills it with a forced unwind that aborts the process."""
-    while True:
-        try:
-            while not finished.wait(0.1):
-                pass
-            return
-        except KeyboardInterrupt:
-            continue
 
 
 @dataclass
@@ -163,47 +84,38 @@ class Generator:
         return self._engine
 
     # ------------------------------------------------------------ sequence set-up
-    def setup(
-        self,
-        *,
-        max_tokens: int,
-        sampling: Sampling,
-        seed: int,
-        stop: Optional[Sequence[str]] = None,
-        logprobs: Optional[int] = None,
-        slots: Sequence[int] = (0,),
-        drafters: str = "engine",
-        constraint: Optional[Constraint] = None,
-        drafting: Optional[Drafting] = None,
-        policy_keys: Optional[List] = None,
-    ) -> List[SequenceSetup]:
-        """The one way to set up sequences: ``generate``, ``generate_batch`` and
-        the server all come here. Returns one :class:`SequenceSetup` per entry of
-        ``slots`` (sequence slots of a batch or a server; each slot keeps its own
-        length policy across calls), sharing one ``SequenceParams``.
+    def setup(self, request: Request, *, seed: int, slots: Sequence[int] = (0,), drafters: str = "engine",
+              policy_keys: Optional[List] = None) -> List[SequenceSetup]:
+        """The one way to set up sequences: every driver (``generate``,
+        ``generate_batch``, the server's scheduler) comes here with a
+        :class:`~pyspec.request.Request` (its three values, ``sampling``,
+        ``drafting`` and ``constraint``, resolved where it entered) and the
+        ``seed`` it runs with (the request's, or one drawn for it). Returns
+        one :class:`SequenceSetup` per entry of ``slots`` (sequence slots of a
+        batch or a server; each slot keeps its own length policy across
+        calls), sharing one ``SequenceParams``.
 
         ``drafters`` says whose drafters the sequences use: ``"engine"`` (the
         engine's own: a single generation), ``"batch"`` (new ones for this
         batch) or ``"slots"`` (each slot's, kept across calls: a server).
-        Three values, each resolved where the call entered: ``sampling``,
-        ``drafting`` (a :class:`~pyspec.Drafting` from :meth:`drafting`; None:
-        plain) and ``constraint`` (one :class:`~pyspec.Constraint`, or None).
         ``policy_keys``: whose length policy each slot uses (default: the
         slot's own; a server's follow the user). How the session runs them
         (chunks, calibration, test controls) is not a sequence's:
         :meth:`session_params`. The core validates every setting (ValueError)."""
-        native = sampling.native()
+        n_ctx = self.target.n_ctx  # no answer outgrows the context
+        max_tokens = n_ctx if request.max_tokens is None else min(request.max_tokens, n_ctx)
+        native = request.sampling.native()
         params = _core.SequenceParams(max_tokens=max_tokens, sampling=native, draft_sampling=native,
-                                      seed=check_seed(seed), stop=list(stop or []),
-                                      logprobs=-1 if logprobs is None else logprobs)
-        penalties = sampling.native_penalties()  # checked even where they change nothing
-        if sampling.penalized:
+                                      seed=check_seed(seed), stop=list(request.stop),
+                                      logprobs=-1 if request.logprobs is None else request.logprobs)
+        penalties = request.sampling.native_penalties()  # checked even where they change nothing
+        if request.sampling.penalized:
             params.penalties = penalties
-        if constraint is not None:
-            params.grammar = self.target.grammars.compile(constraint)
+        if request.constraint is not None:
+            params.grammar = self.target.grammars.compile(request.constraint)
         keys = list(slots) if policy_keys is None else list(policy_keys)
         return [SequenceSetup(params, drafter, policy)
-                for drafter, policy in self._drafting(params, list(slots), drafters, drafting, keys)]
+                for drafter, policy in self._drafting(params, list(slots), drafters, request.drafting, keys)]
 
     @staticmethod
     def sampling(sampling: Optional[Sampling] = None, **changes) -> Sampling:
@@ -261,6 +173,15 @@ class Generator:
         """The models a session drafts with, besides the target (subclasses)."""
         return []
 
+    @property
+    def has_draft_model(self) -> bool:
+        """Whether generations may draft with a draft model."""
+        return bool(self._draft_models())
+
+    def _use_memory(self, seq: SequenceSetup, drafting: Drafting) -> None:
+        """Point ``seq``'s drafter at ``drafting``'s memory (a batch whose
+        prompts each have a prediction of their own). Plain: nothing drafts."""
+
     # ------------------------------------------------------------ saved prefixes
     def _prefix_models(self) -> List["_core.Model"]:
         """The contexts a saved prefix covers: the target's (and the draft model's)."""
@@ -274,16 +195,9 @@ class Generator:
         prompt and tools that later conversations begin with). A later
         generation whose prompt starts with these tokens, in this process after
         :meth:`load_prefix` or in another, processes only the rest."""
-        if isinstance(prefix, str) and not chat:
-            tokens = self.target.tokenize(prefix, add_special=True, parse_special=True)
-        elif isinstance(prefix, str) or (prefix and not all(isinstance(t, int) for t in prefix)):
-            messages = [{"role": "user", "content": prefix}] if isinstance(prefix, str) else prefix
-            text = self.target.apply_chat_template(messages, add_assistant=False)
-            tokens = self.target.tokenize(text, add_special=True, parse_special=True)
-        else:
-            tokens = list(prefix)
         from . import prefix as prefixes
 
+        tokens = prefixes.tokens_of(self.target, prefix, chat=chat)
         prefixes.save(self._prefix_models(), tokens, path)
         return len(tokens)
 
@@ -300,48 +214,9 @@ class Generator:
         """The target's prompt tokens (``Model.prompt_tokens``: ``tools``, ``variables``)."""
         return self.target.prompt_tokens(prompt, chat=chat, **template)
 
-    def generate(
-        self,
-        prompt: Prompt,
-        *,
-        max_tokens: int = MAX_TOKENS,
-        sampling: Optional[Sampling] = None,
-        temperature: Optional[float] = None,
-        top_k: Optional[int] = None,
-        top_p: Optional[float] = None,
-        min_p: Optional[float] = None,
-        repeat_penalty: Optional[float] = None,
-        frequency_penalty: Optional[float] = None,
-        presence_penalty: Optional[float] = None,
-        penalty_last_n: Optional[int] = None,
-        penalize_prompt: Optional[bool] = None,
-        logit_bias=None,
-        seed: Optional[int] = None,
-        stop: Optional[Sequence[str]] = None,
-        chat: bool = True,
-        on_text: Optional[TextCallback] = None,
-        on_token: Optional[TokenTextCallback] = None,
-        cancel: Optional["_core.CancelToken"] = None,
-        n: int = 1,
-        json_schema=None,
-        grammar: Optional[str] = None,
-        regex: Optional[str] = None,
-        constraint: Optional[Constraint] = None,
-        drafting: Optional[Drafting] = None,
-        drafter: Optional[str] = None,
-        policy: Optional[str] = None,
-        draft_max: Optional[int] = None,
-        p_min: Optional[float] = None,
-        svip_gamma: Optional[float] = None,
-        svip_h: Optional[float] = None,
-        draft_sampling: Optional[Sampling] = None,
-        memory=None,
-        suffix: Optional[str] = None,
-        healing: Optional[bool] = None,
-        prediction: Optional[Union[str, Sequence[int]]] = None,
-        logprobs: Optional[int] = None,
-        _test: Optional[TestControls] = None,
-    ) -> Union[Completion, Completions]:
+    def generate(self, prompt: Prompt, *, on_text: Optional[TextCallback] = None,
+                 on_token: Optional[TokenTextCallback] = None, cancel: Optional["_core.CancelToken"] = None,
+                 _test: Optional[TestControls] = None, **settings) -> Union[Completion, Completions]:
         """Generate a continuation of ``prompt``.
 
         With ``n`` > 1, ``n`` independent samples of the prompt are generated
@@ -407,38 +282,23 @@ class Generator:
         reports them).
         """
         _test = controls(_test)  # a wrong kind fails before any work (or a seed drawn)
-        sampling = self.sampling(sampling, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-                                 repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
-                                 presence_penalty=presence_penalty, penalty_last_n=penalty_last_n,
-                                 penalize_prompt=penalize_prompt, logit_bias=logit_bias)
-        constraint = constraints.from_keywords(constraint, json_schema=json_schema, grammar=grammar, regex=regex)
-        drafting = self.drafting(drafting, drafter=drafter, policy=policy, draft_max=draft_max, p_min=p_min,
-                                 svip_gamma=svip_gamma, svip_h=svip_h, draft_sampling=draft_sampling, memory=memory)
+        request, = keywords.requests(self, [prompt], settings)
+        return self.run(request, on_text=on_text, on_token=on_token, cancel=cancel, _test=_test)
+
+    def run(self, request: Request, *, on_text: Optional[TextCallback] = None,
+            on_token: Optional[TokenTextCallback] = None, cancel: Optional["_core.CancelToken"] = None,
+            _test: Optional[TestControls] = None) -> Union[Completion, Completions]:
+        """Run one :class:`~pyspec.request.Request` (``n`` samples of its
+        prompt): the in-process driver behind :meth:`generate`,
+        :meth:`infill` and :meth:`stream`; the callbacks as :meth:`generate` takes them."""
+        n = request.n
         if n != 1 and on_text is not None:
             raise TypeError("with n > 1 use on_token(index, text, drafted): on_text cannot tell samples apart")
-        fill = prompt if isinstance(prompt, fim.InfillPrompt) else None
-        if suffix is not None:
-            if not isinstance(prompt, str):
-                raise TypeError("suffix= fills in between two texts: the prompt must be the text before it")
-            fill = fim.for_prefix(self.target, prompt, suffix, healing=fim.healing(healing, constraint is not None))
-        elif healing is not None:
-            raise TypeError("healing= acts where a fill-in-the-middle prompt is built: with suffix= or infill() "
-                            "(an InfillPrompt has it built in)")
-        if fill is not None:
-            if fill.heal and constraint is not None:
-                raise ValueError("a healed FIM prompt takes no other constraint (build it with healing=False)")
-            tokens, constraint = list(fill.tokens), constraint or fill.constraint()
-        else:
-            tokens = self.prompt_tokens(prompt, chat=chat)
-        predicted = prediction_.tokens_of(self.target, prediction) if prediction is not None else None
-        if predicted and drafting is not None:
-            drafting = self.with_prediction(drafting, tokens, predicted)
-        unheal = fim.Unheal(fill.heal if fill is not None else "")
-        if n != 1 or (drafting is not None and drafting.drafter not in (None, self.drafter)):
+        if n != 1 or (request.drafting is not None and request.drafting.drafter not in (None, self.drafter)):
             # A batch, or a drafter other than the engine's own: one sequence of a batch is the same law.
             batch_callback = None
             if on_token is not None or on_text is not None:
-                cuts = [fim.Unheal(unheal.heal) for _ in range(n)]
+                cuts = [request.unheal() for _ in range(n)]
 
                 def batch_callback(j: int, text: str, drafted: bool):
                     text = cuts[j](text)
@@ -447,13 +307,11 @@ class Generator:
                     return on_token(j, text, drafted) if n != 1 else (
                         on_token(text, drafted) if on_token is not None else on_text(text))
 
-            out = self._generate_batch([tokens] * n, seed=seed, on_token=batch_callback, cancel=cancel,
-                                       max_tokens=max_tokens, sampling=sampling, stop=stop, constraint=constraint,
-                                       drafting=drafting, logprobs=logprobs, _test=_test)
-            choices = [self._finished(c, fill, predicted) for c in out.choices]
-            return choices[0] if n == 1 else dataclasses.replace(out, choices=choices)
+            out = self._run_batch([request] * n, on_token=batch_callback, cancel=cancel, _test=_test)
+            return out.choices[0] if n == 1 else out
         callback = None
         if on_text is not None or on_token is not None:
+            unheal = request.unheal()
 
             def callback(token: int, piece: bytes, drafted: bool):
                 text = unheal(piece.decode("utf-8", errors="replace")) if piece else ""
@@ -461,9 +319,7 @@ class Generator:
                     return True
                 return on_token(text, drafted) if on_token is not None else on_text(text)
 
-        out = self._run(tokens, callback, cancel, max_tokens=max_tokens, sampling=sampling, seed=seed, stop=stop,
-                        constraint=constraint, drafting=drafting, logprobs=logprobs, _test=_test)
-        return self._finished(out, fill, predicted)
+        return self._run(request, callback, cancel, _test=_test)
 
     def infill(self, prefix: str, suffix: str, *, extra: Sequence["fim.Chunk"] = (), layout: str = "still",
                **settings) -> Union[Completion, Completions]:
@@ -473,37 +329,19 @@ class Generator:
         ``layout`` is ``"still"`` (pyspec's) or ``"llama-server"``. The other
         ``settings`` are :meth:`generate`'s (``prediction`` and ``healing`` included).
         Raises :class:`pyspec.fim.FimUnsupported` for a model without FIM tokens."""
-        constrained = any(settings.get(k) is not None for k in ("constraint", "json_schema", "grammar", "regex"))
-        fill = fim.for_prefix(self.target, prefix, suffix, extra=extra, layout=layout,
-                              healing=fim.healing(settings.pop("healing", None), constrained))
-        return self.generate(fill, **settings)
-
-    def with_prediction(self, drafting: Drafting, tokens: Sequence[int], predicted: Sequence[int]) -> Drafting:
-        """``drafting`` that drafts from a prediction (pyspec/prediction.py)."""
-        has_draft = bool(self._draft_models())
-        return dataclasses.replace(drafting, prediction=prediction_.memory_for(tokens, predicted),
-                                   drafter=prediction_.drafter_for(drafting.drafter or self.drafter, has_draft))
-
-    @staticmethod
-    def _finished(out: Completion, fill: Optional["fim.InfillPrompt"], predicted: Optional[List[int]]) -> Completion:
-        """A completion with the healed text taken out and the prediction counted."""
-        changes: dict = {}
-        if fill is not None and fill.heal:
-            changes["text"] = fill.visible(out.text)
-        if predicted is not None:
-            accepted, rejected = prediction_.counts(predicted, out.tokens)
-            changes.update(accepted_prediction_tokens=accepted, rejected_prediction_tokens=rejected)
-        return dataclasses.replace(out, **changes) if changes else out
+        callbacks = {k: settings.pop(k) for k in ("on_text", "on_token", "cancel", "_test") if k in settings}
+        callbacks["_test"] = controls(callbacks.get("_test"))
+        request, = keywords.requests(self, [prefix], settings, what="infill",
+                                     infill=dict(suffix=suffix, extra=extra, layout=layout))
+        return self.run(request, **callbacks)
 
     def generate_batch(
         self,
         prompts: Sequence[Prompt],
         *,
-        seed: Optional[int] = None,
-        chat: bool = True,
         on_token: Optional[BatchTokenCallback] = None,
         cancel: Optional["_core.CancelToken"] = None,
-        sampling: Optional[Sampling] = None,
+        _test: Optional[TestControls] = None,
         **settings,
     ) -> Completions:
         """Generate a continuation of every prompt together: each round is one
@@ -512,8 +350,8 @@ class Generator:
         random stream (``stats.seed`` of choice j reproduces it alone); equal
         prompts are processed once. ``settings``: :meth:`generate`'s
         (``max_tokens``, ``temperature`` ..., ``stop``, ``json_schema``,
-        ``grammar``, ``regex``, the drafting ones; a constraint applies to
-        every sequence, each following it on its own);
+        ``grammar``, ``regex``, the drafting ones, ``prediction``; a
+        constraint applies to every sequence, each following it on its own);
         ``on_token(index, text, drafted)`` streams every sequence, and returning
         False from it stops that sequence only."""
         if isinstance(prompts, (str, bytes)) or (prompts and all(isinstance(p, int) for p in prompts)):
@@ -521,28 +359,17 @@ class Generator:
                             "or generate(prompt, n=k) for k samples of it)")
         if not prompts:
             raise ValueError("generate_batch needs at least one prompt")
-        token_lists = [self.prompt_tokens(p, chat=chat) for p in prompts]
-        # The call's three values, each resolved here once.
-        sampling = self.sampling(sampling, **{f.name: settings.pop(f.name, None) for f in dataclasses.fields(Sampling)})
-        constraint = constraints.from_keywords(settings.pop("constraint", None),
-                                               json_schema=settings.pop("json_schema", None),
-                                               grammar=settings.pop("grammar", None), regex=settings.pop("regex", None))
-        drafting = self.drafting(settings.pop("drafting", None),
-                                 **{name: settings.pop(name, None) for name in DRAFTING_FIELDS})
-        max_tokens, stop = settings.pop("max_tokens", MAX_TOKENS), settings.pop("stop", None)
-        test = controls(settings.pop("_test", None))
-        if settings:
-            raise TypeError(f"generate_batch() got unexpected keyword arguments: {', '.join(sorted(settings))}")
-        return self._generate_batch(token_lists, seed=seed, on_token=on_token, cancel=cancel, sampling=sampling,
-                                    constraint=constraint, drafting=drafting, max_tokens=max_tokens, stop=stop,
-                                    _test=test)
+        for key in ("n", "suffix", "healing"):
+            if key in settings:
+                raise TypeError(f"generate_batch() takes no {key}= (generate() does)")
+        requests = keywords.requests(self, prompts, settings, what="generate_batch")
+        return self._run_batch(requests, on_token=on_token, cancel=cancel, _test=controls(_test))
 
-    def _generate_batch(self, token_lists: List[List[int]], *, seed: Optional[int],
-                        on_token: Optional[BatchTokenCallback], cancel: Optional["_core.CancelToken"],
-                        sampling: Sampling, constraint: Optional[Constraint], drafting: Optional[Drafting],
-                        max_tokens: int, stop: Optional[Sequence[str]],
-                        _test: Optional[TestControls], logprobs: Optional[int] = None) -> Completions:
-        n, n_seq = len(token_lists), self.target.n_seq_max
+    def _run_batch(self, requests: List[Request], *, on_token: Optional[BatchTokenCallback],
+                   cancel: Optional["_core.CancelToken"], _test: Optional[TestControls]) -> Completions:
+        """Requests with the same settings (one call built them), one
+        sequence each, run together: the batch driver."""
+        n, n_seq = len(requests), self.target.n_seq_max
         if n > n_seq:
             raise ValueError(f"{n} sequences in one batch need a target loaded with n_seq_max >= {n} "
                              f"(this one holds {n_seq}): pyspec.Model(..., n_seq_max={n})")
@@ -552,12 +379,17 @@ class Generator:
             def callback(j: int, token: int, piece: bytes, drafted: bool):
                 return on_token(j, piece.decode("utf-8", errors="replace"), drafted) if piece else True
 
-        if seed is None:
-            seed = self.target.next_seed()
-        seqs = self.setup(max_tokens=max_tokens, sampling=sampling, seed=seed, stop=stop, logprobs=logprobs,
-                          slots=range(len(token_lists)), drafters="batch", constraint=constraint, drafting=drafting)
+        first = requests[0]
+        seed = first.seed if first.seed is not None else self.target.next_seed()
+        seqs = self.setup(first, seed=seed, slots=range(n), drafters="batch")
+        drafting = first.drafting
+        if drafting is not None and any(r.drafting is not drafting for r in requests):
+            # Each prompt's prediction is its own memory: give each its own drafter's memory.
+            for seq, r in zip(seqs, requests):
+                self._use_memory(seq, r.drafting)
         session = self.session_params(_test=_test)
         cancel = cancel if cancel is not None else _core.CancelToken()
+        token_lists = [list(r.tokens) for r in requests]
 
         def call():
             return self._engine.generate_batch(token_lists, seqs[0].params, session=session,
@@ -565,91 +397,45 @@ class Generator:
                                                policies=[s.policy for s in seqs] if drafting else [],
                                                on_token=callback, cancel=cancel)
 
-        on_main = threading.current_thread() is threading.main_thread()
-        outs, batch = run_interruptible(call, cancel) if on_main else call()
+        outs, batch = interrupts.run_interruptible(call, cancel)
         choices = []
-        for j, (seq, tokens, out) in enumerate(zip(seqs, token_lists, outs)):
+        for j, (seq, request, out) in enumerate(zip(seqs, requests, outs)):
             self.record(seq, out.stats)
-            self._remember(tokens, out.tokens, drafting)
-            choices.append(self._completion(tokens, out, _core.sequence_seed(seed, j), logprobs is not None))
+            self._remember(request.tokens, out.tokens, request.drafting)
+            done = Completion.of(request.tokens, out, _core.sequence_seed(seed, j), request.logprobs is not None)
+            choices.append(request.finish(done))
         return Completions(choices, BatchStats(batch, seed, tuple(o.stats.ttft_s for o in outs)))
 
     def stream(self, prompt: Prompt, **kwargs) -> Iterator[str]:
-        """Like :meth:`generate`, but yields text pieces as they are produced.
+        """Like :meth:`generate` (or :meth:`run`, given a
+        :class:`~pyspec.request.Request`), but yields text pieces as they are produced.
         Closing the iterator early (``break``) stops generation. The
         iterator's return value (``result = yield from spec.stream(...)``) is
         the :class:`~pyspec.Completion`."""
-        pieces: "queue.Queue" = queue.Queue()
-        box: dict = {}
-        cancel = _core.CancelToken()
-        done = object()
+        def work(on_text, cancel):
+            if isinstance(prompt, Request):
+                return self.run(prompt, on_text=on_text, cancel=cancel, **kwargs)
+            return self.generate(prompt, on_text=on_text, cancel=cancel, **kwargs)
 
-        def on_text(text: str) -> bool:
-            pieces.put(text)
-            return not cancel.is_set
-
-        finished = threading.Event()
-
-        def work() -> None:
-            try:
-                box["out"] = self.generate(prompt, on_text=on_text, cancel=cancel, **kwargs)
-                pieces.put(done)
-            except BaseException as e:  # handed to the consuming thread
-                pieces.put(e)
-            finally:
-                finished.set()
-
-        worker = threading.Thread(target=work, name="pyspec-stream", daemon=True)
-        started = False
-        try:
-            with ctrl_c_held():  # a Ctrl-C inside start(): the worker is cancelled below, not left running
-                worker.start()
-                started = True
-            while True:
-                item = pieces.get()
-                if item is done:
-                    return box["out"]
-                if isinstance(item, BaseException):
-                    raise item
-                if item:
-                    yield item
-        finally:
-            if started:
-                cancel.set()
-                _wait_through_interrupts(finished)
+        return (yield from interrupts.streamed(work))
 
     # ------------------------------------------------------------ internals
-    @staticmethod
-    def _completion(tokens, out: "_core.GenerateResult", seed: int, logprobs: bool = False) -> Completion:
-        return Completion(
-            text=out.text.decode("utf-8", errors="replace"),
-            tokens=list(out.tokens),
-            n_prompt_tokens=len(tokens),
-            stop_reason=out.stop_reason,
-            stats=GenerationStats(out.stats, seed=seed),
-            logprobs=[(lp, list(top)) for lp, top in out.logprobs] if logprobs else None,
-        )
-
-    def _run(self, tokens, callback, cancel, *, seed: Optional[int], max_tokens: int, sampling: Sampling,
-             stop: Optional[Sequence[str]], constraint: Optional[Constraint], drafting: Optional[Drafting],
-             _test: Optional[TestControls] = None, logprobs: Optional[int] = None):
-        """One generation of ``tokens`` (the call's values resolved: :meth:`setup`)."""
-        if seed is None:
-            seed = self.target.next_seed()
-        seq = self.setup(max_tokens=max_tokens, sampling=sampling, seed=seed, stop=stop, logprobs=logprobs,
-                         constraint=constraint, drafting=drafting)[0]
+    def _run(self, request: Request, callback, cancel, *, _test: Optional[TestControls] = None) -> Completion:
+        """One sequence of ``request`` on the engine's own drafter: the single driver."""
+        seed = request.seed if request.seed is not None else self.target.next_seed()
+        seq = self.setup(request, seed=seed)[0]
         session = self.session_params(_test=_test)
         cancel = cancel if cancel is not None else _core.CancelToken()
+        tokens = list(request.tokens)
 
         def call() -> "_core.GenerateResult":
             return self._engine.generate(tokens, seq.params, session=session, policy=seq.policy,
                                          on_token=callback, cancel=cancel)
 
-        on_main = threading.current_thread() is threading.main_thread()
-        out = run_interruptible(call, cancel) if on_main else call()
+        out = interrupts.run_interruptible(call, cancel)
         self.record(seq, out.stats)
-        self._remember(tokens, out.tokens, drafting)
-        return self._completion(tokens, out, seed, logprobs is not None)
+        self._remember(tokens, out.tokens, request.drafting)
+        return request.finish(Completion.of(tokens, out, seed, request.logprobs is not None))
 
     def _remember(self, prompt: Sequence[int], output: Sequence[int], drafting: Optional[Drafting]) -> None:
         """A finished generation joins the memory it drafted from (the call's

@@ -18,12 +18,12 @@ import hashlib
 import json
 import os
 import struct
-from importlib import metadata
 from pathlib import Path
 from typing import Any, Dict, List, Sequence, Tuple, Union
 
 from . import _core
 from ._durable import replacing
+from ._platform import package_version
 from .errors import PyspecError
 
 MAGIC = b"PYSPEC-PREFIX\n"
@@ -40,13 +40,9 @@ class PrefixFileError(PyspecError, ValueError):
 
 
 def _build() -> Dict[str, str]:
-    try:
-        llama = metadata.version("llama-cpp-python")
-    except metadata.PackageNotFoundError:  # pragma: no cover - the core links against it
-        llama = "unknown"
     from . import __version__
 
-    return {"pyspec": __version__, "llama-cpp-python": llama}
+    return {"pyspec": __version__, "llama-cpp-python": package_version("llama-cpp-python")}
 
 
 def identity(model: "_core.Model") -> Dict[str, Any]:
@@ -142,6 +138,19 @@ def ensure_cached(model: "_core.Model", tokens: Sequence[int], seq: int = 0) -> 
     if keep < len(tokens):
         model.decode(tokens[keep:], keep, 0, seq)
     return len(tokens) - keep
+
+
+def tokens_of(target, prefix, *, chat: bool = False) -> List[int]:
+    """A prefix's tokens (``Generator.save_prefix``): token ids as they are, a
+    string as raw text unless ``chat``, or chat messages (a string: one user
+    message) rendered without opening the assistant's turn."""
+    if isinstance(prefix, str) and not chat:
+        return target.tokenize(prefix, add_special=True, parse_special=True)
+    if isinstance(prefix, str) or (prefix and not all(isinstance(t, int) for t in prefix)):
+        messages = [{"role": "user", "content": prefix}] if isinstance(prefix, str) else prefix
+        text = target.apply_chat_template(messages, add_assistant=False)
+        return target.tokenize(text, add_special=True, parse_special=True)
+    return list(prefix)
 
 
 def save(models: Sequence["_core.Model"], tokens: Sequence[int], path: Union[str, os.PathLike]) -> Path:

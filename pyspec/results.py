@@ -104,6 +104,13 @@ class Completion:
     #: log-probability) of the k most likely]): the target's, at temperature 1.
     logprobs: Optional[List[Tuple[float, List[Tuple[int, float]]]]] = None
 
+    @classmethod
+    def of(cls, prompt: Sequence[int], out: "_core.GenerateResult", seed: int, logprobs: bool = False) -> "Completion":
+        """The completion of the core's result ``out`` for ``prompt``, sampled with ``seed``."""
+        return cls(text=out.text.decode("utf-8", errors="replace"), tokens=list(out.tokens),
+                   n_prompt_tokens=len(prompt), stop_reason=out.stop_reason, stats=GenerationStats(out.stats, seed=seed),
+                   logprobs=[(lp, list(top)) for lp, top in out.logprobs] if logprobs else None)
+
     @property
     def n_generated_tokens(self) -> int:
         return len(self.tokens)

@@ -51,7 +51,7 @@ __all__ = [
     "Sampling",
     "VARIANTS",
     "distribution",
-    "penalized",
+    "apply_penalties",
     "verify",
     "verify_many",
 ]
@@ -195,7 +195,7 @@ def distribution(
                                        float(min_p))
 
 
-def penalized(logits, history, settings: Sampling, n_prompt: int = 0) -> np.ndarray:
+def apply_penalties(logits, history, settings: Sampling, n_prompt: int = 0) -> np.ndarray:
     """The logits of the row that follows ``history`` after ``settings``'
     ``logit_bias`` and penalties (the steps before :func:`distribution`'s).
 

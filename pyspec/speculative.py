@@ -142,10 +142,19 @@ class SpeculativeDecoder(Generator):
             chosen = [pool[j] for j in slots]
         else:
             raise ValueError(f"drafters must be 'engine', 'batch' or 'slots', got {drafters!r}")
-        store = drafting.prediction or memory_.choose(drafting.memory, self.memory)
+        store = self._lookup_memory(drafting)
         for d in chosen if drafters != "engine" else [self._core_drafter]:
-            d.use_memory(store.native if store is not None else None)
+            d.use_memory(store)
         return list(zip(chosen, policies))
+
+    def _lookup_memory(self, drafting: Drafting) -> Optional["_core.SuffixStore"]:
+        """What ``drafting``'s lookups copy from: its prediction, else its memory."""
+        store = drafting.prediction_memory or memory_.choose(drafting.memory, self.memory)
+        return store.native if store is not None else None
+
+    def _use_memory(self, seq, drafting: Drafting) -> None:
+        if seq.drafter is not None:
+            seq.drafter.use_memory(self._lookup_memory(drafting))
 
     def _batch_drafters(self, n: int, name: str) -> List["_core.Drafter"]:
         """One drafter per sequence of a batch (drafters keep per-sequence state):

@@ -51,7 +51,7 @@ def pytest_collection_modifyitems(config, items):
 # libgomp counts more threads than cores and its barriers yield instead of
 # spinning: every later graph of the process ran 25-35 % slower once the main
 # thread had computed one (docs/performance.md, issue 51). pyspec generates on
-# short-lived workers (generation.run_interruptible), and so do the tests: each
+# short-lived workers (interrupts.run_interruptible), and so do the tests: each
 # test body and each fixture's setup runs on a thread of its own, which takes
 # its team with it when it ends. A test that needs the main thread (a real
 # SIGINT raises KeyboardInterrupt there) carries the `main_thread` mark.

@@ -37,6 +37,7 @@ from pyspec import Sampling, _core
 from chisquare import assert_law, power, required_n
 from laws import (TARGET, draft_row, exact_distribution, independent_pair, lookup_proposal, next_row, one_hot,
                   residual_is_p_row, support_of, target_rows)
+from pyspec.request import Request
 from pyspec.testing import TestControls
 
 # Exact laws from single-token rows: bit-exact batch rows presumed (conftest skips these on GPU builds).
@@ -297,8 +298,9 @@ def spared_samples(spec, draft, tokens, n, variant="correct"):
         with spec.open_session(lambda *a: True, _test=TestControls(variant=variant)) as s:
             handles = []
             for slot, max_tokens in ((0, 1), (1, 3)):
-                setup = spec.setup(max_tokens=max_tokens, seed=60_000 + i, slots=[slot], drafters="slots",
-                                   drafting=spec.drafting(draft_max=1, **GREEDY_DRAFT), sampling=Sampling(**TARGET))[0]
+                request = Request(tuple(tokens), Sampling(**TARGET), spec.drafting(draft_max=1, **GREEDY_DRAFT),
+                                  max_tokens=max_tokens)
+                setup = spec.setup(request, seed=60_000 + i, slots=[slot], drafters="slots")[0]
                 handles.append(s.add(tokens, setup.params, drafter=setup.drafter, policy=setup.policy,
                                      stream=slot, slot=slot))
             s.step()

@@ -171,7 +171,7 @@ def test_messages_as_llama_server_passes_them():
 
 
 def test_server_request_fields_for_templates():
-    from pyspec.server.protocol import APIError, parse
+    from pyspec.wire.openai import APIError, parse
 
     def chat(**extra):
         return parse("chat", {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"},

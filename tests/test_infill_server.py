@@ -199,7 +199,9 @@ def test_refusals_name_the_field(server):
              ({"input_suffix": "b"}, "input_prefix"),
              ({"input_prefix": "a", "input_suffix": "b", "repeat_penalty": 1.3, "samplers": "kt"}, "repeat_penalty"),
              ({"input_prefix": "a", "input_suffix": "b", "samplers": ["mirostat"]}, "mirostat"),
-             ({"input_prefix": "a", "input_suffix": "b", "n_cmpl": 9}, "n_cmpl")]
+             ({"input_prefix": "a", "input_suffix": "b", "n_cmpl": 9}, "n_cmpl"),
+             # The OpenAI routes' cap on draft lengths holds here too (issue 58: it was uncapped).
+             ({"input_prefix": "a", "input_suffix": "b", "draft_max": 999}, "draft_max")]
     for body, word in cases:
         r = server.post("/infill", body)
         assert r.status_code in (400, 404) and word in r.text, (body, r.status_code, r.text)

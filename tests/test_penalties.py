@@ -86,13 +86,13 @@ def test_penalised_rows_equal_llama_cpps_samplers(settings):
         logits = rng.normal(0, 3, size=40).astype(np.float32)
         history = rng.integers(0, 40, size=int(rng.integers(0, 30))).tolist()
         n_prompt = int(rng.integers(0, len(history) + 1))
-        ours = sampling.penalized(logits, history, s, n_prompt)
+        ours = sampling.apply_penalties(logits, history, s, n_prompt)
         theirs = llama_cpp_row(logits, history, s, n_prompt)
         np.testing.assert_array_equal(ours, theirs, err_msg=f"{settings} trial {trial}")
     # The test can fail: the same history without the prompt's tokens differs.
     s = Sampling(repeat_penalty=2.0, penalize_prompt=True)
     logits, history = rng.normal(0, 3, size=40).astype(np.float32), [1, 2, 3, 4]
-    assert not np.array_equal(sampling.penalized(logits, history, s, 4),
+    assert not np.array_equal(sampling.apply_penalties(logits, history, s, 4),
                               llama_cpp_row(logits, history, s.replace(penalize_prompt=False), 4))
 
 
@@ -157,7 +157,7 @@ def test_greedy_tokens_equal_llama_cpp_pythons_with_its_penalties(gemma_path, lo
         assert i is None or i > acted, "pyspec's penalties differ where they first act"
         if i is not None:
             assert i < len(ours), "pyspec's answer ended where llama-cpp-python's went on"
-            row = sampling.penalized(lone_row(plain, tokens, ours[:i]).astype(np.float32), list(tokens) + ours[:i],
+            row = sampling.apply_penalties(lone_row(plain, tokens, ours[:i]).astype(np.float32), list(tokens) + ours[:i],
                                      Sampling(**settings, penalize_prompt=False), len(tokens))
             check_near_tie(row, [ours[i], theirs[i]], row_law(plain).near_tie(), f"the answers part at token {i}")
     assert out.stats.drafted > 0, "the speculative run never drafted"
@@ -219,7 +219,7 @@ def penalty_laws(model: pyspec.Model, tokens, settings: Sampling, drafts) -> dic
         window = list(prefix)
         if kept == len(prefix) and name != "exact":  # round 1's row len(prefix)
             window = [] if name == "stale" else window[-1:]
-        return sampling.distribution(sampling.penalized(logits[tuple(prefix)], tokens + window, settings, n),
+        return sampling.distribution(sampling.apply_penalties(logits[tuple(prefix)], tokens + window, settings, n),
                                      **TARGET)
 
     def walk(name, prefix, prob, law):
@@ -246,10 +246,10 @@ def case(request, gemma_path, load_model):
     # The prediction (CASES), from the penalised rows the engine computes.
     drafts: list = []
     for i in range(c["draft_max"]):
-        row = sampling.penalized(engine_rows(target, tokens, drafts, i), tokens + drafts, settings, n)
+        row = sampling.apply_penalties(engine_rows(target, tokens, drafts, i), tokens + drafts, settings, n)
         drafts.append(drafts[0] if drafts and c["repeat"] else int(np.argmax(row)))
     laws = penalty_laws(target, tokens, settings, drafts)
-    p0 = sampling.distribution(sampling.penalized(engine_rows(target, tokens, drafts, 0), tokens, settings, n),
+    p0 = sampling.distribution(sampling.apply_penalties(engine_rows(target, tokens, drafts, 0), tokens, settings, n),
                                **TARGET)
     assert not any(target.native.is_eog(x) for x in support_of(p0))
     if c["control"] == "stale":  # its law's premise: nothing drafts after a first token other than a
@@ -311,7 +311,7 @@ def draft_case(gemma_path, load_model):
         target verifies from the prompt's last token on, the draft catches up
         on the whole prompt at once; later tokens are one a decode."""
         logits = lone_row(model, tokens, window, batched=batched).astype(np.float32)
-        return sampling.distribution(sampling.penalized(logits, tokens + window, settings, n), **how)
+        return sampling.distribution(sampling.apply_penalties(logits, tokens + window, settings, n), **how)
 
     draft_how = DRAFT_SAMPLING.truncation()
     p0, q0 = row(target, [], TARGET, n - 1), row(draft, [], draft_how, n)

@@ -31,7 +31,7 @@ from __future__ import annotations
 import pytest
 
 import pyspec
-from pyspec import Sampling
+from pyspec import Sampling, prediction
 
 from chisquare import assert_law, assert_power, required_n
 from draws import draw
@@ -118,3 +118,20 @@ def test_counts_follow_openais_definition(gemma_path, load_model):
     assert other.tokens == out.tokens
     assert (other.accepted_prediction_tokens, other.rejected_prediction_tokens) == (len(out.tokens), 2)
     assert out.accepted_prediction_tokens is None
+
+
+def test_generate_batch_takes_a_prediction(gemma_path, load_model):
+    """generate_batch(prediction=) drafts each prompt from the prediction behind
+    its own anchor and counts it per choice (it used to reach the core as a
+    Drafting field and fail there)."""
+    target = load_model(gemma_path, n_ctx=512, n_seq_max=2, seed=0)
+    spec = pyspec.SpeculativeDecoder(target, policy="fixed", draft_max=2, memory=False)
+    prompts = [target.tokenize(PROMPT), target.tokenize(PROMPT + " and")]
+    lone = spec.generate(prompts[0], max_tokens=6, temperature=0)
+    out = spec.generate_batch(prompts, max_tokens=6, temperature=0, prediction=list(lone.tokens))
+    assert out.choices[0].stats.memory_accepted > 0, "the prediction was not drafted from"
+    for c in out.choices:
+        assert (c.accepted_prediction_tokens, c.rejected_prediction_tokens) == prediction.counts(lone.tokens,
+                                                                                                 c.tokens)
+    plain = spec.generate_batch(prompts, max_tokens=6, temperature=0)
+    assert plain.choices[0].accepted_prediction_tokens is None and plain.choices[0].stats.memory_accepted == 0

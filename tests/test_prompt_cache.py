@@ -33,6 +33,7 @@ from pyspec import prefix as prefixes
 from chisquare import assert_law, required_n
 from laws import TARGET, next_row, one_hot, residual_is_p_row, support_of, target_rows
 from server_helpers import ServerProcess
+from pyspec.request import Request
 from pyspec.testing import TestControls
 
 # Exact laws from single-token rows: bit-exact batch rows presumed (conftest skips these on GPU builds).
@@ -67,9 +68,9 @@ class Conversations:
         s = self.session
         slot = s.pick_slot(prompt) if self.choose == "engine" else 0
         fields = {k: settings.pop(k) for k in GREEDY if k in settings}  # sampling given by field; the rest drafts
-        setup = self.decoder.setup(max_tokens=max_tokens, seed=seed, sampling=Sampling(**{**GREEDY, **fields}),
-                                   logprobs=logprobs, slots=[slot], drafters="slots",
-                                   drafting=self.decoder.drafting(**settings))[0]
+        request = Request(tuple(prompt), Sampling(**{**GREEDY, **fields}), self.decoder.drafting(**settings),
+                          max_tokens=max_tokens, logprobs=logprobs)
+        setup = self.decoder.setup(request, seed=seed, slots=[slot], drafters="slots")[0]
         s.add(prompt, setup.params, drafter=setup.drafter, policy=setup.policy, slot=slot)
         while s.step():
             pass

@@ -202,6 +202,20 @@ def test_bad_requests_get_openai_errors(server, body, status, param):
     assert err["param"] == param and err["message"]
 
 
+def test_seed_and_stop_follow_the_one_rule_of_every_route(server):
+    """pyspec/request.py's rules, which /infill and pyspec.Llama already kept:
+    seed -1 and 4294967295 draw a fresh seed (they were a 400 here), and an
+    empty stop string is dropped (it was a 400 here, dropped on /infill)."""
+    base = {"prompt": "The sky is", "max_tokens": 4, "temperature": 0}
+    want = server.post("/v1/completions", base).json()["choices"][0]["text"]
+    for extra in ({"seed": -1}, {"seed": 4294967295}, {"stop": ""}, {"stop": [""]}):
+        r = server.post("/v1/completions", {**base, **extra})
+        assert r.status_code == 200, (extra, r.text)
+        assert r.json()["choices"][0]["text"] == want, extra
+    r = server.post("/v1/completions", {**base, "seed": -2})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "seed"
+
+
 def test_malformed_oversized_unauthorized_and_unknown(server):
     r = httpx.post(server.url("/v1/completions"), content=b"{not json", headers=server.headers)
     assert r.status_code == 400 and "JSON" in r.json()["error"]["message"]

@@ -183,9 +183,9 @@ def test_the_interpreter_can_exit_right_after_ctrl_c(gemma_path, tmp_path):
 CTRL_C_AS_THE_WORKER_STARTS = textwrap.dedent("""
     import contextlib, os, signal, sys, threading
     import pyspec
-    import pyspec.generation
+    import pyspec.interrupts
     if sys.argv[2] == "control":  # the old start: Ctrl-C not held back while the worker starts
-        pyspec.generation.ctrl_c_held = contextlib.nullcontext
+        pyspec.interrupts.ctrl_c_held = contextlib.nullcontext
     target = pyspec.Model(sys.argv[1], n_ctx=4096)
     start = threading.Thread.start
 

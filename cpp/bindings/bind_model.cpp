@@ -11,6 +11,7 @@
 
 #include "bindings/bind.h"
 #include "bindings/bind_struct.h"
+#include "model/gguf_check.h"
 #include "model/model.h"
 
 namespace py = pybind11;
@@ -192,4 +193,7 @@ void bind_model(py::module_& m) {
              py::arg("seq"), py::arg("state"), py::arg("tokens"),
              "Replace sequence seq's cache with save_state bytes whose cells hold `tokens`; False (left empty) "
              "when there is no room or the bytes do not fit this model.");
+    m.def("gguf_metadata", &gguf_metadata, py::arg("path"),
+          "A GGUF file's header key-values as text (as llama.cpp renders them; arrays left out), read with ggml's "
+          "bounds-checked reader; InvalidModelError for a damaged header.");
 }

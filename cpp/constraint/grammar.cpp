@@ -237,13 +237,4 @@ void GrammarState::commit(int32_t n_accepted, int32_t next) {
     computed_ = 0;
 }
 
-void mask_logits(const float* logits, int32_t n_vocab, const uint32_t* mask, int32_t mask_vocab,
-                 std::vector<float>& out) {
-    out.resize(static_cast<size_t>(n_vocab));
-    const float neg = -std::numeric_limits<float>::infinity();
-    const int32_t shared = std::min(n_vocab, mask_vocab);
-    for (int32_t i = 0; i < shared; ++i) out[static_cast<size_t>(i)] = GrammarState::allows(mask, i) ? logits[i] : neg;
-    for (int32_t i = shared; i < n_vocab; ++i) out[static_cast<size_t>(i)] = neg;
-}
-
 }  // namespace pyspec

@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "constraint/llguidance_abi.h"
+#include "core/row.h"
 
 namespace pyspec {
 
@@ -108,9 +109,7 @@ public:
     int32_t n_vocab() const { return n_vocab_; }
     int32_t pushed() const { return pushed_; }
     const uint32_t* mask(int32_t i);
-    static bool allows(const uint32_t* mask, int32_t token) {
-        return token >= 0 && ((mask[token >> 5] >> (token & 31)) & 1u);
-    }
+    static bool allows(const uint32_t* mask, int32_t token) { return mask_allows(mask, token); }
     void push(int32_t token);
     int32_t forced(int32_t max_n, std::vector<int32_t>& out);
     void commit(int32_t n_accepted, int32_t next);
@@ -138,9 +137,6 @@ private:
     double mask_s_ = 0;
 };
 
-// logits (n_vocab floats) with every token `mask` (over mask_vocab ids) does
-// not allow set to -inf, into `out`; ids past mask_vocab are forbidden.
-void mask_logits(const float* logits, int32_t n_vocab, const uint32_t* mask, int32_t mask_vocab,
-                 std::vector<float>& out);
+// mask_logits: core/row.h.
 
 }  // namespace pyspec

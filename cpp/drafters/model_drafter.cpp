@@ -49,23 +49,17 @@ bool ModelDrafter::next(ModelDraftJob& job, int32_t row, int32_t i) {
     const bool greedy = sampling_.greedy();
     DraftStopRule* stop = job.stop;
     Distribution& qi = (*job.q)[static_cast<size_t>(i)];
-    const float* logits = model_.logits(row);
-    if (job.grammar) {  // q under the grammar's mask: the masks are the target's anyway
-        mask_logits(logits, n_vocab, job.grammar->mask(i), job.grammar->n_vocab(), masked_);
-        logits = masked_.data();
-    }
-    if (job.penalties && job.penalties->active()) {  // the window: history, then this draft's tokens so far
-        const std::vector<int32_t>& h = *job.history;
-        const size_t total = h.size() + job.tokens->size();
-        window_.clear();
-        for (size_t j = job.penalties->window_start(job.n_prompt, total); j < total; ++j) {
-            window_.push_back(j < h.size() ? h[j] : (*job.tokens)[j - h.size()]);
-        }
-        apply_penalties(logits, n_vocab, *job.penalties, window_.data(), window_.size(), penalized_, counts_);
-        logits = penalized_.data();
-    }
+    // q as the target's row p is computed (core/row.h): the grammar's mask (the
+    // target's anyway), then the penalties over history and this draft's tokens so far.
+    static const std::vector<int32_t> no_window;
+    const RowMask mask = job.grammar ? RowMask{job.grammar->mask(i), job.grammar->n_vocab()} : RowMask{};
+    const bool penalized = job.penalties && job.penalties->active();
+    const std::vector<int32_t>& window =
+        penalized ? row_.window(*job.penalties, job.n_prompt, *job.history, job.tokens->data(), job.tokens->size())
+                  : no_window;
+    const float* logits = row_.adjusted(model_.logits(row), n_vocab, mask, job.penalties, window);
     try {
-        compute_distribution(logits, n_vocab, sampling_, qi, ws_);
+        row_.distribution(logits, n_vocab, sampling_, qi);
     } catch (const std::invalid_argument& e) {
         throw DecodeError(std::string("the draft model produced invalid logits: ") + e.what());
     }
@@ -73,7 +67,7 @@ bool ModelDrafter::next(ModelDraftJob& job, int32_t row, int32_t i) {
     // its T = 1 distribution, with the token it will propose known in advance.
     const Distribution* belief = &qi;
     if (stop && greedy) {
-        compute_distribution(logits, n_vocab, belief_sampling_, belief_, ws_);
+        row_.distribution(logits, n_vocab, belief_sampling_, belief_);
         belief = &belief_;
     }
     if (stop && stop->stop_before(i, *belief, greedy ? qi.argmax() : -1)) return false;

@@ -11,6 +11,7 @@
 
 #include "constraint/grammar.h"
 #include "core/penalties.h"
+#include "core/row.h"
 #include "drafters/drafter.h"
 #include "model/model.h"
 
@@ -67,10 +68,7 @@ private:
     SamplingParams sampling_;
     SamplingParams belief_sampling_;  // sampling_ at T = 1: the stop rules' view of a greedy draft
     Distribution belief_;
-    SamplingWorkspace ws_;
-    std::vector<float> masked_;  // a row's logits under the grammar's mask
-    std::vector<float> penalized_;  // ... and after the penalties
-    std::vector<int32_t> window_, counts_;  // the penalties' window and scratch
+    RowPipeline row_;  // q's pipeline and its scratch (core/row.h)
 };
 
 // Throws IncompatibleModelsError unless the draft's vocabulary matches the

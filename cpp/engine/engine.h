@@ -42,6 +42,7 @@
 
 #include "constraint/grammar.h"
 #include "core/penalties.h"
+#include "core/row.h"
 #include "drafters/drafter.h"
 #include "model/model.h"
 #include "policies/policy.h"
@@ -389,11 +390,7 @@ private:
     std::vector<Model::Row> rows_;     // the round's target batch
     std::vector<int32_t> batch_;       // calibration batches
     std::vector<Distribution> p_;      // the target's distributions of one sequence's rows
-    SamplingWorkspace ws_;
-    std::vector<float> masked_;      // a row's logits under its grammar mask
-    std::vector<float> penalized_;   // a row's logits after biases and penalties
-    std::vector<int32_t> window_;    // the tokens a row's penalties count
-    std::vector<int32_t> counts_;    // apply_penalties' scratch
+    RowPipeline row_;                // p's pipeline and its scratch (core/row.h)
 };
 
 }  // namespace pyspec

@@ -258,30 +258,25 @@ void BatchSession::target_distributions(const Sequence& s, int32_t n_rows) {
     const int32_t n_vocab = target_.n_vocab();
     GrammarState* grammar = s.grammar.get();
     const Penalties& pen = s.params.penalties;
+    static const std::vector<int32_t> no_window;
     if (static_cast<int32_t>(p.size()) < n_rows) p.resize(static_cast<size_t>(n_rows));
     for (int32_t i = 0; i < n_rows; ++i) {
-        const float* logits = target_.logits(s.first_row + i);
+        RowMask mask;
         const GrammarControl control = session_.test.grammar;
         if (grammar && control != GrammarControl::kUnmasked) {  // row i under the state after drafts 0..i-1 (grammar.h)
             const int32_t state = control == GrammarControl::kStale ? 0 : i;  // TEST-ONLY: the wrong state
-            mask_logits(logits, n_vocab, grammar->mask(state), grammar->n_vocab(), masked_);
-            logits = masked_.data();
+            mask = RowMask{grammar->mask(state), grammar->n_vocab()};
         }
+        const std::vector<int32_t>* window = &no_window;
         if (pen.active()) {  // row i follows the history and drafts 0..i-1: they are its window
             const PenaltyControl wrong = session_.test.penalties;  // TEST-ONLY: a wrong window
-            const int32_t before = wrong == PenaltyControl::kStale ? 0 : i;
-            const size_t n_hist = s.history.size(), total = n_hist + static_cast<size_t>(before);
-            const size_t skip_to = wrong == PenaltyControl::kLastDraft && before > 1 ? total - 1 : n_hist;
-            window_.clear();
-            for (size_t j = pen.window_start(static_cast<size_t>(s.n_prompt()), total); j < total; ++j) {
-                if (j >= n_hist && j < skip_to) continue;  // TEST-ONLY: drafts before the last left out
-                window_.push_back(j < n_hist ? s.history[j] : s.drafts[j - n_hist]);
-            }
-            apply_penalties(logits, n_vocab, pen, window_.data(), window_.size(), penalized_, counts_);
-            logits = penalized_.data();
+            const size_t before = static_cast<size_t>(wrong == PenaltyControl::kStale ? 0 : i);
+            const size_t first = wrong == PenaltyControl::kLastDraft && before > 1 ? before - 1 : 0;
+            window = &row_.window(pen, static_cast<size_t>(s.n_prompt()), s.history, s.drafts.data(), before, first);
         }
+        const float* logits = row_.adjusted(target_.logits(s.first_row + i), n_vocab, mask, &pen, *window);
         try {
-            compute_distribution(logits, n_vocab, s.params.sampling, p[static_cast<size_t>(i)], ws_);
+            row_.distribution(logits, n_vocab, s.params.sampling, p[static_cast<size_t>(i)]);
         } catch (const std::invalid_argument& e) {
             throw DecodeError(std::string("the target model produced invalid logits: ") + e.what());
         }

@@ -176,4 +176,33 @@ void check_gguf_metadata(const std::string& path, bool for_quantize) {
     }
 }
 
+std::map<std::string, std::string> gguf_metadata(const std::string& path) {
+    check_gguf_file(path);
+    gguf_init_params params = {/*no_alloc=*/true, /*ctx=*/nullptr};
+    GgufPtr owned(gguf_init_from_file(path.c_str(), params), gguf_free);
+    const gguf_context* g = owned.get();
+    if (!g) throw InvalidModelError("truncated or corrupt GGUF header: " + path);
+    std::map<std::string, std::string> out;
+    for (int64_t i = 0; i < gguf_get_n_kv(g); ++i) {
+        std::string value;
+        switch (gguf_get_kv_type(g, i)) {
+            case GGUF_TYPE_UINT8: value = std::to_string(gguf_get_val_u8(g, i)); break;
+            case GGUF_TYPE_INT8: value = std::to_string(gguf_get_val_i8(g, i)); break;
+            case GGUF_TYPE_UINT16: value = std::to_string(gguf_get_val_u16(g, i)); break;
+            case GGUF_TYPE_INT16: value = std::to_string(gguf_get_val_i16(g, i)); break;
+            case GGUF_TYPE_UINT32: value = std::to_string(gguf_get_val_u32(g, i)); break;
+            case GGUF_TYPE_INT32: value = std::to_string(gguf_get_val_i32(g, i)); break;
+            case GGUF_TYPE_UINT64: value = std::to_string(gguf_get_val_u64(g, i)); break;
+            case GGUF_TYPE_INT64: value = std::to_string(gguf_get_val_i64(g, i)); break;
+            case GGUF_TYPE_FLOAT32: value = std::to_string(gguf_get_val_f32(g, i)); break;
+            case GGUF_TYPE_FLOAT64: value = std::to_string(gguf_get_val_f64(g, i)); break;
+            case GGUF_TYPE_BOOL: value = gguf_get_val_bool(g, i) ? "true" : "false"; break;
+            case GGUF_TYPE_STRING: value = utf8_sanitize(gguf_get_val_str(g, i)); break;
+            default: continue;  // arrays
+        }
+        out.emplace(utf8_sanitize(gguf_get_key(g, i)), std::move(value));
+    }
+    return out;
+}
+
 }  // namespace pyspec

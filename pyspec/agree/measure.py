@@ -14,7 +14,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 import numpy as np
 
 from .. import _core
-from ..generation import run_interruptible
+from ..interrupts import run_interruptible
 from ..sampling import Sampling
 from .texts import TEXTS
 

@@ -8,7 +8,7 @@ block between two lines of three quotes) from stdin and writes each answer
 on stdout, so it scripts; in a terminal it shows a prompt, takes multi-line
 input (a line ending in a backslash goes on), puts the next turn's fixed head
 into the caches while the person types (:func:`warm`), and Ctrl-C stops the
-answer, not the session (pyspec/generation.py cancels the generation and
+answer, not the session (pyspec/interrupts.py cancels the generation and
 waits for it to leave the core before KeyboardInterrupt reaches this loop).
 """
 
@@ -23,7 +23,7 @@ from typing import Dict, List, Optional
 import click
 
 from ..errors import PyspecError
-from ..generation import ctrl_c_held
+from ..interrupts import ctrl_c_held
 from .generate import _stats_summary
 from .options import chat_template_option, command_errors, load_pair, max_tokens_option, model_options, \
     sampling_options
@@ -248,7 +248,7 @@ def answer(gen, convo: Conversation, text: str, *, tty: bool, colour: bool, show
     out = None
     try:
         out = gen.generate(convo.messages, on_token=echo, **settings)
-    except KeyboardInterrupt:  # the generation is cancelled and out of the core by now (generation.py)
+    except KeyboardInterrupt:  # the generation is cancelled and out of the core by now (interrupts.py)
         sys.stdout.flush()
         click.echo("\n(stopped)", err=True)
     except (PyspecError, ValueError) as e:  # e.g. the context is full: the session goes on

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional
 
 from ..chat.tools import CallParser, ToolChoice, check_choice, check_tools, parse_calls, tool_constraint, tool_format
 from ..constraints import Constraint
+from ..request import one_constraint
 from ..results import Completion
 from ..results import FINISH_REASON
 from . import completion, options
@@ -56,12 +57,8 @@ def prepare(llm: "Llama", messages: List[Dict[str, Any]], *, functions, function
     fmt = tool_format(target.chat_template.source) if shown else None
     constraint = _constraint(response_format, grammar)
     calls = tool_constraint(fmt, shown, choice) if fmt is not None else None
-    if calls is not None:
-        if constraint is None:
-            constraint = calls
-        elif choice.mode == "required":
-            raise ValueError("tool_choice requires a call, and response_format/grammar constrains the answer "
-                             "otherwise: give one of them")
+    param = "grammar" if grammar is not None else "response_format"
+    constraint, _ = one_constraint(constraint, param, calls, required=choice.mode == "required")
     return ChatRequest(tokens, constraint, choice, fmt, [t["function"]["name"] for t in shown or []])
 
 

@@ -17,8 +17,10 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Sequence, Union
 
-from .. import fim
+from .. import request as request_
 from ..constraints import Constraint
+from ..errors import ContextOverflowError
+from ..request import Request
 from ..results import Completion
 from ..sampling import Sampling
 from ..results import FINISH_REASON
@@ -32,11 +34,10 @@ if TYPE_CHECKING:
 class Call:
     """One completion call, its arguments settled."""
 
-    prompt: Union[List[int], "fim.InfillPrompt"]
+    request: Request
     n_prompt: int
     prompt_text: str  # what echo repeats
     text_offset: int  # llama-cpp-python's first text_offset: len(prompt)
-    settings: Dict[str, Any]  # generate()'s keywords
     logprobs: Optional[int]
     echo: bool
     id: str
@@ -52,44 +53,50 @@ def prepare(llm: "Llama", prompt: Union[str, List[int]], *, suffix: Optional[str
             model: Optional[str], constraint: Optional[Constraint], sampling: Sampling) -> Call:
     """The call as pyspec runs it: prompt tokens (or a FIM prompt), the
     context check and ``max_tokens`` (None or <= 0: to the end of the
-    context), the seed (llama-cpp-python's chain) and generate()'s keywords."""
+    context), the seed (llama-cpp-python's chain): its :class:`~pyspec.request.Request`."""
     if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int) or logprobs < 0):
         raise ValueError(f"logprobs must be an int >= 0 or None, got {logprobs!r}")
     if echo and logprobs is not None:
         options.refuse("echo", echo, "with logprobs: pyspec reports the log-probabilities of generated tokens, "
                        "not of the prompt's")
     target = llm.model
+    fill = None
     if suffix is not None:
         if not isinstance(prompt, str):
             raise TypeError("with suffix, the prompt is the text before it: a string, not token ids")
-        tokens: Union[List[int], fim.InfillPrompt] = fim.for_prefix(
-            target, prompt, suffix, healing=fim.healing(None, constraint is not None))
-        n_prompt, text = len(tokens.tokens), prompt
+        fill = request_.infill_prompt(target, prompt, suffix, constrained=constraint is not None)
+        text = prompt
     elif isinstance(prompt, str):
-        tokens = list(target.native.tokenize(prompt, True, True))
-        n_prompt, text = len(tokens), prompt
+        text = prompt
     elif isinstance(prompt, (list, tuple)) and prompt and all(isinstance(t, int) for t in prompt):
-        tokens = list(prompt)
-        n_prompt, text = len(tokens), llm.detokenize(tokens).decode("utf-8", errors="ignore")
+        text = llm.detokenize(list(prompt)).decode("utf-8", errors="ignore")
     else:
         raise TypeError(f"prompt must be a string or a non-empty list of token ids, got {prompt!r}")
-    n_ctx = llm.n_ctx()
-    if n_prompt >= n_ctx:
-        raise ValueError(f"Requested tokens ({n_prompt}) exceed context window of {n_ctx}")
+    if fill is not None:
+        tokens, constraint = request_.for_fill(fill, constraint)
+    else:
+        tokens = list(target.native.tokenize(prompt, True, True)) if isinstance(prompt, str) else list(prompt)
+    n_ctx, n_prompt = llm.n_ctx(), len(tokens)
+    try:
+        if tokens:  # a vocabulary without BOS reads "" as no tokens: the engine's error then
+            request_.check_prompt(tokens, n_ctx, target.n_vocab)
+    except ContextOverflowError:  # the rule is request.py's; the wording llama-cpp-python's
+        raise ContextOverflowError(f"Requested tokens ({n_prompt}) exceed context window of {n_ctx}") from None
     if max_tokens is None or max_tokens <= 0:
         max_tokens = n_ctx - n_prompt
     max_tokens = min(max_tokens, n_ctx - n_prompt)
     bos_answer = prompt == "" and suffix is None
     if bos_answer:
         max_tokens = max(max_tokens - 1, 1)
-    settings = dict(chat=False, max_tokens=max_tokens, sampling=sampling, seed=llm._call_seed(seed),
-                    stop=options.stops(stop), constraint=constraint, logprobs=logprobs)
-    return Call(tokens, n_prompt, text, len(prompt), settings, logprobs, echo, f"cmpl-{uuid.uuid4()}",
+    request = Request(tuple(tokens), sampling, llm.generator.drafting(), constraint, max_tokens=max_tokens,
+                      stop=request_.stops_of(stop), logprobs=logprobs, seed=request_.seed_of(llm._call_seed(seed)),
+                      fill=fill).with_prediction(llm.generator)
+    return Call(request, n_prompt, text, len(prompt), logprobs, echo, f"cmpl-{uuid.uuid4()}",
                 int(time.time()), model if model is not None else llm.model_path, bos_answer)
 
 
 def run(llm: "Llama", call: Call) -> Completion:
-    out = llm.generator.generate(call.prompt, **call.settings)
+    out = llm.generator.run(call.request)
     llm.last_stats, llm._last = out.stats, out
     return out
 
@@ -97,7 +104,7 @@ def run(llm: "Llama", call: Call) -> Completion:
 def pieces(llm: "Llama", call: Call) -> Iterator[Union[str, Completion]]:
     """The answer's text as it comes, then its :class:`~pyspec.Completion`.
     Closing this iterator stops the generation."""
-    it = llm.generator.stream(call.prompt, **call.settings)
+    it = llm.generator.stream(call.request)
     try:
         while True:
             try:

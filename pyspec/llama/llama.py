@@ -18,6 +18,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
+from .. import _core
 from ..errors import ModelNotFoundError
 from ..generation import Generator
 from ..model import Model, resolve_path
@@ -312,7 +313,7 @@ class Llama:
     def metadata(self) -> Dict[str, str]:
         """The GGUF's metadata as llama.cpp reads it (key -> value as text), read once."""
         if self._metadata is None:
-            self._metadata = embedding.gguf_metadata(self._path)
+            self._metadata = _core.gguf_metadata(str(self._path))
         return self._metadata
 
     # ------------------------------------------------------------ state

@@ -11,7 +11,7 @@ docs/python.md#coming-from-llama-cpp-python.
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, List, Mapping, Optional, Union
+from typing import Any, Dict, Mapping, Optional
 
 from .. import _core
 from ..constraints import Constraint
@@ -134,17 +134,6 @@ def sampling(*, temperature: float, top_k: int, top_p: float, min_p: float, repe
         raise ValueError("repeat_penalty, frequency_penalty, presence_penalty and logit_bias need pyspec's "
                          "sampling core with penalties, which this build of pyspec._core lacks: rebuild pyspec")
     return out
-
-
-def stops(stop: Union[str, List[str], None]) -> List[str]:
-    """llama-cpp-python's ``stop``: a string, a list of strings, or None; empty strings dropped."""
-    if stop is None:
-        return []
-    if isinstance(stop, str):
-        stop = [stop]
-    if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) for s in stop):
-        raise TypeError(f"stop must be a string or a list of strings, got {stop!r}")
-    return [s for s in stop if s]
 
 
 def grammar_constraint(grammar: Any) -> Optional[Constraint]:

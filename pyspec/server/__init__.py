@@ -1,10 +1,11 @@
 """``pyspec serve``: an OpenAI-compatible HTTP server with continuous batching
 and lossless speculative decoding (needs the ``server`` extra).
 
-- :mod:`.protocol`: the OpenAI wire format of requests (validation, APIError);
-  :mod:`.responses`: that of responses (usage, timings, logprobs objects).
+- Requests are read by their dialect's module in :mod:`pyspec.wire`
+  (``openai``, ``llama_server``); :mod:`.api_error`: the refusal (APIError);
+  :mod:`.responses`: the shape of responses (usage, timings, logprobs objects).
 - :mod:`.intake`: a request's checks before it becomes a job (API key, body,
-  tokens and context, the constraint compiled).
+  tokens, the constraint compiled, one pyspec.request.Request per prompt).
 - :mod:`.jobs`: a request as the scheduler sees it (Job, Choice, the refusals).
 - :mod:`.scheduler`: admission and slot choice: one thread that owns the llama
   contexts and runs the batch.

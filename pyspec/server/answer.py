@@ -17,10 +17,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from ..chat.tools import CallParser, parse_calls
-from . import llama_fields, protocol, responses
+from ..wire import llama_fields
+from ..wire import openai as protocol
+from . import responses
 from .jobs import EngineFailed, Job, JobCancelled, JobRefused, QueueFull, SchedulerError, ShuttingDown
 from .metrics import Metrics, RequestClock
-from .protocol import APIError
+from .api_error import APIError
 from .responses import FINISH_REASON
 
 

@@ -1,5 +1,5 @@
 """The refusal every layer of the server raises: OpenAI's error object and an
-HTTP status (protocol.py re-exports it, where requests are read)."""
+HTTP status (the dialects of pyspec/wire/ raise it where requests are read)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 :func:`create_app` puts the rooms together and holds the routes table; the
 handlers (:class:`Handlers`) check a request (intake.py: the API key, the
-body, the wire format of protocol.py, the prompts' tokens, the constraint),
+body, the wire format of pyspec/wire/, the prompts' tokens, the constraint),
 hand it to the :class:`~.scheduler.Scheduler` as a :class:`~.jobs.Job` and
 answer from its events (answer.py: one JSON response or an SSE stream). A
 client that disconnects has its sequences cancelled; every refusal is
@@ -28,11 +28,12 @@ from ..memory import DEFAULT_CAP_MB
 from ..settings import PARALLEL, PREFILL_CHUNK
 from ..testing import TestControls, controls
 from .answer import Answer, error_response, http_error
+from ..wire import llama_server
 from . import infill
 from .intake import Intake, authorized, read_body
 from .jobs import Job, SchedulerError
 from .metrics import Metrics
-from .protocol import APIError
+from .api_error import APIError
 from .scheduler import DEFAULT_CACHE_RAM_MB, MAX_DRAFT, Scheduler
 from .users import UserMemories
 
@@ -58,7 +59,7 @@ def create_app(decoder, *, model_name: str, parallel: int = PARALLEL, queue_size
     policies = list(POLICIES) if decoder.speculative else []
     drafters = [d for d in DRAFTERS if not DRAFTERS[d]["needs_draft_model"] or getattr(decoder, "draft", None)]
     drafters = drafters if decoder.speculative else []
-    intake = Intake(decoder.target, model_name=model_name, parallel=parallel, policies=policies, drafters=drafters,
+    intake = Intake(decoder, model_name=model_name, parallel=parallel, policies=policies, drafters=drafters,
                     max_draft=MAX_DRAFT, strict_model_name=strict_model_name)
     h = Handlers(decoder.target, model_name=model_name, parallel=parallel, api_key=api_key, intake=intake)
     memories = UserMemories(memory_mb if decoder.speculative else 0, memory_users)
@@ -112,9 +113,8 @@ class Handlers:
             return self.error(APIError(401, "a valid API key is required (Authorization: Bearer ...)",
                                        type="authentication_error", code="invalid_api_key"))
         try:
-            parsed, prompts, fills = await self.intake.read(request, kind)
-            job = Job(parsed.settings, prompts, asyncio.get_running_loop(), user=parsed.user or "", fills=fills,
-                      prediction=self.intake.prediction(parsed.settings.prediction))
+            parsed, requests = await self.intake.read(request, kind)
+            job = Job(requests, asyncio.get_running_loop(), user=parsed.user or "")
             self.scheduler.submit(job)
         except SchedulerError as e:
             return self.error(http_error(e))
@@ -127,17 +127,17 @@ class Handlers:
         return await answer.whole(request)
 
     async def infill(self, request: Request) -> Response:
-        """llama-server's /infill (server/infill.py)."""
+        """llama-server's /infill (its body: wire/llama_server.py; its answer: server/infill.py)."""
         clock = self.metrics.clock()
         if not authorized(request, self.api_key):
             return self.error(APIError(401, "a valid API key is required (Authorization: Bearer ...)",
                                        type="authentication_error", code="invalid_api_key"))
         try:
-            req = infill.parse(await read_body(request), self.target, max_n=self.parallel,
-                               n_batch=self.target.native.n_batch)
+            req = llama_server.parse(await read_body(request), self.target, max_n=self.parallel,
+                                     n_batch=self.target.native.n_batch, max_draft=self.intake.max_draft)
             self.intake.check_model(req.parsed.model)
-            job = Job(req.parsed.settings, [req.fill.tokens], asyncio.get_running_loop(), fills=[req.fill],
-                      editor=req.editor)
+            job = Job([self.intake.request(req.parsed.settings, req.fill.tokens, req.fill)],
+                      asyncio.get_running_loop(), editor=req.editor)
             self.scheduler.submit(job)
         except SchedulerError as e:
             return self.error(http_error(e))

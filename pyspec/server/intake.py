@@ -1,8 +1,9 @@
 """What a generation request passes before it becomes a :class:`~.jobs.Job`:
 the API key, the body (its size, JSON, Unicode), the wire format
-(:func:`.protocol.parse`), the model's name, its constraint compiled, and its
-prompts tokenized and checked against the vocabulary and the context. Every
-refusal is an :class:`~.protocol.APIError` (a 4xx), never a 500.
+(:func:`pyspec.wire.openai.parse`), the model's name, its constraint
+compiled, and its prompts tokenized into :class:`~pyspec.request.Request`
+values (one per prompt, checked by pyspec/request.py's rules). Every refusal
+is an :class:`~.api_error.APIError` (a 4xx), never a 500.
 """
 
 from __future__ import annotations
@@ -16,9 +17,12 @@ from starlette.requests import ClientDisconnect, Request
 
 from .. import fim
 from .. import prediction as prediction_
-from ..errors import ConstraintError
-from . import protocol
-from .protocol import APIError, ParsedRequest
+from .. import request as request_
+from ..errors import ConstraintError, ContextOverflowError
+from ..request import Request as GenerationRequest
+from ..wire import openai as protocol
+from ..wire.fields import fim_prompt
+from ..wire.openai import APIError, ParsedRequest, RequestSettings
 
 #: Largest request body accepted (a prompt of a few hundred thousand characters).
 MAX_BODY_BYTES = 4 << 20
@@ -82,29 +86,27 @@ def unicode_checked(body: Any) -> Any:
 
 def prompt_tokens(target, kind: str, prompt, parsed: ParsedRequest) -> List[int]:
     """One prompt's token ids (chat: the template's rendering of its messages):
-    a 400 for ids outside the vocabulary, a prompt that cannot be built, an
-    empty one, or one the context cannot hold with room for an answer."""
+    a 400 for a prompt that cannot be built (its checks: :func:`checked`)."""
     try:
         if kind == "chat":
-            ids = target.prompt_tokens(prompt, tools=parsed.tools, variables=parsed.template_vars)
-        elif isinstance(prompt, str):
-            ids = target.tokenize(prompt, add_special=True, parse_special=True)
-        else:
-            ids = list(prompt)
-            bad = [t for t in ids if not 0 <= t < target.n_vocab]
-            if bad:
-                raise APIError(400, f"token id {bad[0]} is outside the vocabulary (0..{target.n_vocab - 1})",
-                               param="prompt")
+            return target.prompt_tokens(prompt, tools=parsed.tools, variables=parsed.template_vars)
+        if isinstance(prompt, str):
+            return target.tokenize(prompt, add_special=True, parse_special=True)
+        return list(prompt)
     except (ValueError, RuntimeError) as e:
         raise APIError(400, f"cannot build the prompt: {e}",
                        param="messages" if kind == "chat" else "prompt") from None
-    if not ids:
-        raise APIError(400, "the prompt is empty", param="prompt")
-    if len(ids) >= target.n_ctx:
-        raise APIError(400, f"This model's maximum context length is {target.n_ctx} tokens; the prompt has "
-                            f"{len(ids)} (pyspec serve --n-ctx)", param="messages" if kind == "chat" else "prompt",
-                       code="context_length_exceeded")
-    return ids
+
+
+def checked(request: GenerationRequest, target, param: str = "prompt") -> GenerationRequest:
+    """``request`` if its prompt is one the model can answer (pyspec/request.py's
+    checks, their wording kept), else a 400 naming ``param``."""
+    try:
+        return request.checked(target.n_ctx, target.n_vocab)
+    except ContextOverflowError as e:
+        raise APIError(400, f"{e} (pyspec serve --n-ctx)", param=param, code="context_length_exceeded") from None
+    except ValueError as e:
+        raise APIError(400, str(e), param=param) from None
 
 
 async def compile_constraint(target, parsed: ParsedRequest) -> None:
@@ -119,39 +121,58 @@ async def compile_constraint(target, parsed: ParsedRequest) -> None:
 
 
 class Intake:
-    """One server's checks of a generation request: ``target`` (the model whose
-    vocabulary, context and chat template prompts are read with), served as
-    ``model_name`` with ``parallel`` slots and the ``policies`` and
-    ``drafters`` its requests may name."""
+    """One server's checks of a generation request: ``decoder`` (its target's
+    vocabulary, context and chat template read prompts; it builds their
+    drafting), served as ``model_name`` with ``parallel`` slots and the
+    ``policies`` and ``drafters`` its requests may name."""
 
-    def __init__(self, target, *, model_name: str, parallel: int, policies: Sequence[str],
+    def __init__(self, decoder, *, model_name: str, parallel: int, policies: Sequence[str],
                  drafters: Sequence[str], max_draft: int, strict_model_name: bool = False) -> None:
-        self.target, self.model_name, self.parallel = target, model_name, parallel
+        self.decoder, self.target = decoder, decoder.target
+        self.model_name, self.parallel = model_name, parallel
         self.strict_model_name = strict_model_name
         self.policies, self.drafters, self.max_draft = list(policies), list(drafters), max_draft
 
-    async def read(self, request: Request, kind: str
-                   ) -> Tuple[ParsedRequest, List[List[int]], Optional[List[fim.InfillPrompt]]]:
-        """The request (``kind``: "completion" or "chat") parsed, its prompts'
-        token ids, and with a ``suffix`` their FIM prompts (fim.py); raises
-        :class:`APIError` (authorization is checked before)."""
+    async def read(self, request: Request, kind: str) -> Tuple[ParsedRequest, List[GenerationRequest]]:
+        """The request (``kind``: "completion" or "chat") parsed, and one
+        :class:`~pyspec.request.Request` per prompt (with a ``suffix``, FIM
+        prompts: fim.py); raises :class:`APIError` (authorization is checked
+        before)."""
         body = await read_body(request)
         parsed = protocol.parse(kind, body, max_n=self.parallel, policies=self.policies, drafters=self.drafters,
                                 max_draft=self.max_draft, template=self.target.chat_template.source)
         self.check_model(parsed.model)
         await compile_constraint(self.target, parsed)
+        s = parsed.settings
         if parsed.suffix is None:
             if parsed.healing is not None:
                 raise APIError(400, "'healing' is for a fill-in-the-middle request (one with a 'suffix')",
                                param="healing")
-            return parsed, [prompt_tokens(self.target, kind, p, parsed) for p in parsed.prompts], None
+            prompts = [(prompt_tokens(self.target, kind, p, parsed), None) for p in parsed.prompts]
+        else:
+            fills = [fim_prompt(lambda: request_.infill_prompt(
+                self.target, p, parsed.suffix, healing=parsed.healing, constrained=s.constraint is not None))
+                for p in parsed.prompts]
+            prompts = [(f.tokens, f) for f in fills]
+        param = "messages" if kind == "chat" else "prompt"
+        return parsed, [self.request(s, tokens, fill, param) for tokens, fill in prompts]
+
+    def request(self, s: RequestSettings, tokens: Sequence[int], fill: Optional["fim.InfillPrompt"] = None,
+                param: str = "prompt") -> GenerationRequest:
+        """The :class:`~pyspec.request.Request` of one prompt under a request's
+        settings: drafting only where the decoder drafts (a plain server
+        ignores those fields), the prediction's tokens, healing's constraint."""
+        drafting = (self.decoder.drafting(drafter=s.drafter, policy=s.policy, draft_max=s.draft_max)
+                    if self.decoder.speculative else None)
+        predicted = tuple(prediction_.tokens_of(self.target, s.prediction)) if s.prediction else None
         try:
-            heal = fim.healing(parsed.healing, parsed.settings.constraint is not None)
-        except ValueError as e:
-            raise APIError(400, str(e), param="healing") from None
-        fills = [fim_prompt(self.target, lambda: fim.for_prefix(self.target, p, parsed.suffix, healing=heal))
-                 for p in parsed.prompts]
-        return parsed, [f.tokens for f in fills], fills
+            tokens, constraint = request_.for_fill(fill, s.constraint) if fill is not None else (tokens, s.constraint)
+            out = GenerationRequest(tuple(tokens), s.sampling, drafting, constraint, max_tokens=s.max_tokens,
+                                    stop=tuple(s.stop), logprobs=s.logprobs, seed=s.seed, n=s.n, fill=fill,
+                                    prediction=predicted)
+        except request_.RequestError as e:
+            raise APIError(400, str(e), param=e.param) from None
+        return checked(out.with_prediction(self.decoder), self.target, param)
 
     def check_model(self, model: Optional[str]) -> None:
         """With ``strict_model_name``, a 404 for a request naming another model
@@ -160,21 +181,3 @@ class Intake:
         if self.strict_model_name and model not in (None, "", self.model_name):
             raise APIError(404, f"the model '{model}' does not exist (this server has '{self.model_name}')",
                            param="model", code="model_not_found")
-
-    def prediction(self, text: Optional[str]) -> Optional[List[int]]:
-        """A Predicted Output's tokens (None: none)."""
-        return prediction_.tokens_of(self.target, text) if text else None
-
-
-def fim_prompt(target, build) -> "fim.InfillPrompt":
-    """``build()``'s FIM prompt: a 501 for a model without FIM tokens (as
-    llama-server answers), a 400 for one the context cannot hold."""
-    try:
-        fill = build()
-    except fim.FimUnsupported as e:
-        raise APIError(501, str(e), type="not_supported_error") from None
-    if len(fill.tokens) >= target.n_ctx:
-        raise APIError(400, f"This model's maximum context length is {target.n_ctx} tokens; the prompt has "
-                            f"{len(fill.tokens)} (pyspec serve --n-ctx)", param="prompt",
-                       code="context_length_exceeded")
-    return fill

@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, List, Optional, Tuple
 
 from ..generation import SequenceSetup
-from .protocol import RequestSettings
+from ..request import Request
 
 if TYPE_CHECKING:
-    from ..fim import EditorStops, InfillPrompt, Unheal
+    from ..fim import EditorStops, Unheal
     from ..memory import Memory
 
 
@@ -67,8 +67,7 @@ class Job:
     ("delta", index, text, tokens, logprobs), ("done", index, result, seed),
     ("error", SchedulerError)."""
 
-    settings: RequestSettings
-    prompts: List[List[int]]          # token ids, one per prompt
+    requests: List[Request]           # one per prompt, with the same settings (n samples each)
     loop: asyncio.AbstractEventLoop
     events: "asyncio.Queue[Tuple]" = field(default_factory=asyncio.Queue)
     choices: List[Choice] = field(default_factory=list)
@@ -76,14 +75,22 @@ class Job:
     user: str = ""                     # OpenAI's end-user id ("" for one local user): memory and policy follow it
     memory: Optional["Memory"] = None  # the user's, set once admitted: drafts copy from it, answers join it
     admitted: float = 0.0              # time.monotonic() when it left the queue (0: not yet)
-    fills: Optional[List["InfillPrompt"]] = None  # FIM prompts (one per prompt): healing, per prompt
-    prediction: Optional[List[int]] = None        # Predicted Outputs: the prediction's tokens
     editor: Optional[dict] = None                 # /infill: EditorStops' settings for each choice
+
+    @property
+    def prompts(self) -> List[List[int]]:
+        """Token ids, one list per prompt."""
+        return [list(r.tokens) for r in self.requests]
+
+    @property
+    def prediction(self) -> Optional[Tuple[int, ...]]:
+        """Predicted Outputs: the prediction's tokens (None: none)."""
+        return self.requests[0].prediction
 
     @property
     def need(self) -> int:
         """Sequence slots it takes: one per choice."""
-        return len(self.prompts) * self.settings.n
+        return len(self.requests) * self.requests[0].n
 
     def cancel(self) -> None:
         """The client is gone: its sequences end at the next round (thread-safe)."""

@@ -26,6 +26,7 @@ metrics.py when scraped).
 from __future__ import annotations
 
 import collections
+import dataclasses
 import threading
 import time
 import warnings
@@ -33,7 +34,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Callable, Deque, Dict, List, Optional, Set, Tuple
 
 from .. import _core
-from ..fim import EditorStops, Unheal
+from ..fim import EditorStops
 from ..results import PositionCounts
 from ..settings import PREFILL_CHUNK
 from ..testing import TestControls, controls
@@ -223,33 +224,26 @@ class Scheduler:
             self._running.append(job)
 
     def _start(self, job: Job) -> None:
-        s = job.settings
-        base = s.seed if s.seed is not None else self.target.next_seed()
+        first = job.requests[0]
+        base = first.seed if first.seed is not None else self.target.next_seed()
         if self.memories is not None and self.decoder.speculative:
             job.memory = self.memories(job.user)  # only now: a refused request evicts nobody's memory
-        for p_i, prompt in enumerate(job.prompts):
-            for j in range(s.n):
-                index = p_i * s.n + j
+        for p_i, request in enumerate(job.requests):
+            if job.memory is not None and request.drafting is not None:  # the user's memory (server/users.py)
+                request = dataclasses.replace(request, drafting=dataclasses.replace(request.drafting,
+                                                                                    memory=job.memory))
+            for j in range(request.n):
+                index = p_i * request.n + j
+                prompt = list(request.tokens)
                 slot = self._pick_slot(prompt)
                 c = Choice(index=index, prompt=prompt, seed=_core.sequence_seed(base, index), slot=slot)
                 key = self.policies.key(job.user)
-                # Drafting settings only where the decoder drafts (a plain server ignores them).
-                drafting = (self.decoder.drafting(drafter=s.drafter, policy=s.policy, draft_max=s.draft_max,
-                                                  memory=job.memory) if self.decoder.speculative else None)
-                if drafting is not None and job.prediction:
-                    drafting = self.decoder.with_prediction(drafting, prompt, job.prediction)
-                fill = job.fills[p_i] if job.fills else None
-                constraint = fill.constraint() if fill is not None and fill.heal else s.constraint
-                if fill is not None:
-                    c.unheal = Unheal(fill.heal)
+                if request.heal:
+                    c.unheal = request.unheal()
                 if job.editor is not None:
-                    c.watch = EditorStops(**job.editor, skip=len(fill.heal) if fill is not None else 0)
-                # No answer outgrows the context.
-                n_ctx = self.target.n_ctx
-                c.setup = self.decoder.setup(
-                    max_tokens=n_ctx if s.max_tokens is None else min(s.max_tokens, n_ctx),
-                    sampling=s.sampling, seed=base, stop=s.stop, logprobs=s.logprobs, constraint=constraint,
-                    slots=[slot], drafters="slots", drafting=drafting, policy_keys=[key])[0]
+                    c.watch = EditorStops(**job.editor, skip=len(request.heal))
+                c.setup = self.decoder.setup(request, seed=base, slots=[slot], drafters="slots",
+                                             policy_keys=[key])[0]
                 c.handle = self._session.add(prompt, c.setup.params, drafter=c.setup.drafter,
                                              policy=c.setup.policy, stream=index, slot=slot)
                 self._busy.add(slot)
@@ -281,7 +275,7 @@ class Scheduler:
             result = finished.get(handle)
             if c.tokens or c.text:
                 logprobs = None
-                if job.settings.logprobs is not None and c.tokens:
+                if job.requests[0].logprobs is not None and c.tokens:
                     logprobs = (result.logprobs[c.delivered:] if result is not None
                                 else self._session.logprobs(handle, c.delivered))
                 text = b"".join(c.text).decode("utf-8", errors="replace")

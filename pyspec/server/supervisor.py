@@ -179,7 +179,7 @@ def create_supervisor_app(child: Child):
     from starlette.responses import JSONResponse, Response, StreamingResponse
     from starlette.routing import Route
 
-    from .protocol import APIError
+    from .api_error import APIError
 
     def error(message: str) -> Response:
         return JSONResponse(APIError(503, message, type="server_error", code="rpc_worker_unavailable").body(),

@@ -11,7 +11,7 @@ from typing import Any, Dict, List
 
 from .. import _core, cpu
 from .._loader import llama_lib_path
-from .._platform import physical_cores
+from .._platform import package_version, physical_cores
 from ..server.scheduler import DEFAULT_CACHE_RAM_MB, DEFAULT_CACHE_SLOTS
 
 # The keys of build_info(), in display order (`pyspec info --json` keeps them stable).
@@ -37,15 +37,6 @@ KEYS = (
     "cpu_kernels",
     "prompt_cache",
 )
-
-
-def _version(dist: str) -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(dist)
-    except PackageNotFoundError:
-        return "unknown"
 
 
 def _llama_cpp_python_flash_attn_default() -> Any:
@@ -76,7 +67,7 @@ def build_info() -> Dict[str, Any]:
     devices: List[Dict[str, Any]] = list(_core.devices())
     return {
         "pyspec_version": __version__,
-        "llama_cpp_python_version": _version("llama-cpp-python"),
+        "llama_cpp_python_version": package_version("llama-cpp-python"),
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         # The file the extension's llama.cpp calls resolve to (dladdr), and whether it

@@ -15,6 +15,7 @@ saved prefix file resumes in new contexts. Random-weight default-shaped models
 import os, sys, time, json, tempfile
 import pyspec
 from pyspec import _core
+from pyspec.request import Request
 
 T, D = os.environ["T"], os.environ["D"]
 out = {}
@@ -27,8 +28,9 @@ G = dict(temperature=0.0, top_k=40, top_p=1.0, min_p=0.0)
 
 def run(sess, p, n=16):
     slot = sess.pick_slot(p)
-    st = dec.setup(max_tokens=n, seed=1, slots=[slot], drafters="slots", logprobs=8,
-                   sampling=pyspec.Sampling(**G))[0]
+    request = Request(tuple(p), pyspec.Sampling(**G), None, max_tokens=n,  # plain, as before
+                      logprobs=8)
+    st = dec.setup(request, seed=1, slots=[slot], drafters="slots")[0]
     sess.add(p, st.params, drafter=st.drafter, policy=st.policy, slot=slot)
     while sess.step():
         pass

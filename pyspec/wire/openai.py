@@ -11,7 +11,6 @@ penalties and ``logit_bias`` act as in llama-server (llama_fields.py). What a re
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -20,10 +19,10 @@ from ..chat.tools import ToolChoice, check_choice, check_tools, tool_constraint,
 from ..constraints import Constraint
 from ..errors import ConstraintError
 from ..prediction import from_body
-from ..settings import SEED_BITS
+from ..request import RequestError, one_constraint
 from ..sampling import Sampling
-from . import llama_fields
-from .api_error import APIError
+from ..server.api_error import APIError
+from . import fields, llama_fields
 
 #: OpenAI's limit on top_logprobs (and on the legacy completions' logprobs).
 MAX_TOP_LOGPROBS = 20
@@ -96,62 +95,6 @@ _FIELDS = {
 }
 
 
-def _type_error(name: str, want: str) -> APIError:
-    return APIError(400, f"'{name}' must be {want}", param=name)
-
-
-def _int(body: Dict[str, Any], name: str, lo: int, hi: Optional[int] = None, default=None) -> Optional[int]:
-    v = body.get(name, default)
-    if v is None:
-        return default
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise _type_error(name, "an integer")
-    if v < lo or (hi is not None and v > hi):
-        raise APIError(400, f"'{name}' must be in [{lo}, {hi if hi is not None else 'inf'}], got {v}", param=name)
-    return v
-
-
-def _float(body: Dict[str, Any], name: str, lo: float, hi: float, default: float) -> float:
-    v = body.get(name, default)
-    if v is None:
-        return default
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        raise _type_error(name, "a number")
-    if not lo <= v <= hi:
-        raise APIError(400, f"'{name}' must be in [{lo}, {hi}], got {v}", param=name)
-    return float(v)
-
-
-def _flag(body: Dict[str, Any], name: str, default: Optional[bool] = None) -> Optional[bool]:
-    """A boolean field (absent or null: ``default``)."""
-    v = body.get(name)
-    if v is not None and not isinstance(v, bool):
-        raise _type_error(name, "a boolean")
-    return default if v is None else v
-
-
-def _stop(body: Dict[str, Any]) -> List[str]:
-    v = body.get("stop")
-    if v is None:
-        return []
-    if isinstance(v, str):
-        v = [v]
-    if not isinstance(v, list) or not all(isinstance(s, str) for s in v):
-        raise _type_error("stop", "a string or a list of strings")
-    if any(not s for s in v):
-        raise APIError(400, "'stop' strings must not be empty", param="stop")
-    return list(v)
-
-
-def _choice(body: Dict[str, Any], name: str, allowed: Sequence[str]) -> Optional[str]:
-    v = body.get(name)
-    if v is None:
-        return None
-    if v not in allowed:
-        raise APIError(400, f"'{name}' must be one of {', '.join(allowed)}; got {v!r}", param=name)
-    return v
-
-
 def _prompts(value: Any) -> List[Union[str, List[int]]]:
     """OpenAI's prompt: a string, a list of strings, token ids, or a list of token-id lists."""
     def is_ids(x):
@@ -163,7 +106,7 @@ def _prompts(value: Any) -> List[Union[str, List[int]]]:
         return [list(value)]
     if isinstance(value, list) and value and all(isinstance(p, str) or is_ids(p) for p in value):
         return list(value)
-    raise _type_error("prompt", "a string, a list of strings, a list of token ids or a list of such lists")
+    raise fields.type_error("prompt", "a string, a list of strings, a list of token ids or a list of such lists")
 
 
 # Message fields the chat template receives as sent (tool-use turns).
@@ -172,7 +115,7 @@ _MESSAGE_EXTRAS = ("name", "tool_calls", "tool_call_id", "reasoning_content")
 
 def _messages(value: Any) -> List[Dict[str, Any]]:
     if not isinstance(value, list) or not value:
-        raise _type_error("messages", "a non-empty list of messages")
+        raise fields.type_error("messages", "a non-empty list of messages")
     out = []
     for i, m in enumerate(value):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
@@ -237,11 +180,11 @@ def _constraint(body: Dict[str, Any]) -> Tuple[Optional[Constraint], Optional[st
     try:
         if name == "grammar":
             if not isinstance(body["grammar"], str):
-                raise _type_error("grammar", "a string (GBNF or Lark)")
+                raise fields.type_error("grammar", "a string (GBNF or Lark)")
             return Constraint.grammar(body["grammar"]), name
         if name == "json_schema":
             if not isinstance(body["json_schema"], (dict, bool)):
-                raise _type_error("json_schema", "a JSON schema object")
+                raise fields.type_error("json_schema", "a JSON schema object")
             return Constraint.json_schema(body["json_schema"]), name
         if not isinstance(fmt, dict) or fmt.get("type") not in ("json_object", "json_schema"):
             raise APIError(400, "'response_format' must be {\"type\": \"text\"}, {\"type\": \"json_object\"} or "
@@ -262,7 +205,7 @@ def _template_vars(body: Dict[str, Any]) -> Dict[str, Any]:
     if extra is None:
         return {}
     if not isinstance(extra, dict):
-        raise _type_error("chat_template_kwargs", "an object")
+        raise fields.type_error("chat_template_kwargs", "an object")
     taken = sorted(RESERVED & set(extra))
     if taken:
         raise APIError(400, f"chat_template_kwargs may not set '{taken[0]}'", param="chat_template_kwargs")
@@ -271,20 +214,13 @@ def _template_vars(body: Dict[str, Any]) -> Dict[str, Any]:
 
 def _request_constraint(body: Dict[str, Any], tools, choice: ToolChoice,
                         fmt: Optional[str]) -> Tuple[Optional[Constraint], Optional[str]]:
-    """The request's one constraint and the field that asked for it: the body's
-    (:func:`_constraint`), else its tool calls' grammar under ``tool_choice``
-    (with a response format, calls are only parsed). A call required beside a
-    constrained answer is a 400."""
+    """The request's one constraint and the field that asked for it (request.one_constraint)."""
     constraint, param = _constraint(body)
     calls = tool_constraint(fmt, tools, choice) if fmt is not None else None
-    if calls is None:
-        return constraint, param
-    if constraint is None:
-        return calls, "tools"
-    if choice.mode == "required":
-        raise APIError(400, f"tool_choice requires a call, and '{param}' constrains the answer otherwise: give one "
-                            f"of them", param="tool_choice")
-    return constraint, param
+    try:
+        return one_constraint(constraint, param, calls, required=choice.mode == "required")
+    except RequestError as e:
+        raise APIError(400, str(e), param=e.param) from None
 
 
 def parse(kind: str, body: Any, *, max_n: int, policies: Sequence[str], drafters: Sequence[str],
@@ -303,16 +239,14 @@ def parse(kind: str, body: Any, *, max_n: int, policies: Sequence[str], drafters
         raise APIError(400, f"unsupported parameter '{name}' {what}(pyspec serve does not implement it)", param=name)
     model = body.get("model")
     if model is not None and not isinstance(model, str):
-        raise _type_error("model", "a string")
+        raise fields.type_error("model", "a string")
     if kind == "chat":
         if "messages" not in body:
             raise APIError(400, "'messages' is required", param="messages")
         prompts: list = [_messages(body["messages"])]
-        max_tokens = _int(body, "max_completion_tokens", 0)
-        if max_tokens is None:
-            max_tokens = _int(body, "max_tokens", 0)
-        logprobs = _flag(body, "logprobs")
-        top = _int(body, "top_logprobs", 0, MAX_TOP_LOGPROBS)
+        max_tokens = fields.max_tokens(body, None)
+        logprobs = fields.flag(body, "logprobs")
+        top = fields.integer(body, "top_logprobs", 0, MAX_TOP_LOGPROBS)
         if top is not None and not logprobs:
             raise APIError(400, "'top_logprobs' needs 'logprobs': true", param="top_logprobs")
         k = (top or 0) if logprobs else None
@@ -320,16 +254,15 @@ def parse(kind: str, body: Any, *, max_n: int, policies: Sequence[str], drafters
         if "prompt" not in body:
             raise APIError(400, "'prompt' is required", param="prompt")
         prompts = _prompts(body["prompt"])
-        # OpenAI's default for completions, unless llama-server's n_predict says
-        max_tokens = _int(body, "max_tokens", 0, default=None if "n_predict" in body else 16)
+        max_tokens = fields.max_tokens(body, 16)  # OpenAI's default for completions
         suffix = body.get("suffix") or None  # "": none, as clients send it unasked
         if suffix is not None and not isinstance(suffix, str):
-            raise _type_error("suffix", "a string")
+            raise fields.type_error("suffix", "a string")
         if suffix is not None and not all(isinstance(p, str) for p in prompts):
             raise APIError(400, "with 'suffix' the prompt is the text before it: a string, not token ids",
                            param="suffix")
-        k = _int(body, "logprobs", 0, MAX_TOP_LOGPROBS)
-    stream = _flag(body, "stream", False)
+        k = fields.integer(body, "logprobs", 0, MAX_TOP_LOGPROBS)
+    stream = fields.flag(body, "stream", False)
     options = body.get("stream_options")
     include_usage = False
     if options is not None:
@@ -338,44 +271,37 @@ def parse(kind: str, body: Any, *, max_n: int, policies: Sequence[str], drafters
         if not isinstance(options, dict) or set(options) - {"include_usage"}:
             raise APIError(400, "'stream_options' supports only 'include_usage'", param="stream_options")
         include_usage = bool(options.get("include_usage", False))
-    n = _int(body, "n", 1, max_n, default=1)
+    n = fields.integer(body, "n", 1, max_n, default=1)
     if n * len(prompts) > max_n:
         raise APIError(400, f"{len(prompts)} prompts x n={n} choices exceed the server's {max_n} parallel "
                             f"sequences (pyspec serve --parallel)", param="n")
     openai = Sampling.OPENAI  # what a request that names nothing gets
-    if max_tokens is None:
-        max_tokens = _int(body, "n_predict", -1)  # llama-server's name (-1: no limit)
-        max_tokens = None if max_tokens is not None and max_tokens < 0 else max_tokens
     chain = llama_fields.samplers(body)
     if chain is not None:  # llama-server's way: the chain says which fields act
-        sampling = llama_fields.chain_sampling(body, chain, openai, _float, _int)
+        sampling = llama_fields.chain_sampling(body, chain, openai)
     else:
         sampling = Sampling(
-            temperature=_float(body, "temperature", 0.0, 2.0, openai.temperature),
-            top_p=_float(body, "top_p", 0.0, 1.0, openai.top_p),
-            top_k=_int(body, "top_k", 0, default=openai.top_k),
-            min_p=_float(body, "min_p", 0.0, 1.0, openai.min_p),
-            **llama_fields.penalties(body, None, _float, _int),
+            temperature=fields.number(body, "temperature", 0.0, 2.0, openai.temperature),
+            top_p=fields.number(body, "top_p", 0.0, 1.0, openai.top_p),
+            top_k=fields.integer(body, "top_k", 0, default=openai.top_k),
+            min_p=fields.number(body, "min_p", 0.0, 1.0, openai.min_p),
+            **llama_fields.penalties(body, None),
         )
     if sampling.top_p == 0:
         raise APIError(400, "'top_p' must be > 0", param="top_p")
     tools, choice = _tools(body) if kind == "chat" else (None, ToolChoice("none"))
     fmt = tool_format(template) if tools else None  # a template that does not say: hermes
     constraint, constraint_param = _request_constraint(body, tools, choice, fmt)
-    if constraint is not None and any(b == float("-inf") for _, b in sampling.logit_bias):
-        # Forbidding every token the grammar allows would leave a row with none.
-        raise APIError(400, "'logit_bias' may not forbid tokens (false) under a grammar, schema or tool call: "
-                            "give a finite bias such as -100", param="logit_bias")
     settings = RequestSettings(
         max_tokens=max_tokens,
         sampling=sampling,
-        seed=_int(body, "seed", 0, 2**SEED_BITS - 1),
-        stop=_stop(body),
+        seed=fields.seed(body),
+        stop=list(fields.stop(body)),
         n=n,
         logprobs=k,
-        draft_max=_int(body, "draft_max", 0, max_draft),
-        policy=_choice(body, "policy", policies),
-        drafter=_choice(body, "drafter", drafters),
+        draft_max=fields.draft_max(body, max_draft),
+        policy=fields.choice(body, "policy", policies),
+        drafter=fields.choice(body, "drafter", drafters),
         constraint=constraint,
         constraint_param=constraint_param,
         prediction=_prediction(body),
@@ -384,13 +310,13 @@ def parse(kind: str, body: Any, *, max_n: int, policies: Sequence[str], drafters
     user = "" if user is None else user  # some clients send null
     if not isinstance(user, str):
         raise APIError(400, "'user' must be a string", param="user")
-    fields = llama_fields.response_fields(body)
+    picked = llama_fields.response_fields(body)
     if kind == "chat":
         return ParsedRequest(kind, model, prompts, settings, stream, include_usage, user, tools=tools,
                              tool_choice=choice, tool_format=fmt, template_vars=_template_vars(body),
-                             response_fields=fields)
+                             response_fields=picked)
     return ParsedRequest(kind, model, prompts, settings, stream, include_usage, user, suffix=suffix,
-                         response_fields=fields, healing=_flag(body, "healing"))
+                         response_fields=picked, healing=fields.flag(body, "healing"))
 
 
 def _prediction(body: Dict[str, Any]) -> Optional[str]:

@@ -10,7 +10,8 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional
 
 from ..sampling import Sampling
-from .api_error import APIError
+from ..server.api_error import APIError
+from .fields import integer, number
 
 #: llama-server's sampling defaults (common_params_sampling).
 DEFAULTS = Sampling(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05)
@@ -60,7 +61,7 @@ def samplers(body: Dict[str, Any], default: Optional[List[str]] = None) -> Optio
     return chain
 
 
-def penalties(body: Dict[str, Any], chain: Optional[List[str]], number, integer) -> Dict[str, Any]:
+def penalties(body: Dict[str, Any], chain: Optional[List[str]]) -> Dict[str, Any]:
     """:class:`~pyspec.Sampling`'s bias and penalty fields from a body:
     OpenAI's ``frequency_penalty``, ``presence_penalty`` and ``logit_bias``,
     llama-server's ``repeat_penalty`` and ``repeat_last_n`` (its window, 64
@@ -117,17 +118,16 @@ def logit_bias(body: Dict[str, Any]) -> Dict[int, float]:
     return out
 
 
-def chain_sampling(body: Dict[str, Any], chain: List[str], defaults: Sampling, number, integer) -> Sampling:
+def chain_sampling(body: Dict[str, Any], chain: List[str], defaults: Sampling) -> Sampling:
     """The sampling a chain asks for: each applied sampler's field (``defaults``
     where the body has none), the others off; no ``temperature`` in the chain
-    samples at temperature 1, as llama-server's final draw does. ``number`` and
-    ``integer`` read a field (protocol._float, protocol._int)."""
+    samples at temperature 1, as llama-server's final draw does."""
     sampling = Sampling(
         temperature=number(body, "temperature", 0.0, 100.0, defaults.temperature) if "temperature" in chain else 1.0,
         top_k=integer(body, "top_k", 0, default=defaults.top_k) if "top_k" in chain else 0,
         top_p=number(body, "top_p", 0.0, 1.0, defaults.top_p) if "top_p" in chain else 1.0,
         min_p=number(body, "min_p", 0.0, 1.0, defaults.min_p) if "min_p" in chain else 0.0,
-        **penalties(body, chain, number, integer),
+        **penalties(body, chain),
     )
     if sampling.top_p == 0:
         raise APIError(400, "'top_p' must be > 0", param="top_p")

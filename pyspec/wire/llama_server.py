@@ -1,0 +1,122 @@
+"""llama-server's native request fields -> :class:`~pyspec.request.Request`:
+the body of ``POST /infill`` (:func:`parse`), as llama.vim and llama.vscode
+send it (docs/editor.md; the answer's shape: server/infill.py).
+
+Quirks of this dialect:
+
+====================  =======================================================
+``input_prefix``,     the text before and after the cursor line; ``prompt``
+``input_suffix``      is the line's typed part; ``input_extra`` other files
+``n_predict``         the answer's length first (then ``max_completion_tokens``,
+                      ``max_tokens``: wire/fields.py); -1 none, 0 a warm-up
+                      that samples one token, as llama-server does
+``samplers``          the chain decides which sampling fields act
+                      (wire/llama_fields.py); llama-server's defaults
+``n_cmpl``            choices (``n`` too)
+``seed``              -1 and 4294967295: a fresh one
+``layout``,           pyspec's: the prompt's layout (``"still"`` or
+``healing``           ``"llama-server"``) and its healing (pyspec/request.py)
+====================  =======================================================
+
+Fields that only tune llama-server (``cache_prompt``, ``id_slot``,
+``t_max_prompt_ms``, ``samplers`` names that are off at their defaults ...)
+are accepted; one that would change the answer and that pyspec does not
+implement is a 400 naming it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from .. import fim
+from .. import request as request_
+from ..server.api_error import APIError
+from . import fields, llama_fields
+from .openai import ParsedRequest, RequestSettings
+
+#: Fields that change the answer in llama-server and not here: refused unless neutral.
+_REFUSED = {"grammar": (None, ""), "json_schema": (None,), "ignore_eos": (False, None),
+            "mirostat": (0, None), "n_probs": (0, None), "lora": (None, []), "n_keep": (0, -1, None)}
+
+
+@dataclass
+class InfillRequest:
+    parsed: ParsedRequest
+    fill: fim.InfillPrompt
+    editor: Dict[str, float]          # EditorStops' settings
+    response_fields: Optional[List[str]] = None
+    samplers: List[str] = field(default_factory=list)
+    n_predict: int = -1
+
+
+def _extra(value: Any) -> List[fim.Chunk]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise APIError(400, "\"input_extra\" must be an array of {\"filename\": string, \"text\": string}",
+                       param="input_extra")
+    chunks = []
+    for chunk in value:
+        if not isinstance(chunk, dict) or not isinstance(chunk.get("text"), str):
+            raise APIError(400, "extra_context chunk must contain a \"text\" field with a string value",
+                           param="input_extra")
+        name = chunk.get("filename", "tmp")
+        if not isinstance(name, str):
+            raise APIError(400, "extra_context chunk's \"filename\" field must be a string", param="input_extra")
+        chunks.append(fim.Chunk(chunk["text"], name))
+    return chunks
+
+
+def _text(body: Dict[str, Any], name: str, required: bool) -> str:
+    v = body.get(name)
+    if v is None:
+        if required:
+            raise APIError(400, f"\"{name}\" is required", param=name)
+        return ""
+    if not isinstance(v, str):
+        raise APIError(400, f"\"{name}\" must be a string", param=name)
+    return v
+
+
+def parse(body: Any, target, *, max_n: int, n_batch: int, max_draft: int) -> InfillRequest:
+    """An /infill body checked, its FIM prompt laid out (a 501 for a model
+    without FIM tokens, before anything else, as llama-server does)."""
+    try:
+        fim.FimTokens.of(target).check()
+    except fim.FimUnsupported as e:
+        raise APIError(501, str(e), type="not_supported_error") from None
+    if not isinstance(body, dict):
+        raise APIError(400, "the request body must be a JSON object")
+    for name, neutral in _REFUSED.items():
+        if name in body and body[name] not in neutral:
+            raise APIError(400, f"unsupported parameter '{name}' on /infill (pyspec serve does not implement it)",
+                           param=name)
+    prefix, suffix = _text(body, "input_prefix", True), _text(body, "input_suffix", True)
+    typed = _text(body, "prompt", False)
+    extra = _extra(body.get("input_extra"))
+    layout = body.get("layout", "still")
+    if layout not in fim.LAYOUTS:
+        raise APIError(400, f"'layout' must be one of {', '.join(fim.LAYOUTS)}", param="layout")
+    answer_length = fields.max_tokens(body, None)
+    n_predict = -1 if answer_length is None else answer_length
+    chain = llama_fields.samplers(body, llama_fields.DEFAULT_CHAIN)
+    sampling = llama_fields.chain_sampling(body, chain, llama_fields.DEFAULTS)
+    n = body.get("n_cmpl", body.get("n", 1))
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= max_n:
+        raise APIError(400, f"n_cmpl must be an integer in [1, {max_n}] (the server's slots: pyspec serve "
+                            f"--parallel)", param="n_cmpl")
+    stream = fields.flag(body, "stream", False)
+    picked = llama_fields.response_fields(body)
+    healing = fields.flag(body, "healing")
+    fill = fields.fim_prompt(lambda: request_.infill_prompt(target, prefix, suffix, typed=typed, extra=extra,
+                                                             n_batch=n_batch, n_predict=n_predict, layout=layout,
+                                                             healing=healing))
+    # n_predict 0 (a client's warm-up, to cache the prompt): one token, as llama-server samples one.
+    max_tokens = None if n_predict < 0 else max(n_predict, 1)
+    settings = RequestSettings(max_tokens=max_tokens, sampling=sampling, seed=fields.seed(body),
+                               stop=list(fields.stop(body)), n=n, draft_max=fields.draft_max(body, max_draft))
+    parsed = ParsedRequest("completion", body.get("model"), [fill.tokens], settings, stream=stream)
+    editor = {"n_indent": fields.integer(body, "n_indent", 0, default=0),
+              "t_max_predict_ms": float(fields.integer(body, "t_max_predict_ms", -1, default=-1))}
+    return InfillRequest(parsed, fill, editor, picked, chain, n_predict)
