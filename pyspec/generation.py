@@ -183,8 +183,11 @@ class Generator:
         prompts each have a prediction of their own). Plain: nothing drafts."""
 
     # ------------------------------------------------------------ saved prefixes
-    def _prefix_models(self) -> List["_core.Model"]:
-        """The contexts a saved prefix covers: the target's (and the draft model's)."""
+    @property
+    def cache_models(self) -> List["_core.Model"]:
+        """The contexts a conversation's cache covers, wherever it is kept (a
+        saved prefix, the server's prompt cache and its folder): the target's,
+        and the draft model's where one drafts."""
         return [self.target.native, *self._draft_models()]
 
     def save_prefix(self, prefix: Prompt, path, *, chat: bool = False) -> int:
@@ -198,7 +201,7 @@ class Generator:
         from . import prefix as prefixes
 
         tokens = prefixes.tokens_of(self.target, prefix, chat=chat)
-        prefixes.save(self._prefix_models(), tokens, path)
+        prefixes.save(self.cache_models, tokens, path)
         return len(tokens)
 
     def load_prefix(self, path) -> int:
@@ -208,7 +211,7 @@ class Generator:
         another build, or a damaged one."""
         from . import prefix as prefixes
 
-        return prefixes.load(self._prefix_models(), path)
+        return prefixes.load(self.cache_models, path)
 
     def prompt_tokens(self, prompt: Prompt, *, chat: bool = True, **template):
         """The target's prompt tokens (``Model.prompt_tokens``: ``tools``, ``variables``)."""
@@ -237,11 +240,11 @@ class Generator:
         (``repeat_penalty``, ``frequency_penalty``, ``presence_penalty`` over
         the last ``penalty_last_n`` tokens, the prompt's among them when
         ``penalize_prompt``) come before them, as :class:`~pyspec.Sampling`
-        says. Without a
-        ``seed`` every call draws a fresh sample (or the next seed of the model's
-        own ``seed`` sequence); the seed used is in ``stats.seed``, and passing it
-        back gives the same output on the same build. ``stop`` strings end
-        generation and are not included. ``on_text`` receives text as it is
+        says. Without a ``seed`` (or with -1) every call draws a fresh sample
+        (or the next seed of the model's own ``seed`` sequence); the seed used
+        is in ``stats.seed``, and passing it back gives the same output on the
+        same build. ``stop`` strings (one string, or a list) end generation and
+        are not included; empty ones are dropped. ``on_text`` receives text as it is
         produced (return False to stop); ``on_token(text, drafted)`` also learns
         whether the piece came from an accepted draft. ``cancel`` (a
         :class:`pyspec.CancelToken`) stops the generation from another thread.

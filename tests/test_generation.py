@@ -46,6 +46,23 @@ def test_stop_string_cuts_text(gemma):
     assert full[len(out.text):].startswith(stop)
 
 
+def test_one_stop_string_and_seed_sentinel(gemma):
+    """pyspec/request.py's rules for the keywords: a string is one stop string
+    (it was split into its characters), an empty one is dropped, and seed -1
+    draws a fresh seed as on every other entry."""
+    full = gemma.generate(PROMPT, chat=False, max_tokens=30, temperature=0).text
+    # A stop string one of whose characters occurs earlier: its characters alone would stop there.
+    at = next(i for i in range(1, len(full) - 3) if full[i:i + 3].strip() == full[i:i + 3]
+              and full[i:i + 3] not in full[:i] and set(full[i:i + 3]) & set(full[:i]))
+    out = gemma.generate(PROMPT, chat=False, max_tokens=30, temperature=0, stop=full[at:at + 3])
+    assert out.text == full[:at] and out.stop_reason == "stop"
+    assert gemma.generate(PROMPT, chat=False, max_tokens=30, temperature=0, stop=["", full[at:at + 3]]).text == out.text
+    kw = dict(chat=False, max_tokens=2, temperature=1.0)
+    assert gemma.generate(PROMPT, seed=-1, **kw).stats.seed != gemma.generate(PROMPT, seed=-1, **kw).stats.seed
+    with pytest.raises(ValueError, match="seed"):
+        gemma.generate(PROMPT, seed=-2, **kw)
+
+
 def test_stream_equals_generate(gemma):
     whole = gemma.generate(PROMPT, chat=False, max_tokens=20, temperature=0).text
     pieces = list(gemma.stream(PROMPT, chat=False, max_tokens=20, temperature=0))

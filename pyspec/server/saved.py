@@ -15,13 +15,6 @@ if TYPE_CHECKING:
     from .. import _core
 
 
-def conversation_models(decoder) -> List["_core.Model"]:
-    """The models whose caches a saved conversation holds: the target, and the
-    draft model where the decoder drafts with one."""
-    draft = getattr(decoder, "draft", None)
-    return [decoder.target.native] + ([draft.native] if draft is not None and decoder.speculative else [])
-
-
 class SavedConversations:
     """The folder ``folder`` beside the prompt cache ``cache`` of ``models``."""
 

@@ -39,7 +39,7 @@ from ..results import PositionCounts
 from ..settings import PREFILL_CHUNK
 from ..testing import TestControls, controls
 from .jobs import Choice, EngineFailed, Job, JobCancelled, JobRefused, QueueFull, ShuttingDown
-from .saved import SavedConversations, conversation_models
+from .saved import SavedConversations
 from .users import UserPolicies
 
 if TYPE_CHECKING:
@@ -90,7 +90,7 @@ class Scheduler:
         self.host_cache = _core.HostCache(int(cache_ram_mb * 2**20)) if cache_ram_mb > 0 else None
         self.saved: Optional[SavedConversations] = None
         if cache_dir is not None:
-            self.saved = SavedConversations(cache_dir, self.host_cache, conversation_models(decoder))
+            self.saved = SavedConversations(cache_dir, self.host_cache, decoder.cache_models)
             self.saved.load()
         self._by_handle: Dict[int, Tuple[Job, Choice]] = {}
         self._stopping = False
