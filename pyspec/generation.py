@@ -1,5 +1,9 @@
 """The in-process driver, shared by plain and speculative generation.
 
+Over 400 lines on purpose: :class:`Generator` is the one place a request
+becomes the core's sequences (``setup``, the server's way in too); its thin
+entries and saved prefixes sit beside it so that none grows its own copy.
+
 :class:`Generator` runs :class:`~pyspec.request.Request` values
 (pyspec/request.py; its entries ``generate``, ``infill``,
 ``generate_batch`` and ``stream`` build them with wire/python.py and stay
