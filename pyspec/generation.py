@@ -90,14 +90,12 @@ class Generator:
     # ------------------------------------------------------------ sequence set-up
     def setup(self, request: Request, *, seed: int, slots: Sequence[int] = (0,), drafters: str = "engine",
               policy_keys: Optional[List] = None) -> List[SequenceSetup]:
-        """The one way to set up sequences: every driver (``generate``,
-        ``generate_batch``, the server's scheduler) comes here with a
-        :class:`~pyspec.request.Request` (its three values, ``sampling``,
-        ``drafting`` and ``constraint``, resolved where it entered) and the
-        ``seed`` it runs with (the request's, or one drawn for it). Returns
-        one :class:`SequenceSetup` per entry of ``slots`` (sequence slots of a
-        batch or a server; each slot keeps its own length policy across
-        calls), sharing one ``SequenceParams``.
+        """The one way to set up sequences: every driver comes here with a
+        :class:`~pyspec.request.Request` (its values resolved where it
+        entered) and the ``seed`` it runs with (the request's, or one drawn).
+        Returns one :class:`SequenceSetup` per entry of ``slots`` (a batch's
+        or a server's; each keeps its length policy across calls), sharing
+        one ``SequenceParams``.
 
         ``drafters`` says whose drafters the sequences use: ``"engine"`` (the
         engine's own: a single generation), ``"batch"`` (new ones for this
@@ -183,8 +181,7 @@ class Generator:
         return bool(self._draft_models())
 
     def _use_memory(self, seq: SequenceSetup, drafting: Drafting) -> None:
-        """Point ``seq``'s drafter at ``drafting``'s memory (a batch whose
-        prompts each have a prediction of their own). Plain: nothing drafts."""
+        """Point ``seq``'s drafter at ``drafting``'s memory (a batch's prompts each predicted)."""
 
     # ------------------------------------------------------------ saved prefixes
     @property
@@ -221,6 +218,7 @@ class Generator:
         """The target's prompt tokens (``Model.prompt_tokens``: ``tools``, ``variables``)."""
         return self.target.prompt_tokens(prompt, chat=chat, **template)
 
+    @keywords.takes_keywords()
     def generate(self, prompt: Prompt, *, on_text: Optional[TextCallback] = None,
                  on_token: Optional[TokenTextCallback] = None, cancel: Optional["_core.CancelToken"] = None,
                  _test: Optional[TestControls] = None, **settings) -> Union[Completion, Completions]:
@@ -277,10 +275,9 @@ class Generator:
         healed unless ``healing=False`` (or another constraint is given):
         its last token is taken back and the answer must begin with its text,
         which the answer shown leaves out (``fim.heal`` says what law that
-        samples). ``prediction`` (text or
-        token ids): what the answer will mostly be (OpenAI's Predicted
-        Outputs; pyspec/prediction.py): drafted from, never trusted, so the
-        output's law is unchanged; the completion counts its
+        samples). ``prediction`` (text or token ids): what the answer will
+        mostly be (OpenAI's Predicted Outputs; pyspec/prediction.py): drafted
+        from, never trusted; the completion counts its
         ``accepted_prediction_tokens`` and ``rejected_prediction_tokens``.
 
         ``logprobs`` (k >= 0): the completion's ``logprobs`` holds, per
@@ -328,7 +325,10 @@ class Generator:
 
         return self._run(request, callback, cancel, _test=_test)
 
+    @keywords.takes_keywords("suffix")
     def infill(self, prefix: str, suffix: str, *, extra: Sequence["fim.Chunk"] = (), layout: str = "still",
+               on_text: Optional[TextCallback] = None, on_token: Optional[TokenTextCallback] = None,
+               cancel: Optional["_core.CancelToken"] = None, _test: Optional[TestControls] = None,
                **settings) -> Union[Completion, Completions]:
         """The text between ``prefix`` and ``suffix`` (code before and after the
         cursor), asked for with the model's FIM tokens (pyspec/fim.py):
@@ -336,29 +336,22 @@ class Generator:
         ``layout`` is ``"still"`` (pyspec's) or ``"llama-server"``. The other
         ``settings`` are :meth:`generate`'s (``prediction`` and ``healing`` included).
         Raises :class:`pyspec.fim.FimUnsupported` for a model without FIM tokens."""
-        callbacks = {k: settings.pop(k) for k in ("on_text", "on_token", "cancel", "_test") if k in settings}
-        callbacks["_test"] = controls(callbacks.get("_test"))
+        _test = controls(_test)
         request, = keywords.requests(self, [prefix], settings, what="infill",
                                      infill=dict(suffix=suffix, extra=extra, layout=layout))
-        return self.run(request, **callbacks)
+        return self.run(request, on_text=on_text, on_token=on_token, cancel=cancel, _test=_test)
 
-    def generate_batch(
-        self,
-        prompts: Sequence[Prompt],
-        *,
-        on_token: Optional[BatchTokenCallback] = None,
-        cancel: Optional["_core.CancelToken"] = None,
-        _test: Optional[TestControls] = None,
-        **settings,
-    ) -> Completions:
+    @keywords.takes_keywords("n", "suffix", "healing")
+    def generate_batch(self, prompts: Sequence[Prompt], *, on_token: Optional[BatchTokenCallback] = None,
+                       cancel: Optional["_core.CancelToken"] = None, _test: Optional[TestControls] = None,
+                       **settings) -> Completions:
         """Generate a continuation of every prompt together: each round is one
         target decode over all unfinished sequences. The target must be loaded
         with ``n_seq_max`` >= ``len(prompts)``. Sequence j samples from its own
         random stream (``stats.seed`` of choice j reproduces it alone); equal
-        prompts are processed once. ``settings``: :meth:`generate`'s
-        (``max_tokens``, ``temperature`` ..., ``stop``, ``json_schema``,
-        ``grammar``, ``regex``, the drafting ones, ``prediction``; a
-        constraint applies to every sequence, each following it on its own);
+        prompts are processed once. ``settings``: :meth:`generate`'s but
+        ``n``, ``suffix`` and ``healing`` (a constraint applies to every
+        sequence, each following it on its own; a ``prediction`` too);
         ``on_token(index, text, drafted)`` streams every sequence, and returning
         False from it stops that sequence only."""
         if isinstance(prompts, (str, bytes)) or (prompts and all(isinstance(p, int) for p in prompts)):
@@ -369,6 +362,8 @@ class Generator:
         for key in ("n", "suffix", "healing"):
             if key in settings:
                 raise TypeError(f"generate_batch() takes no {key}= (generate() does)")
+        if any(isinstance(p, fim.InfillPrompt) for p in prompts):  # each heals its own way: one request each
+            raise TypeError("generate_batch takes no FIM prompts: infill() or generate(suffix=) each")
         requests = keywords.requests(self, prompts, settings, what="generate_batch")
         return self._run_batch(requests, on_token=on_token, cancel=cancel, _test=controls(_test))
 

@@ -194,6 +194,7 @@ void bind_model(py::module_& m) {
              "Replace sequence seq's cache with save_state bytes whose cells hold `tokens`; False (left empty) "
              "when there is no room or the bytes do not fit this model.");
     m.def("gguf_metadata", &gguf_metadata, py::arg("path"),
-          "A GGUF file's header key-values as text (as llama.cpp renders them; arrays left out), read with ggml's "
+          "A GGUF file's header key-values as (key, text) pairs in file order (as llama.cpp renders them; arrays "
+          "left out), read with ggml's "
           "bounds-checked reader; InvalidModelError for a damaged header.");
 }

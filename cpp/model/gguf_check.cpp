@@ -176,13 +176,13 @@ void check_gguf_metadata(const std::string& path, bool for_quantize) {
     }
 }
 
-std::map<std::string, std::string> gguf_metadata(const std::string& path) {
+std::vector<std::pair<std::string, std::string>> gguf_metadata(const std::string& path) {
     check_gguf_file(path);
     gguf_init_params params = {/*no_alloc=*/true, /*ctx=*/nullptr};
     GgufPtr owned(gguf_init_from_file(path.c_str(), params), gguf_free);
     const gguf_context* g = owned.get();
     if (!g) throw InvalidModelError("truncated or corrupt GGUF header: " + path);
-    std::map<std::string, std::string> out;
+    std::vector<std::pair<std::string, std::string>> out;
     for (int64_t i = 0; i < gguf_get_n_kv(g); ++i) {
         std::string value;
         switch (gguf_get_kv_type(g, i)) {
@@ -200,7 +200,7 @@ std::map<std::string, std::string> gguf_metadata(const std::string& path) {
             case GGUF_TYPE_STRING: value = utf8_sanitize(gguf_get_val_str(g, i)); break;
             default: continue;  // arrays
         }
-        out.emplace(utf8_sanitize(gguf_get_key(g, i)), std::move(value));
+        out.emplace_back(utf8_sanitize(gguf_get_key(g, i)), std::move(value));
     }
     return out;
 }

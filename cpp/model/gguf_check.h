@@ -3,8 +3,9 @@
 // Both throw ModelNotFoundError / InvalidModelError naming the file.
 #pragma once
 
-#include <map>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace pyspec {
 
@@ -16,10 +17,10 @@ void check_gguf_file(const std::string& path);
 // for_quantize: also what llama_model_quantize asserts or crashes on (4-D tensors,
 // tensors with a dimension of 0, an empty metadata key).
 void check_gguf_metadata(const std::string& path, bool for_quantize);
-// The header's key-values as text, as llama.cpp renders them for
+// The header's key-values in file order, as text, as llama.cpp renders them for
 // llama_model_meta_val_str (integers and floats by std::to_string, booleans
 // "true"/"false", strings as they are); arrays (the vocabulary ...) left out.
 // Read with ggml's bounds-checked reader; InvalidModelError for a damaged header.
-std::map<std::string, std::string> gguf_metadata(const std::string& path);
+std::vector<std::pair<std::string, std::string>> gguf_metadata(const std::string& path);
 
 }  // namespace pyspec

@@ -313,7 +313,7 @@ class Llama:
     def metadata(self) -> Dict[str, str]:
         """The GGUF's metadata as llama.cpp reads it (key -> value as text), read once."""
         if self._metadata is None:
-            self._metadata = _core.gguf_metadata(str(self._path))
+            self._metadata = dict(_core.gguf_metadata(str(self._path)))
         return self._metadata
 
     # ------------------------------------------------------------ state

@@ -1,7 +1,7 @@
 """``POST /infill``: code completion for editors, as llama.cpp's llama-server
 serves it to llama.vim and llama.vscode (docs/editor.md).
 
-The body (:func:`parse`): ``input_prefix``, ``input_suffix``, ``prompt`` (the
+The body (pyspec/wire/llama_server.py's ``parse``): ``input_prefix``, ``input_suffix``, ``prompt`` (the
 typed part of the cursor line), ``input_extra`` (other files' chunks), the
 sampling fields with their ``samplers`` chain, ``n_predict``, ``n_indent``,
 ``t_max_predict_ms``, ``stop``, ``n_cmpl``, ``stream``, ``response_fields``;

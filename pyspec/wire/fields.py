@@ -18,7 +18,7 @@ from ..settings import SEED_BITS
 Body = Dict[str, Any]
 
 #: The names of an answer's length, in the order llama-server reads them
-#: (its own first); a negative value means "until the context is full".
+#: (its own first).
 MAX_TOKENS_FIELDS = ("n_predict", "max_completion_tokens", "max_tokens")
 
 
@@ -85,12 +85,14 @@ def seed(body: Body) -> Optional[int]:
     return integer(body, "seed", 0, 2**SEED_BITS - 1)
 
 
-def max_tokens(body: Body, default: Optional[int]) -> Optional[int]:
+def max_tokens(body: Body, default: Optional[int], unlimited: Sequence[str] = ("n_predict",)) -> Optional[int]:
     """The answer's length: the first of :data:`MAX_TOKENS_FIELDS` given
-    (``default`` when none is); None runs to the end of the context."""
+    (``default`` when none is); None runs to the end of the context. -1 says
+    so in the fields named ``unlimited`` (llama-server's); elsewhere the
+    least is 0 (OpenAI's)."""
     for name in MAX_TOKENS_FIELDS:
         if body.get(name) is not None:
-            n = integer(body, name, -1)
+            n = integer(body, name, -1 if name in unlimited else 0)
             return None if n < 0 else n
     return default
 

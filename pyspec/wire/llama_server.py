@@ -98,7 +98,7 @@ def parse(body: Any, target, *, max_n: int, n_batch: int, max_draft: int) -> Inf
     layout = body.get("layout", "still")
     if layout not in fim.LAYOUTS:
         raise APIError(400, f"'layout' must be one of {', '.join(fim.LAYOUTS)}", param="layout")
-    answer_length = fields.max_tokens(body, None)
+    answer_length = fields.max_tokens(body, None, unlimited=fields.MAX_TOKENS_FIELDS)
     n_predict = -1 if answer_length is None else answer_length
     chain = llama_fields.samplers(body, llama_fields.DEFAULT_CHAIN)
     sampling = llama_fields.chain_sampling(body, chain, llama_fields.DEFAULTS)

@@ -60,7 +60,7 @@ class ParsedRequest:
     tool_format: Optional[str] = None          # chat: the format its calls are parsed from (None: no tools)
     template_vars: Dict[str, Any] = field(default_factory=dict)  # chat: chat_template_kwargs
     suffix: Optional[str] = None               # completion: fill in between prompt and suffix (fim.py)
-    healing: Optional[bool] = None             # completion with a suffix: heal the last typed token (fim.healing)
+    healing: Optional[bool] = None             # completion with a suffix: heal the last typed token (request.heals)
     response_fields: Optional[List[str]] = None  # llama-server's: flat "a/b" keys of a whole answer (llama_fields.py)
 
 

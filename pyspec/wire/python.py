@@ -21,11 +21,13 @@ Quirks of this dialect:
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
+import inspect
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from .. import constraints, fim
 from .. import prediction as prediction_
 from ..drafting import FIELDS as DRAFTING_KEYS
+from ..errors import ContextOverflowError
 from ..request import Request, for_fill, infill_prompt, seed_of, stops_of
 from ..sampling import Sampling
 from ..settings import MAX_TOKENS
@@ -39,6 +41,23 @@ CONSTRAINT_KEYS: Tuple[str, ...] = ("constraint", "json_schema", "grammar", "reg
 REQUEST_KEYS: Tuple[str, ...] = ("sampling", "drafting", "max_tokens", "seed", "stop", "logprobs", "n", "chat",
                                  "suffix", "healing", "prediction")
 KEYWORDS: Tuple[str, ...] = REQUEST_KEYS + SAMPLING_KEYS + DRAFTING_KEYS + CONSTRAINT_KEYS
+#: The keywords whose absence means something other than None.
+DEFAULTS: Dict[str, Any] = {"max_tokens": MAX_TOKENS, "n": 1, "chat": True}
+
+
+def takes_keywords(*left_out: str) -> Callable:
+    """Give an entry that takes ``**settings`` a signature naming each of
+    :data:`KEYWORDS` (but ``left_out``), so that ``help()``, editors and the
+    docs' checks see the keywords it takes."""
+    def document(fn: Callable) -> Callable:
+        sig = inspect.signature(fn)
+        params = [p for p in sig.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+        have = {p.name for p in params} | set(left_out)
+        params += [inspect.Parameter(k, inspect.Parameter.KEYWORD_ONLY, default=DEFAULTS.get(k)) for k in KEYWORDS
+                   if k not in have]
+        fn.__signature__ = sig.replace(parameters=params)
+        return fn
+    return document
 
 
 def requests(generator: "Generator", prompts: Sequence[Any], settings: Dict[str, Any], *,
@@ -64,8 +83,8 @@ def requests(generator: "Generator", prompts: Sequence[Any], settings: Dict[str,
     target = generator.target
     prediction = get("prediction")
     predicted = tuple(prediction_.tokens_of(target, prediction)) if prediction is not None else None
-    limits = dict(max_tokens=settings.get("max_tokens", MAX_TOKENS), stop=stops_of(get("stop")),
-                  logprobs=get("logprobs"), seed=seed_of(get("seed")), n=settings.get("n", 1))
+    limits = dict(max_tokens=settings.get("max_tokens", DEFAULTS["max_tokens"]), stop=stops_of(get("stop")),
+                  logprobs=get("logprobs"), seed=seed_of(get("seed")), n=settings.get("n", DEFAULTS["n"]))
     out = []
     for prompt in prompts:
         fill = prompt if isinstance(prompt, fim.InfillPrompt) else None
@@ -78,7 +97,11 @@ def requests(generator: "Generator", prompts: Sequence[Any], settings: Dict[str,
         if fill is not None:
             tokens, wanted = for_fill(fill, constraint)
         else:
-            tokens, wanted = generator.prompt_tokens(prompt, chat=settings.get("chat", True)), constraint
+            tokens, wanted = generator.prompt_tokens(prompt, chat=settings.get("chat", DEFAULTS["chat"])), constraint
         request = Request(tuple(tokens), sampling, drafting, wanted, fill=fill, prediction=predicted, **limits)
-        out.append(request.checked(target.n_ctx, target.n_vocab).with_prediction(generator))
+        try:
+            request.checked(target.n_ctx, target.n_vocab)
+        except ContextOverflowError as e:  # the rule is request.py's; the hint this dialect's
+            raise ContextOverflowError(f"{e} (load the model with a larger n_ctx, or shorten the prompt)") from None
+        out.append(request.with_prediction(generator))
     return out
