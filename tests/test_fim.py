@@ -116,6 +116,10 @@ def test_suffix_in_generate_and_infill_agree(coder):
     assert a.text == b.text and a.tokens == b.tokens
     with pytest.raises(TypeError, match="prompt must be the text"):
         coder.generate([1, 2, 3], suffix="x")
+    # A batch shares one request's settings; FIM prompts each heal their own way.
+    fill = fim.build(coder, PREFIX, SUFFIX, typed="    ret")
+    with pytest.raises(TypeError, match="FIM prompts"):
+        coder.generate_batch([fill, fill], max_tokens=2)
 
 
 def test_extra_context_keeps_its_newest_tokens_within_the_budget(coder):
