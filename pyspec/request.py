@@ -42,7 +42,7 @@ from .drafting import Drafting
 from .errors import ContextOverflowError
 from .results import Completion
 from .sampling import Sampling
-from .settings import MAX_TOKENS, SEED_MAX
+from .settings import MAX_TOKENS, check_seed
 
 if TYPE_CHECKING:
     from .generation import Generator
@@ -148,16 +148,16 @@ def check_prompt(tokens: Sequence[int], n_ctx: int, n_vocab: int) -> None:
 
 def seed_of(value) -> Optional[int]:
     """A request's seed: None (a fresh one drawn when it runs) for None and
-    the sentinels :data:`FRESH_SEEDS`; else an integer in [0, 2**64)."""
+    the sentinels :data:`FRESH_SEEDS`; else a seed the core takes
+    (:func:`pyspec.settings.check_seed`)."""
     if value is None:
         return None
     try:
-        number = operator.index(value)  # ints and numpy's integers, not floats
+        if not isinstance(value, bool) and operator.index(value) in FRESH_SEEDS:
+            return None
     except TypeError:
-        number = None
-    if isinstance(value, bool) or number is None or not (number in FRESH_SEEDS or 0 <= number <= SEED_MAX):
-        raise ValueError(f"seed must be an integer in [0, 2**64), or -1 for a fresh one; got {value!r}")
-    return None if number in FRESH_SEEDS else number
+        pass  # not an integer: check_seed says so
+    return check_seed(value)
 
 
 def stops_of(stop: Optional[Iterable[str]]) -> Tuple[str, ...]:

@@ -89,7 +89,7 @@ def prepare(llm: "Llama", prompt: Union[str, List[int]], *, suffix: Optional[str
     if bos_answer:
         max_tokens = max(max_tokens - 1, 1)
     request = Request(tuple(tokens), sampling, llm.generator.drafting(), constraint, max_tokens=max_tokens,
-                      stop=request_.stops_of(stop), logprobs=logprobs, seed=request_.seed_of(llm._call_seed(seed)),
+                      stop=request_.stops_of(stop), logprobs=logprobs, seed=llm._call_seed(seed),
                       fill=fill).with_prediction(llm.generator)
     return Call(request, n_prompt, text, len(prompt), logprobs, echo, f"cmpl-{uuid.uuid4()}",
                 int(time.time()), model if model is not None else llm.model_path, bos_answer)

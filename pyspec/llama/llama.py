@@ -22,6 +22,7 @@ from .. import _core
 from ..errors import ModelNotFoundError
 from ..generation import Generator
 from ..model import Model, resolve_path
+from ..request import seed_of
 from ..results import GenerationStats
 from . import chat, completion, embedding, loading, options
 from .options import LLAMA_DEFAULT_SEED
@@ -262,16 +263,15 @@ class Llama:
     def set_seed(self, seed: int) -> None:
         self._seed = seed
 
-    def _call_seed(self, seed: Optional[int]) -> int:
+    def _call_seed(self, seed: Optional[int]) -> Optional[int]:
         """A call's seed, as llama-cpp-python chooses it: the one given, else the
         next of a chain that the constructor's ``seed`` (and ``set_seed``,
         ``load_state``) starts, so that a script's unseeded calls repeat from
-        run to run. -1 and LLAMA_DEFAULT_SEED mean a fresh random seed."""
+        run to run. -1 and LLAMA_DEFAULT_SEED mean a fresh random seed: None
+        (pyspec/request.py's ``seed_of``, the one home of that rule)."""
         seed = seed if seed is not None else random.Random(self._seed).randint(0, 2**32)
         self._seed = seed
-        if seed in (-1, LLAMA_DEFAULT_SEED):
-            return self.model.next_seed()
-        return seed
+        return seed_of(seed)
 
     # ------------------------------------------------------------ tokens
     def tokenize(self, text: Union[bytes, str], add_bos: bool = True, special: bool = False) -> List[int]:
