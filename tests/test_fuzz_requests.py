@@ -51,7 +51,7 @@ PARALLEL = 4
 SHORT = 16
 #: Room a long prompt leaves in the context (its answers end there, whatever max_tokens says).
 ROOM = 3
-MAX_EXAMPLES = {"completions": 120, "chat": 50, "jinja": 50, "raw": 40, "routes": 30, "concurrent": 4}
+MAX_EXAMPLES = {"completions": 120, "chat": 50, "jinja": 50, "raw": 40, "routes": 30, "concurrent": 4, "doors": 60}
 DRAFTERS = ["ngram", "consensus", "suffix"]  # those that need no draft model (--model alone)
 POLICIES = ["fixed", "heuristic", "confidence", "svip", "auto"]
 
@@ -679,6 +679,69 @@ def test_fuzzed_routes_methods_and_headers(live, statuses):
         live.alive()
 
     run()
+
+
+#: The other dialects' routes (server/doors/), each with the field that caps its answer's length
+#: (set after the fuzz, so that no valid body runs to the end of the context) and its error's shape.
+DOORS = {"/v1/messages": ("max_tokens", "anthropic"), "/v1/messages/count_tokens": (None, "anthropic"),
+         "/v1/responses": ("max_output_tokens", "openai"), "/v1/responses/input_tokens": (None, "openai"),
+         "/api/chat": ("options", "ollama"), "/api/generate": ("options", "ollama"), "/api/show": (None, "ollama"),
+         "/completion": ("n_predict", "openai"), "/tokenize": (None, "openai"), "/detokenize": (None, "openai"),
+         "/apply-template": (None, "openai")}
+_door_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-3, 3) | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.sampled_from(
+        ["role", "content", "type", "text", "name", "input", "id", "tool_use_id", "call_id", "output", "arguments",
+         "function", "tool_calls", "images", "schema", "format", "temperature", "num_predict", "stop"]), inner,
+        max_size=3), max_leaves=8)
+_door_fields = ["model", "messages", "system", "input", "instructions", "tools", "tool_choice", "stream", "prompt",
+                "suffix", "raw", "format", "options", "stop_sequences", "temperature", "top_p", "top_k", "text",
+                "previous_response_id", "content", "tokens", "with_pieces", "n_probs", "output_config", "thinking"]
+_door_messages = st.lists(st.fixed_dictionaries({"role": st.sampled_from(["user", "assistant", "system", "tool"]),
+                                                 "content": st.text(max_size=12) | _door_values}), min_size=1,
+                          max_size=3)
+
+
+def _capped(path: str, body: Dict[str, Any]) -> Dict[str, Any]:
+    cap = DOORS[path][0]
+    if cap == "options":
+        options = body.get("options") if isinstance(body.get("options"), dict) else {}
+        return {**body, "options": {**options, "num_predict": 4}}
+    return {**body, cap: 4} if cap else body
+
+
+def _door_error(shape: str, status: int, obj: Any, where: str) -> None:
+    if shape == "anthropic":
+        assert isinstance(obj, dict) and obj.get("type") == "error" and obj["error"]["message"], (where, status, obj)
+    elif shape == "ollama":
+        assert isinstance(obj, dict) and isinstance(obj.get("error"), str) and obj["error"], (where, status, obj)
+    else:
+        check_error(status, obj, where)
+
+
+def test_fuzzed_doors(live, statuses):
+    """Hostile bodies for every other dialect's route: a 4xx in that dialect's
+    error shape or an answer, never a 5xx; streams end; the server lives on."""
+    seen = statuses.setdefault("doors", {})
+
+    @fuzz_settings("doors")
+    @given(st.sampled_from(sorted(DOORS)),
+           st.dictionaries(st.sampled_from(_door_fields), _door_values, max_size=5),
+           st.one_of(st.none(), _door_messages), raw_bodies | st.none())
+    def run(path, body, messages, raw):
+        if messages is not None:
+            body = {**body, "messages": messages}
+        data = raw if raw is not None else json.dumps(_capped(path, body)).encode()
+        status, _, obj, lines = exchange(live, "POST", path, data)
+        where = f"POST {path} {data[:400]!r}"
+        assert status < 500, (where, status, obj, live.server.output()[-2000:])
+        if status >= 400:
+            _door_error(DOORS[path][1], status, obj, where)
+        seen[status] = seen.get(status, 0) + 1
+        live.alive()
+
+    run()
+    assert seen.get(200, 0) >= 1 and sum(v for k, v in seen.items() if 400 <= k < 500) >= 10, seen
 
 
 def test_garbage_http_leaves_the_server_up(live):

@@ -76,39 +76,10 @@ class Answer:
         return responses.completion_logprobs(entries, tokens, self._piece, offset)
 
     async def _events(self, request: Request, watch: bool) -> AsyncIterator[tuple]:
-        """The job's events until every choice is done; cancels it if the client leaves.
-        Times the tokens as they come (the latency histograms of /metrics).
-        ``watch``: look for a departed client also while tokens flow (a whole
-        answer's client sees nothing until the end, and may leave); a stream's
-        departure ends its response, which cancels the job, and polling a stream
-        would also end it early while the server shuts down gracefully."""
-        remaining = self.n_choices
-        next_check = time.monotonic() + 0.5
-        try:
-            while remaining:
-                try:
-                    event = await asyncio.wait_for(self.job.events.get(), timeout=0.5)
-                except asyncio.TimeoutError:
-                    event = None
-                if event is None or (watch and time.monotonic() >= next_check):
-                    next_check = time.monotonic() + 0.5
-                    if await request.is_disconnected():
-                        return
-                if event is None:
-                    continue
-                if event[0] == "delta":
-                    self.clock.tokens(event[1], len(event[3]))
-                    self.out_tokens[event[1]] += event[3]
-                elif event[0] == "done":
-                    remaining -= 1
-                    if not remaining:
-                        self.clock.finished(self.job.admitted)
-                elif event[0] == "error":
-                    raise http_error(event[1])
-                yield event
-        finally:
-            if remaining:
-                self.job.cancel()
+        async for event in job_events(self.job, request, self.clock, self.n_choices, watch):
+            if event[0] == "delta":
+                self.out_tokens[event[1]] += event[3]
+            yield event
 
     async def whole(self, request: Request) -> Response:
         metrics = self.metrics
@@ -241,6 +212,42 @@ class Answer:
         if self.job.prediction is not None:
             usage["completion_tokens_details"] = responses.prediction_details(self.job.prediction, self.out_tokens)
         return {"usage": usage, "timings": responses.timings([r.stats for r in results], self.n_prompt, cached)}
+
+
+async def job_events(job: Job, request: Request, clock: RequestClock, n_choices: int,
+                     watch: bool) -> AsyncIterator[tuple]:
+    """A job's events until each of its ``n_choices`` is done; cancels it if the
+    client leaves. Times the tokens as they come (the latency histograms of
+    /metrics). ``watch``: look for a departed client also while tokens flow (a
+    whole answer's client sees nothing until the end, and may leave); a
+    stream's departure ends its response, which cancels the job, and polling a
+    stream would also end it early while the server shuts down gracefully."""
+    remaining = n_choices
+    next_check = time.monotonic() + 0.5
+    try:
+        while remaining:
+            try:
+                event = await asyncio.wait_for(job.events.get(), timeout=0.5)
+            except asyncio.TimeoutError:
+                event = None
+            if event is None or (watch and time.monotonic() >= next_check):
+                next_check = time.monotonic() + 0.5
+                if await request.is_disconnected():
+                    return
+            if event is None:
+                continue
+            if event[0] == "delta":
+                clock.tokens(event[1], len(event[3]))
+            elif event[0] == "done":
+                remaining -= 1
+                if not remaining:
+                    clock.finished(job.admitted)
+            elif event[0] == "error":
+                raise http_error(event[1])
+            yield event
+    finally:
+        if remaining:
+            job.cancel()
 
 
 def _finish_with_calls(finish: str) -> str:

@@ -29,7 +29,7 @@ from ..settings import PARALLEL, PREFILL_CHUNK
 from ..testing import TestControls, controls
 from .answer import Answer, error_response, http_error
 from ..wire import llama_server
-from . import infill
+from . import doors, infill
 from .intake import Intake, authorized, read_body
 from .jobs import Job, SchedulerError
 from .metrics import Metrics
@@ -80,7 +80,9 @@ def create_app(decoder, *, model_name: str, parallel: int = PARALLEL, queue_size
         Route("/v1/chat/completions", h.chat, methods=["POST"]),
         Route("/v1/models", h.models, methods=["GET"]),
         Route("/health", h.health, methods=["GET"]),
+        Route("/v1/health", h.health, methods=["GET"]),
         Route("/metrics", h.metrics_route, methods=["GET"]),
+        *doors.routes(h),
     ]
     app = Starlette(routes=routes, lifespan=lifespan,
                     exception_handlers={404: not_found, 405: not_found, Exception: crashed})

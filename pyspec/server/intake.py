@@ -138,7 +138,11 @@ class Intake:
         :class:`~pyspec.request.Request` per prompt (with a ``suffix``, FIM
         prompts: fim.py); raises :class:`APIError` (authorization is checked
         before)."""
-        body = await read_body(request)
+        return await self.of_body(await read_body(request), kind)
+
+    async def of_body(self, body: Any, kind: str) -> Tuple[ParsedRequest, List[GenerationRequest]]:
+        """:meth:`read` of a decoded OpenAI body (the other dialects' adapters
+        make one: pyspec/wire/)."""
         parsed = protocol.parse(kind, body, max_n=self.parallel, policies=self.policies, drafters=self.drafters,
                                 max_draft=self.max_draft, template=self.target.chat_template.source)
         self.check_model(parsed.model)

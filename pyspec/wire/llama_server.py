@@ -120,3 +120,69 @@ def parse(body: Any, target, *, max_n: int, n_batch: int, max_draft: int) -> Inf
     editor = {"n_indent": fields.integer(body, "n_indent", 0, default=0),
               "t_max_predict_ms": float(fields.integer(body, "t_max_predict_ms", -1, default=-1))}
     return InfillRequest(parsed, fill, editor, picked, chain, n_predict)
+
+
+# ------------------------------------------------------------------ /completion
+#: /completion's fields that go to the common parse as they are.
+_COMPLETION_PASSED = {"n_predict", "temperature", "top_k", "top_p", "min_p", "seed", "stop", "stream", "samplers",
+                      "repeat_penalty", "repeat_last_n", "presence_penalty", "frequency_penalty", "logit_bias",
+                      "grammar", "json_schema", "response_fields", "draft_max", "policy", "drafter", "model",
+                      "max_tokens", "cache_prompt", "id_slot", "t_max_prompt_ms"}
+#: Fields that only shape llama-server's answer or its runtime, accepted as they are.
+_COMPLETION_QUIET = {"return_tokens", "n_probs", "timings_per_token", "return_progress"}
+#: Fields accepted at their neutral values only (elsewhere they change the answer, and pyspec does not implement them).
+_COMPLETION_NEUTRAL = {"ignore_eos": (False, None), "mirostat": (0, None), "lora": (None, []), "n_keep": (0, -1, None),
+                       "dry_multiplier": (0, 0.0, None), "typical_p": (1, 1.0, None), "typ_p": (1, 1.0, None),
+                       "xtc_probability": (0, 0.0, None), "top_n_sigma": (-1, -1.0, None), "n_cmpl": (1, None),
+                       "n": (1, None), "post_sampling_probs": (False, None), "n_indent": (0, None),
+                       "t_max_predict_ms": (-1, 0, None)}
+
+
+def completion_prompt(value: Any, tokenize) -> Any:
+    """/completion's ``prompt``: a string, token ids, or one list mixing
+    strings and ids (the strings tokenized, without BOS, in place); several
+    prompts in one request are refused."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and value and all(isinstance(x, (str, int)) and not isinstance(x, bool)
+                                                 for x in value):
+        if all(isinstance(x, int) for x in value):
+            return list(value)
+        out: List[int] = []
+        for x in value:
+            out += tokenize(x) if isinstance(x, str) else [x]
+        return out
+    if isinstance(value, list) and len(value) == 1:
+        return completion_prompt(value[0], tokenize)
+    raise APIError(400, "'prompt' must be a string, token ids, or a list mixing strings and token ids (one "
+                        "prompt per /completion request)", param="prompt")
+
+
+def completion_body(body: Any, tokenize) -> Dict[str, Any]:
+    """The OpenAI completion body of a /completion body, with llama-server's
+    defaults (its sampling chain and values, no length limit); ``n_probs``
+    becomes ``logprobs``."""
+    if not isinstance(body, dict):
+        raise APIError(400, "the request body must be a JSON object")
+    for name in sorted(body):
+        neutral = _COMPLETION_NEUTRAL.get(name)
+        if neutral is not None and body[name] not in neutral:
+            raise APIError(400, f"unsupported parameter '{name}' with this value on /completion (pyspec serve "
+                                f"does not implement it)", param=name)
+        if name not in _COMPLETION_PASSED and name not in _COMPLETION_QUIET and neutral is None and name != "prompt":
+            raise APIError(400, f"unsupported parameter '{name}' on /completion (pyspec serve does not implement it)",
+                           param=name)
+    if "prompt" not in body:
+        raise APIError(400, "\"prompt\" is required", param="prompt")
+    out = {k: body[k] for k in _COMPLETION_PASSED if k in body}
+    out["prompt"] = completion_prompt(body["prompt"], tokenize)
+    out.setdefault("samplers", list(llama_fields.DEFAULT_CHAIN))
+    for name in ("temperature", "top_k", "top_p", "min_p"):
+        out.setdefault(name, getattr(llama_fields.DEFAULTS, name))
+    if fields.max_tokens(body, None, unlimited=fields.MAX_TOKENS_FIELDS) is None:
+        out.pop("max_tokens", None)
+        out["n_predict"] = -1
+    n_probs = fields.integer(body, "n_probs", 0, 20)
+    if n_probs:
+        out["logprobs"] = n_probs
+    return out

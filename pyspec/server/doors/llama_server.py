@@ -1,0 +1,170 @@
+"""llama-server's own routes, for the clients that call them (Continue's
+llama.cpp provider, llama.vscode): ``POST /completion`` (whole or streamed,
+with its ``timings``, ``n_probs`` and stop fields), ``/tokenize``,
+``/detokenize``, ``/apply-template`` (exactly the prompt a chat request
+decodes), ``GET /props`` and ``/slots``. Request fields:
+pyspec/wire/llama_server.py."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Dict, List
+
+from sse_starlette.sse import EventSourceResponse
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from ... import __version__
+from ...wire import fields, llama_fields
+from ...wire import llama_server as wire
+from ...wire.openai import parse as parse_openai
+from ..api_error import APIError
+from ..responses import timings
+from . import Door, left, renamed
+
+_STOP_TYPE = {"eog": "eos", "stop": "word", "max_tokens": "limit", "context": "limit", "cancelled": "none"}
+
+
+class LlamaServer(Door):
+    def routes(self) -> List[Route]:
+        return [Route("/completion", self.completion, methods=["POST"]),
+                Route("/tokenize", self.tokenize, methods=["POST"]),
+                Route("/detokenize", self.detokenize, methods=["POST"]),
+                Route("/apply-template", self.apply_template, methods=["POST"]),
+                Route("/props", self.props, methods=["GET"]),
+                Route("/slots", self.slots, methods=["GET"])]
+
+    def _piece(self, token: int) -> bytes:
+        return self.target.native.token_to_piece(token, False)
+
+    def _probs(self, entries, tokens) -> List[Dict[str, Any]]:
+        def one(tok: int, lp: float) -> Dict[str, Any]:
+            b = self._piece(tok)
+            return {"id": tok, "token": b.decode("utf-8", errors="replace"), "bytes": list(b), "logprob": lp}
+        return [{**one(t, lp), "top_logprobs": [one(u, v) for u, v in top]} for t, (lp, top) in zip(tokens, entries)]
+
+    async def completion(self, request: Request) -> Response:
+        try:
+            body = await self.body(request)
+            tokenize = lambda text: self.target.tokenize(text, add_special=False, parse_special=True)  # noqa: E731
+            converted = wire.completion_body(body, tokenize)
+            parsed, turn = await self.start(converted, "completion", {}, "completion")
+        except APIError as e:
+            return self.refuse(e)
+        context = {"return_tokens": bool(body.get("return_tokens")), "n_probs": bool(converted.get("logprobs")),
+                   "fields": llama_fields.response_fields(body), "prompt": body["prompt"]}
+        if parsed.stream:
+            return EventSourceResponse(self.counted(self._chunks(request, turn, context)), ping=15, sep="\n")
+        try:
+            whole = await turn.whole(request)
+        except APIError as e:
+            return self.refuse(e)
+        if whole is None:
+            self.done(499)
+            return left()
+        text, _, end = whole
+        self.done()
+        out = self._final(turn, end, text, context)
+        if context["n_probs"]:
+            out["completion_probabilities"] = self._probs(end.logprobs, end.tokens)
+        return JSONResponse(llama_fields.pick(out, context["fields"]))
+
+    def _final(self, turn, end, text: str, context) -> Dict[str, Any]:
+        return {"index": 0, "content": text, "tokens": end.tokens if context["return_tokens"] else [], "id_slot": -1,
+                "stop": True, "model": self.h.model_name, "tokens_predicted": end.n_out,
+                "tokens_evaluated": end.n_prompt, "prompt": context["prompt"], "has_new_line": "\n" in text,
+                "truncated": False, "stop_type": _STOP_TYPE.get(end.result.stop_reason, "none"),
+                "stopping_word": end.stop_word or "", "tokens_cached": end.n_prompt + end.n_out,
+                "timings": timings([end.stats], end.n_prompt, end.n_cached)}
+
+    async def _chunks(self, request: Request, turn, context):
+        async for kind, value in turn.parts(request, watch=False):
+            if kind == "end":
+                yield {"data": _dumps(llama_fields.pick(self._final(turn, value, "", context), context["fields"]))}
+            else:
+                yield {"data": _dumps({"index": 0, "content": value, "tokens": [], "stop": False, "id_slot": -1,
+                                       "tokens_evaluated": turn.n_prompt})}
+
+    async def tokenize(self, request: Request) -> Response:
+        """``content`` as token ids (``add_special`` false and ``parse_special``
+        true by default, as llama-server; ``with_pieces``: each id with its text)."""
+        try:
+            body = await self.body(request)
+            content = body.get("content") if isinstance(body, dict) else None
+            if not isinstance(content, str):
+                raise APIError(400, "\"content\" must be a string", param="content")
+            tokens = self.target.tokenize(content, add_special=bool(fields.flag(body, "add_special", False)),
+                                          parse_special=bool(fields.flag(body, "parse_special", True)))
+            with_pieces = fields.flag(body, "with_pieces", False)
+        except APIError as e:
+            return self.refuse(e)
+        if not with_pieces:
+            return JSONResponse({"tokens": tokens})
+        out = []
+        for t in tokens:
+            b = self.target.native.token_to_piece(t, True)
+            try:
+                piece: Any = b.decode("utf-8")
+            except UnicodeDecodeError:  # part of a character: its bytes, as llama-server gives them
+                piece = list(b)
+            out.append({"id": t, "piece": piece})
+        return JSONResponse({"tokens": out})
+
+    async def detokenize(self, request: Request) -> Response:
+        try:
+            body = await self.body(request)
+            tokens = body.get("tokens") if isinstance(body, dict) else None
+            if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool)
+                                                       and 0 <= t < self.target.n_vocab for t in tokens):
+                raise APIError(400, f"\"tokens\" must be a list of token ids in [0, {self.target.n_vocab})",
+                               param="tokens")
+        except APIError as e:
+            return self.refuse(e)
+        return JSONResponse({"content": self.target.detokenize(tokens, special=True)})
+
+    async def apply_template(self, request: Request) -> Response:
+        """The text a chat request's prompt is: the template's rendering of its
+        messages (and tools), before it is tokenized."""
+        h = self.h
+        try:
+            body = await self.body(request)
+            chat = {k: v for k, v in body.items() if k in ("messages", "tools", "tool_choice", "chat_template_kwargs",
+                                                          "parallel_tool_calls", "model")} \
+                if isinstance(body, dict) else body
+            parsed = parse_openai("chat", chat, max_n=h.parallel, policies=h.intake.policies,
+                                  drafters=h.intake.drafters, max_draft=h.intake.max_draft,
+                                  template=self.target.chat_template.source)
+            text = self.target.apply_chat_template(parsed.prompts[0], tools=parsed.tools,
+                                                   variables=parsed.template_vars)
+        except APIError as e:
+            return self.refuse(renamed(e, {}))
+        except (ValueError, RuntimeError) as e:
+            return self.refuse(APIError(400, f"cannot build the prompt: {e}", param="messages"))
+        return JSONResponse({"prompt": text})
+
+    async def props(self, request: Request) -> Response:
+        target, h = self.target, self.h
+        d = llama_fields.DEFAULTS
+        params = {"n_predict": -1, "temperature": d.temperature, "top_k": d.top_k, "top_p": d.top_p,
+                  "min_p": d.min_p, "samplers": list(llama_fields.DEFAULT_CHAIN), "stop": []}
+        return JSONResponse({
+            "default_generation_settings": {"n_ctx": target.n_ctx, "params": params, "model": h.model_name},
+            "total_slots": h.parallel, "model_path": str(target.path), "model_alias": h.model_name,
+            "chat_template": target.chat_template.source or "", "modalities": {"vision": False, "audio": False},
+            "bos_token": _token_text(target, "bos"), "eos_token": _token_text(target, "eos"),
+            "build_info": f"pyspec {__version__}", "is_sleeping": False})
+
+    async def slots(self, request: Request) -> Response:
+        s, n_ctx = self.h.scheduler, self.target.n_ctx
+        busy = s.busy_slots if s is not None else 0
+        return JSONResponse([{"id": i, "n_ctx": n_ctx, "is_processing": i < busy} for i in range(self.h.parallel)])
+
+
+def _token_text(target, which: str) -> str:
+    tok = getattr(target.native, which)
+    return target.native.token_text(tok) if tok >= 0 else ""
+
+
+def _dumps(obj: Any) -> str:
+    return json.dumps(obj, ensure_ascii=False)

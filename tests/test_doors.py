@@ -1,0 +1,289 @@
+"""The doors agents and editors knock on, each answered for its real client
+from the package index: Anthropic's Messages (``anthropic``), OpenAI's
+Responses (``openai``, ``openai-agents``), ollama's API (``ollama``), and
+llama-server's own routes (``httpx``, as Continue and llama.vscode call them).
+
+One `pyspec serve` on the Qwen2.5-Coder 0.5B model (its template has tools,
+its vocabulary FIM tokens), with an API key that each client sends its own way.
+Answers are greedy (T = 0) and short.
+"""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from server_helpers import ServerProcess
+
+anthropic = pytest.importorskip("anthropic")
+openai = pytest.importorskip("openai")
+ollama = pytest.importorskip("ollama")
+
+KEY = "sk-doors"
+WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+
+
+@pytest.fixture(scope="module")
+def server(draft_path):
+    # No memory: a repeated request would draft from the earlier answer, and its other
+    # batch shapes may flip greedy near ties (test_server_memory.py tests memory).
+    s = ServerProcess("--model", draft_path, "--parallel", "2", "--n-ctx", "4096", "--no-memory", api_key=KEY)
+    yield s
+    assert s.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def claude(server):
+    return anthropic.Anthropic(base_url=server.url(""), api_key=KEY, max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def oai(server):
+    return openai.OpenAI(base_url=server.url("/v1"), api_key=KEY, max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def olla(server):
+    return ollama.Client(host=server.url(""), headers={"Authorization": f"Bearer {KEY}"})
+
+
+GREEDY = {"temperature": 0}
+
+
+# ------------------------------------------------------------------ Anthropic Messages
+
+def test_messages_answer_and_count_tokens_agree(claude):
+    system, messages = "Answer in one word.", [{"role": "user", "content": "What colour is the sky on a clear day?"}]
+    counted = claude.messages.count_tokens(model="claude-x", system=system, messages=messages).input_tokens
+    m = claude.messages.create(model="claude-x", max_tokens=8, system=system, messages=messages, extra_body=GREEDY)
+    assert m.type == "message" and m.role == "assistant" and m.content and m.content[0].type == "text"
+    assert m.stop_reason in ("end_turn", "max_tokens")
+    u = m.usage
+    assert u.input_tokens + u.cache_read_input_tokens == counted, (u, counted)
+    assert 0 < u.output_tokens <= 8
+    # The same conversation resent, with the answer and one more turn: only the new tokens are prefilled.
+    again = messages + [{"role": "assistant", "content": m.content[0].text}, {"role": "user", "content": "Why?"}]
+    m2 = claude.messages.create(model="claude-x", max_tokens=4, system=system, messages=again, extra_body=GREEDY)
+    assert m2.usage.cache_read_input_tokens >= counted, m2.usage
+    assert m2.usage.input_tokens + m2.usage.cache_read_input_tokens == \
+        claude.messages.count_tokens(model="x", system=system, messages=again).input_tokens
+
+
+def test_messages_stream_is_the_whole_answer(claude):
+    messages = [{"role": "user", "content": "Count from 1 to 9, separated by commas."}]
+    whole = claude.messages.create(model="x", max_tokens=24, messages=messages, extra_body=GREEDY)
+    kinds = []
+    with claude.messages.stream(model="x", max_tokens=24, messages=messages, extra_body=GREEDY) as s:
+        for event in s:
+            kinds.append(event.type)
+        final = s.get_final_message()
+    assert kinds[0] == "message_start" and kinds[-1] == "message_stop" and "message_delta" in kinds
+    assert final.content[0].text == whole.content[0].text and final.stop_reason == whole.stop_reason
+    assert final.usage.output_tokens == whole.usage.output_tokens
+
+
+def test_messages_stop_sequence_is_named(claude):
+    m = claude.messages.create(model="x", max_tokens=40, stop_sequences=["5"], extra_body=GREEDY,
+                               messages=[{"role": "user", "content": "Count from 1 to 9, separated by commas."}])
+    assert m.stop_reason == "stop_sequence" and m.stop_sequence == "5", m
+    assert "5" not in m.content[0].text
+
+
+def test_messages_tool_use_loop(claude):
+    tools = [{"name": "get_weather", "description": "The weather in a city", "input_schema": WEATHER}]
+    ask = [{"role": "user", "content": "What is the weather in Paris?"}]
+    m = claude.messages.create(model="x", max_tokens=60, tools=tools, tool_choice={"type": "any"}, messages=ask,
+                               extra_body=GREEDY)
+    calls = [b for b in m.content if b.type == "tool_use"]
+    assert m.stop_reason == "tool_use" and calls and calls[0].name == "get_weather", m
+    assert isinstance(calls[0].input.get("city"), str) and calls[0].id.startswith("toolu_")
+    answer = claude.messages.create(
+        model="x", max_tokens=12, tools=tools, tool_choice={"type": "none"}, extra_body=GREEDY,
+        messages=ask + [{"role": "assistant", "content": m.content},
+                        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": calls[0].id,
+                                                      "content": "Sunny, 21 C"}]}])
+    assert answer.content and answer.content[0].type == "text" and answer.stop_reason in ("end_turn", "max_tokens")
+    # Streamed, the call arrives as a tool_use block with its input as JSON deltas.
+    with claude.messages.stream(model="x", max_tokens=60, tools=tools, messages=ask, extra_body=GREEDY,
+                                tool_choice={"type": "tool", "name": "get_weather"}) as s:
+        final = s.get_final_message()
+    assert final.stop_reason == "tool_use" and final.content[-1].input.get("city")
+
+
+def test_messages_refusals_in_anthropics_shape(claude, server):
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}}
+    with pytest.raises(anthropic.BadRequestError, match="image"):
+        claude.messages.create(model="x", max_tokens=4, messages=[{"role": "user", "content": [image]}])
+    r = server.post("/v1/messages", {"model": "x", "max_tokens": 4, "messages": [], "bogus": 1},
+                    headers={"x-api-key": KEY})
+    assert r.status_code == 400 and r.json()["type"] == "error" and r.json()["error"]["type"] == "invalid_request_error"
+    with pytest.raises(anthropic.AuthenticationError):
+        anthropic.Anthropic(base_url=server.url(""), api_key="wrong", max_retries=0).messages.create(
+            model="x", max_tokens=4, messages=[{"role": "user", "content": "hi"}])
+
+
+# ------------------------------------------------------------------ OpenAI Responses
+
+def test_responses_chain_prefills_only_the_new_items(oai):
+    first = oai.responses.create(model="x", input="Name a fruit.", instructions="Be brief.", max_output_tokens=8,
+                                 **GREEDY)
+    assert first.status in ("completed", "incomplete") and first.output_text
+    counted = oai.responses.input_tokens.count(model="x", input="And a vegetable?", instructions="Be brief.",
+                                               previous_response_id=first.id).input_tokens
+    second = oai.responses.create(model="x", input="And a vegetable?", instructions="Be brief.",
+                                  previous_response_id=first.id, max_output_tokens=8, **GREEDY)
+    assert second.usage.input_tokens == counted
+    # The first turn's prompt and answer are cached: only the new item is processed.
+    assert second.usage.input_tokens_details.cached_tokens >= first.usage.input_tokens + first.usage.output_tokens - 1
+    assert oai.responses.retrieve(second.id).id == second.id
+    oai.responses.delete(first.id)
+    with pytest.raises(openai.NotFoundError):
+        oai.responses.retrieve(first.id)
+    with pytest.raises(openai.NotFoundError):
+        oai.responses.create(model="x", input="hi", previous_response_id=first.id, max_output_tokens=2)
+
+
+def test_responses_stream_and_function_calls(oai):
+    whole = oai.responses.create(model="x", input="Count from 1 to 5.", max_output_tokens=16, **GREEDY)
+    types = []
+    with oai.responses.stream(model="x", input="Count from 1 to 5.", max_output_tokens=16, **GREEDY) as s:
+        for event in s:
+            types.append(event.type)
+        final = s.get_final_response()
+    assert types[:2] == ["response.created", "response.in_progress"] and types[-1] in ("response.completed",
+                                                                                          "response.incomplete")
+    assert "response.output_text.delta" in types and final.output_text == whole.output_text
+    tools = [{"type": "function", "name": "get_weather", "description": "The weather in a city",
+              "parameters": WEATHER}, {"type": "web_search"}]  # a hosted tool: skipped, not refused
+    r = oai.responses.create(model="x", input="Weather in Rome?", tools=tools, tool_choice="required",
+                             max_output_tokens=60, **GREEDY)
+    call = r.output[-1]
+    assert call.type == "function_call" and call.name == "get_weather" and json.loads(call.arguments)["city"]
+    # The call's output chained on: the tools shown again (no tool_choice "none", which would hide them
+    # and so change the prompt's start), the earlier turn found cached.
+    done = oai.responses.create(model="x", previous_response_id=r.id, tools=tools,
+                                input=[{"type": "function_call_output", "call_id": call.call_id,
+                                        "output": "Sunny, 21 C"}], max_output_tokens=10, **GREEDY)
+    assert done.output and done.output[0].type in ("message", "function_call")
+    assert done.usage.input_tokens_details.cached_tokens >= r.usage.input_tokens
+    events = [e.type for e in oai.responses.create(model="x", input="Weather in Oslo?", tools=tools, stream=True,
+                                                     tool_choice={"type": "function", "name": "get_weather"},
+                                                     max_output_tokens=60)]
+    assert "response.function_call_arguments.delta" in events and events[-1] == "response.completed"
+
+
+def test_an_agent_runs_a_function_tool(server):
+    agents = pytest.importorskip("agents")
+    calls = []
+
+    @agents.function_tool
+    def get_weather(city: str) -> str:
+        """The weather in a city."""
+        calls.append(city)
+        return f"Sunny in {city}"
+
+    client = openai.AsyncOpenAI(base_url=server.url("/v1"), api_key=KEY, max_retries=0)
+    agent = agents.Agent(name="weather", instructions="Use the tool.", tools=[get_weather],
+                         model=agents.OpenAIResponsesModel("x", client), tool_use_behavior="stop_on_first_tool",
+                         model_settings=agents.ModelSettings(tool_choice="required", temperature=0, max_tokens=60))
+    result = agents.Runner.run_sync(agent, "What is the weather in Lisbon?", run_config=agents.RunConfig(
+        tracing_disabled=True))
+    assert calls and result.final_output == f"Sunny in {calls[0]}"
+
+
+# ------------------------------------------------------------------ ollama
+
+def test_ollama_lists_and_shows_the_model(olla, server):
+    listed = olla.list().models
+    assert len(listed) == 1 and listed[0].details.format == "gguf"
+    shown = olla.show(listed[0].model)
+    assert {"completion", "tools", "insert"} <= set(shown.capabilities)
+    arch = shown.modelinfo["general.architecture"]
+    assert shown.modelinfo[f"{arch}.context_length"] == 4096
+    version = httpx.get(server.url("/api/version")).json()["version"]
+    assert tuple(int(x) for x in version.split(".")) >= (0, 6, 4), version  # Copilot Chat's least
+    with pytest.raises(ollama.ResponseError) as e:
+        olla.pull("llama3")
+    assert e.value.status_code == 501
+
+
+def test_ollama_generate_with_suffix_is_infill(olla, server):
+    prefix, suffix = "def area(r):\n    return ", "\n\nprint(area(2.0))\n"
+    # ollama's default repeat_penalty (1.1) off, as /infill's chain below has no penalties
+    r = olla.generate(model="x", prompt=prefix, suffix=suffix,
+                      options={"temperature": 0, "num_predict": 12, "repeat_penalty": 1.0})
+    # As llama.vim sends it: the lines before the cursor's, and the cursor line's typed part.
+    cut = prefix.rfind("\n") + 1
+    infill = server.post("/infill", {"input_prefix": prefix[:cut], "prompt": prefix[cut:], "input_suffix": suffix,
+                                     "n_predict": 12, "temperature": 0, "samplers": ["temperature"]}).json()
+    assert r.response == infill["content"] and r.eval_count == infill["tokens_predicted"], (r, infill)
+
+
+def test_ollama_chat_stream_tools_and_format(olla):
+    messages = [{"role": "user", "content": "Count from 1 to 5."}]
+    options = {"temperature": 0, "num_predict": 16}
+    whole = olla.chat(model="x", messages=messages, options=options, stream=False)
+    parts = list(olla.chat(model="x", messages=messages, options=options, stream=True))
+    assert parts[-1].done and "".join(p.message.content for p in parts) == whole.message.content
+    assert whole.eval_count == parts[-1].eval_count and whole.done_reason in ("stop", "length")
+
+    def get_weather(city: str) -> str:
+        """The weather in a city.
+
+        Args:
+          city: the city's name
+        """
+        return "sunny"
+
+    r = olla.chat(model="x", messages=[{"role": "user", "content": "What is the weather in Paris? Use the tool."}],
+                  tools=[get_weather], options={"temperature": 0, "num_predict": 60})
+    assert r.message.tool_calls and r.message.tool_calls[0].function.name == "get_weather"
+    assert isinstance(r.message.tool_calls[0].function.arguments.get("city"), str)
+    js = olla.generate(model="x", prompt="A JSON object with a key 'a' set to 1.", format="json",
+                       options={"temperature": 0, "num_predict": 24})
+    assert isinstance(json.loads(js.response), dict)
+
+
+# ------------------------------------------------------------------ llama-server's routes
+
+def test_llama_server_routes(server):
+    tokens = server.post("/tokenize", {"content": "hello world", "with_pieces": True}).json()["tokens"]
+    assert "".join(t["piece"] for t in tokens) == "hello world"
+    ids = [t["id"] for t in tokens]
+    assert server.post("/detokenize", {"tokens": ids}).json()["content"] == "hello world"
+    messages = [{"role": "user", "content": "Say hi."}]
+    prompt = server.post("/apply-template", {"messages": messages}).json()["prompt"]
+    n = len(server.post("/tokenize", {"content": prompt, "add_special": True}).json()["tokens"])
+    chat = server.post("/v1/chat/completions", {"messages": messages, "max_tokens": 1}).json()
+    assert chat["usage"]["prompt_tokens"] == n  # /apply-template is exactly the prompt decoded
+    props = httpx.get(server.url("/props"), headers=server.headers).json()
+    assert props["default_generation_settings"]["n_ctx"] == 4096 and props["total_slots"] == 2
+    assert len(httpx.get(server.url("/slots"), headers=server.headers).json()) == 2
+    assert httpx.get(server.url("/v1/health")).json()["status"] == "ok"
+
+
+def test_llama_server_completion(server):
+    body = {"prompt": "def fib(n):", "n_predict": 8, "temperature": 0, "n_probs": 2, "return_tokens": True}
+    r = server.post("/completion", body).json()
+    assert r["stop"] is True and r["tokens_predicted"] == len(r["tokens"]) == 8 and r["stop_type"] == "limit"
+    assert r["timings"]["predicted_n"] == 8 and "draft_n" in r["timings"]
+    assert len(r["completion_probabilities"]) == 8 and len(r["completion_probabilities"][0]["top_logprobs"]) == 2
+    with httpx.stream("POST", server.url("/completion"), json={**body, "stream": True}, headers=server.headers,
+                      timeout=120) as s:
+        chunks = [json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: ")]
+    assert chunks[-1]["stop"] is True and "".join(c["content"] for c in chunks) == r["content"]
+    # A prompt mixing text and ids: each text tokenized in place.
+    ids = server.post("/tokenize", {"content": " fib(n):"}).json()["tokens"]
+    mixed = server.post("/completion", {"prompt": ["def", *ids], "n_predict": 1, "temperature": 0}).json()
+    assert mixed["tokens_evaluated"] == len(ids) + len(server.post("/tokenize", {"content": "def"}).json()["tokens"])
+
+
+def test_a_stream_cancelled_mid_way_frees_its_slot(server):
+    body = {"model": "x", "max_tokens": 400, "stream": True, "messages": [{"role": "user", "content": "Tell a story."}]}
+    with httpx.stream("POST", server.url("/v1/messages"), json=body, headers={"x-api-key": KEY}, timeout=60) as s:
+        for line in s.iter_lines():
+            if "content_block_delta" in line:
+                break
+    assert server.wait_idle()["slots_busy"] == 0
