@@ -462,7 +462,7 @@ BAD_CONSTRUCTION = {
     "lora_path": (dict(lora_path="x.gguf"), ValueError, "lora_path"),
     "kv_overrides": (dict(kv_overrides={"a": 1}), ValueError, "kv_overrides"),
     "chat_handler": (dict(chat_handler=object()), ValueError, "chat_handler"),
-    "chat_format": (dict(chat_format="llama-2"), ValueError, "chat_format"),
+    "chat_format": (dict(chat_format="no-such-format"), ValueError, "chat_format"),
     "n_threads_batch": (dict(n_threads=2, n_threads_batch=4), ValueError, "n_threads_batch"),
     "a Python draft model": (dict(draft_model=object()), TypeError, "draft_model"),
     "pooling without embeddings": (dict(pooling_type=1), ValueError, "pooling_type"),

@@ -6,6 +6,8 @@ place of ``from llama_cpp import Llama``, with speculative decoding on
 * ``completion.py``: ``create_completion`` and its response dicts;
 * ``chat.py``: ``create_chat_completion`` (templates, tools, response formats);
 * ``embedding.py``: embeddings (llama-cpp-python's own) and the GGUF's metadata;
+* ``chat_formats.py``: llama-cpp-python's named chat formats (``chat_format="chatml"`` ...) as data;
+* ``functions.py``: ``chat_format="chatml-function-calling"``: its grammar and its calls' parser;
 * ``loading.py``: the generator from ``draft_model``, ``chat_format``, ``from_pretrained``;
 * ``options.py``: the arguments pyspec has no counterpart for, and a call's sampling.
 

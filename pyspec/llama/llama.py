@@ -102,6 +102,7 @@ class Llama:
         if chat_handler is not None:
             options.refuse("chat_handler", chat_handler, "pyspec renders chats with the GGUF's own Jinja template "
                            "(as llama-server does); Python chat handlers (LLaVA, functionary ...) do not run")
+        chat_format = loading.chat_format(chat_format)
         if isinstance(flash_attn, bool):
             flash = "on" if flash_attn else "off"
         elif flash_attn in ("auto", "on", "off"):
@@ -140,7 +141,7 @@ class Llama:
         self._generator: Optional[Generator] = loading.generator(self._target, self._draft, draft_model, drafter,
                                                                  policy, draft_max)
         self._seed = seed or LLAMA_DEFAULT_SEED  # llama-cpp-python's seed chain (see _call_seed)
-        self.chat_format = loading.chat_format(self._target, chat_format)
+        self.chat_format = chat_format
         self._logits_all = logits_all
         self.embedding = embedding
         self._embed_args = dict(n_ctx=n_ctx, n_batch=self.n_batch, n_ubatch=n_ubatch, n_threads=self.n_threads,
@@ -205,17 +206,18 @@ class Llama:
                                logit_bias: Optional[Dict[Any, float]] = None, logprobs: Optional[bool] = None,
                                top_logprobs: Optional[int] = None) -> Union[dict, Iterator[dict]]:
         """Answer a chat (llama-cpp-python's arguments and defaults), rendered
-        by the GGUF's own chat template: a ``chat.completion`` dict, or with
-        ``stream`` an iterator of ``chat.completion.chunk`` dicts. Tool calls
-        are parsed out of the answer in the template's format; a named
-        ``tool_choice`` (or "required") makes the answer a call."""
+        by the GGUF's own chat template, or by the named ``chat_format`` as
+        llama-cpp-python renders it (chat_formats.py): a ``chat.completion``
+        dict, or with ``stream`` an iterator of ``chat.completion.chunk``
+        dicts. Tool calls are parsed out of the answer in the template's
+        format; a named ``tool_choice`` (or "required") makes the answer a call."""
         options.check_call(typical_p=typical_p, tfs_z=tfs_z, mirostat_mode=mirostat_mode,
                            logits_processor=logits_processor)
         request = chat.prepare(self, messages, functions=functions, function_call=function_call, tools=tools,
                                tool_choice=tool_choice, response_format=response_format, grammar=grammar)
         call = completion.prepare(
             self, request.tokens, max_tokens=max_tokens, logprobs=(top_logprobs or 0) if logprobs else None,
-            echo=False, stop=stop, seed=seed, model=model, constraint=request.constraint,
+            echo=False, stop=request.stops(stop), seed=seed, model=model, constraint=request.constraint,
             sampling=self._sampling(temperature, top_k, top_p, min_p, repeat_penalty, frequency_penalty,
                                     presence_penalty, logit_bias))
         return chat.stream(self, request, call) if stream else chat.whole(self, request, call)

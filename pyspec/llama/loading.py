@@ -1,6 +1,6 @@
 """How :class:`pyspec.Llama` loads: its generator from llama-cpp-python's
-``draft_model`` (speculation on by default), its ``chat_format`` checked
-against the GGUF's template, and ``from_pretrained``'s names.
+``draft_model`` (speculation on by default), its ``chat_format`` (the
+GGUF's template or a named format of chat_formats.py), and ``from_pretrained``'s names.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any, Dict, Optional
 from ..generation import Generator
 from ..model import Model
 from ..speculative import SpeculativeDecoder
-from . import options
+from . import chat_formats, options
 
 
 def draft_model(value: Any, load: Dict[str, Any]) -> Optional[Model]:
@@ -54,20 +54,14 @@ def is_prompt_lookup(obj: Any) -> bool:
                for c in type(obj).__mro__)
 
 
-def chat_format(target: Model, name: Optional[str]) -> str:
-    """pyspec renders chats with the GGUF's template; a chat_format that
-    names that template (as llama-cpp-python would have guessed it) is it."""
-    source = target.chat_template.source
+def chat_format(name: Optional[str]) -> str:
+    """The chat format of ``chat_format=name``: None and "chat_template.default"
+    are the GGUF's own template (as llama-server renders it), a name of
+    chat_formats.py renders as llama-cpp-python's format of that name; any
+    other is a ValueError that lists them."""
     if name is None or name == "chat_template.default":
         return "chat_template.default"
-    if source is not None:
-        from llama_cpp.llama_chat_format import guess_chat_format_from_gguf_metadata
-
-        if guess_chat_format_from_gguf_metadata({"tokenizer.chat_template": source}) == name:
-            return name
-    raise ValueError(f"chat_format={name!r} is not supported: pyspec renders chats with the GGUF's own chat "
-                     f"template (chat_format='chat_template.default'), as llama-server does"
-                     + ("" if source else "; this file has none, so llama.cpp's built-in ChatML is used"))
+    return chat_formats.check(name)
 
 
 def pretrained(repo_id: str, filename: Optional[str], **where: Any) -> str:
