@@ -10,11 +10,17 @@ Answers are greedy (T = 0) and short.
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
+from pathlib import Path
+from typing import Any, Optional
 
 import httpx
 import pytest
 
+import pyspec
+from near_ties import near_tie_flips
 from server_helpers import ServerProcess
 
 anthropic = pytest.importorskip("anthropic")
@@ -287,3 +293,136 @@ def test_a_stream_cancelled_mid_way_frees_its_slot(server):
             if "content_block_delta" in line:
                 break
     assert server.wait_idle()["slots_busy"] == 0
+
+
+# ------------------------------------------------------------------ beside llama-server
+# The requests of the routes pyspec shares with llama-server, and llama-server's answers
+# (tests/fixtures/doors: capture.py made them; a live llama-server too, where one is built).
+
+def _capture():
+    spec = importlib.util.spec_from_file_location("doors_capture", FIXTURES / "capture.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+FIXTURES = Path(__file__).parent / "fixtures" / "doors"
+ANCHOR = _capture()
+LLAMA_SERVER = os.environ.get("PYSPEC_LLAMA_SERVER", "/tmp/llama-build/bin/llama-server")
+#: llama-server's fields that pyspec's answers leave out, and why.
+NOT_GIVEN = {
+    # samplers and settings pyspec does not implement (DRY, XTC, mirostat, dynamic temperature, LoRA ...),
+    # and llama-server's grammar and reasoning plumbing: not reported rather than reported as off
+    "generation_settings/": ("adaptive_", "backend_sampling", "chat_format", "dry_", "dynatemp_", "generation_prompt",
+                             "grammar", "lora", "min_keep", "mirostat", "n_discard", "post_sampling_probs",
+                             "preserved_tokens", "reasoning_", "speculative", "timings_per_token", "top_n_sigma",
+                             "typical_p", "xtc_", "return_", "n_indent", "t_max_", "n_cmpl"),
+    "default_generation_settings/params/": ("adaptive_", "backend_sampling", "chat_format", "dry_", "dynatemp_",
+                                            "generation_prompt", "grammar", "lora", "min_keep", "mirostat",
+                                            "n_discard", "post_sampling_probs", "preserved_tokens", "reasoning_",
+                                            "speculative", "timings_per_token", "top_n_sigma", "typical_p",
+                                            "xtc_", "return_", "n_indent", "t_max_", "n_cmpl"),
+    # /props: llama-server's build, web UI, router and multimodal settings
+    "": ("build_number", "cors_proxy_enabled", "endpoint_", "webui", "ui", "media_marker", "is_sleeping_",
+         "chat_template_caps/supports_object_arguments", "chat_template_caps/supports_preserve_reasoning",
+         "chat_template_caps/supports_reasoning_effort", "chat_template_caps/supports_typed_content",
+         "default_generation_settings/id", "default_generation_settings/n_", "default_generation_settings/is_",
+         "default_generation_settings/speculative", "default_generation_settings/next_token",
+         "default_generation_settings/id_task", "default_generation_settings/params/samplers/"),
+}
+
+
+def key_paths(obj: Any, prefix: str = "") -> set:
+    """An answer's key paths ("a/b"; a list's by its first element)."""
+    out = set()
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            out.add(prefix + k)
+            out |= key_paths(v, prefix + k + "/")
+    elif isinstance(obj, list) and obj:
+        out |= key_paths(obj[0], prefix + "[]/")
+    return out
+
+
+def not_given(path: str) -> bool:
+    return any(path.startswith(under) and path[len(under):].startswith(names)
+               for under, names in NOT_GIVEN.items())
+
+
+def _text(name: str, answer: dict) -> Optional[str]:
+    if name == "messages":
+        return "".join(b["text"] for b in answer["content"] if b["type"] == "text")
+    if name == "responses":
+        return "".join(c["text"] for item in answer["output"] if item["type"] == "message" for c in item["content"])
+    if name == "completion":
+        return answer["content"]
+    return None
+
+
+#: Each request's token counts, which must be equal.
+COUNTS = {
+    "messages": lambda a: a["usage"]["input_tokens"] + a["usage"]["cache_read_input_tokens"],
+    "messages tools": lambda a: a["usage"]["input_tokens"] + a["usage"]["cache_read_input_tokens"],
+    "count_tokens": lambda a: a["input_tokens"],
+    "responses": lambda a: a["usage"]["input_tokens"],
+    "input_tokens": lambda a: a["input_tokens"],
+    "completion": lambda a: a["tokens_evaluated"],
+    "props": lambda a: a["default_generation_settings"]["params"]["n_predict"],
+}
+#: Answers that must be equal whole.
+WHOLE = {"tokenize", "tokenize plain", "detokenize", "apply-template"}
+
+
+@pytest.fixture(scope="module")
+def llama_answers(request):
+    """llama-server's answers: the golden file's, or a live server's."""
+    if request.param == "golden":
+        data = json.loads((FIXTURES / "llama_server.json").read_text())
+        assert data["model"] == ANCHOR.MODEL and sorted(data["answers"]) == sorted(ANCHOR.REQUESTS), \
+            f"recapture: {ANCHOR.COMMAND}"
+        return data["answers"]
+    if not os.path.exists(LLAMA_SERVER):
+        pytest.skip("llama.cpp's llama-server is not built (PYSPEC_LLAMA_SERVER names it)")
+    live = _capture()._chat_renderings_capture().LlamaServer(
+        LLAMA_SERVER, os.path.join(os.path.dirname(request.getfixturevalue("draft_path")), ANCHOR.MODEL))
+    try:
+        answers = {}
+        for name, (method, path, body) in ANCHOR.REQUESTS.items():
+            status, answer = ANCHOR.ask(live.port, method, path, body)
+            answers[name] = {"status": status, "answer": answer}
+        return answers
+    finally:
+        live.stop()
+
+
+@pytest.mark.parametrize("llama_answers", ["golden", "live"], indirect=True)
+def test_the_same_requests_as_llama_server(server, llama_answers, draft_path):
+    """Each shared route beside llama-server: the same status, its fields (but
+    NOT_GIVEN's), its token counts, and the same greedy text up to a near tie."""
+    model = None
+    for name, (method, path, body) in ANCHOR.REQUESTS.items():
+        r = httpx.request(method, server.url(path), json=body, headers=server.headers, timeout=120)
+        ours, theirs = r.json(), llama_answers[name]["answer"]
+        assert r.status_code == llama_answers[name]["status"], (name, ours)
+        missing = sorted(p for p in key_paths(theirs) - key_paths(ours) if not not_given(p))
+        if name == "messages tools":  # pyspec reads the call llama-server leaves as text: a tool_use block
+            assert ours["stop_reason"] == "tool_use", ours
+            missing = [p for p in missing if p != "content/[]/text"]
+        assert not missing, f"{name}: llama-server's answer has {missing}, pyspec's does not"
+        if name in WHOLE:
+            assert ours == theirs, name
+        if name in COUNTS:
+            assert COUNTS[name](ours) == COUNTS[name](theirs), (name, ours, theirs)
+        mine, want = _text(name, ours), _text(name, theirs)
+        if mine is not None and mine != want:
+            model = model or pyspec.Model(draft_path, n_ctx=1024)
+            prompt = (model.tokenize(body["prompt"], add_special=True) if name == "completion" else
+                      model.prompt_tokens(to_chat_messages(name, body)))
+            got, ref = (model.tokenize(t, add_special=False) for t in (mine, want))
+            assert near_tie_flips(model, prompt, got, ref) == 1, name
+
+
+def to_chat_messages(name: str, body: dict) -> list:
+    system = body.get("system") or body.get("instructions")
+    turns = body["messages"] if "messages" in body else [{"role": "user", "content": body["input"]}]
+    return ([{"role": "system", "content": system}] if system else []) + turns

@@ -131,9 +131,9 @@ def _tools(value: Any) -> Optional[List[Dict[str, Any]]]:
         schema = t.get("input_schema", {"type": "object"})
         if not isinstance(schema, dict):
             raise APIError(400, f"tools[{i}].input_schema must be a JSON schema object", param="tools")
-        fn = {"name": t.get("name"), "parameters": schema}
-        if t.get("description") is not None:
-            fn["description"] = t["description"]
+        # name, description, parameters: the order llama-server's conversion writes them (templates print tojson)
+        fn = {"name": t.get("name"), **({"description": t["description"]} if t.get("description") is not None
+                                        else {}), "parameters": schema}
         out.append({"type": "function", "function": fn})
     return out or None
 

@@ -115,9 +115,10 @@ def _tools(value: Any) -> Optional[List[Dict[str, Any]]]:
             raise APIError(400, f"tools[{i}] must be an object", param="tools")
         if t.get("type") != "function":
             continue  # a hosted tool (web search, file search, computer use ...): OpenAI's to run
-        fn = {"name": t.get("name"), "parameters": t.get("parameters") or {"type": "object", "properties": {}}}
-        if t.get("description") is not None:
-            fn["description"] = t["description"]
+        # name, description, parameters: the order llama-server's conversion writes them (templates print tojson)
+        fn = {"name": t.get("name"), **({"description": t["description"]} if t.get("description") is not None
+                                        else {}), "parameters": t.get("parameters") or {"type": "object",
+                                                                                        "properties": {}}}
         out.append({"type": "function", "function": fn})
     return out or None
 
@@ -224,8 +225,10 @@ def response(resp_id: str, model: str, body: Dict[str, Any], output: List[Dict[s
     """A Response object: the request's settings echoed as OpenAI echoes them."""
     tools = [t for t in body.get("tools") or [] if isinstance(t, dict) and t.get("type") == "function"]
     text = body.get("text") if isinstance(body.get("text"), dict) else {}
+    now = int(time.time())
     return {
-        "id": resp_id, "object": "response", "created_at": created or int(time.time()), "status": status,
+        "id": resp_id, "object": "response", "created_at": created or now,
+        "completed_at": now if status != "in_progress" else None, "status": status,
         "error": None,
         "incomplete_details": {"reason": "max_output_tokens"} if finish == "length" else None,
         "instructions": body.get("instructions"), "max_output_tokens": body.get("max_output_tokens"),

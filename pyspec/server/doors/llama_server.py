@@ -21,9 +21,25 @@ from ...wire import llama_server as wire
 from ...wire.openai import parse as parse_openai
 from ..api_error import APIError
 from ..responses import timings
+
+#: The seed llama-server reports for "a fresh one each time" (LLAMA_DEFAULT_SEED).
+SEED_FRESH = 4294967295
 from . import Door, left, renamed
 
 _STOP_TYPE = {"eog": "eos", "stop": "word", "max_tokens": "limit", "context": "limit", "cancelled": "none"}
+
+
+def generation_settings(sampling, *, n_predict: int, seed: int, stop: List[str], n_probs: int,
+                        samplers: List[str], stream: bool = False) -> Dict[str, Any]:
+    """llama-server's ``generation_settings`` (``/props``' ``params``): the
+    fields pyspec implements, as it names them (the samplers pyspec does not
+    have, DRY, XTC, mirostat ..., are not reported)."""
+    return {"n_predict": n_predict, "seed": seed, "temperature": sampling.temperature, "top_k": sampling.top_k,
+            "top_p": sampling.top_p, "min_p": sampling.min_p, "repeat_penalty": sampling.repeat_penalty,
+            "repeat_last_n": sampling.penalty_last_n, "presence_penalty": sampling.presence_penalty,
+            "frequency_penalty": sampling.frequency_penalty,
+            "logit_bias": [[t, b] for t, b in sampling.logit_bias], "n_probs": n_probs, "stop": list(stop),
+            "samplers": list(samplers), "ignore_eos": False, "n_keep": 0, "max_tokens": n_predict, "stream": stream}
 
 
 class LlamaServer(Door):
@@ -52,8 +68,13 @@ class LlamaServer(Door):
             parsed, turn = await self.start(converted, "completion", {}, "completion")
         except APIError as e:
             return self.refuse(e)
+        st = parsed.settings
         context = {"return_tokens": bool(body.get("return_tokens")), "n_probs": bool(converted.get("logprobs")),
-                   "fields": llama_fields.response_fields(body), "prompt": body["prompt"]}
+                   "fields": llama_fields.response_fields(body), "prompt": body["prompt"],
+                   "settings": generation_settings(
+                       st.sampling, n_predict=-1 if st.max_tokens is None else st.max_tokens,
+                       seed=SEED_FRESH if st.seed is None else st.seed, stop=st.stop, n_probs=st.logprobs or 0,
+                       samplers=converted["samplers"], stream=parsed.stream)}
         if parsed.stream:
             return EventSourceResponse(self.counted(self._chunks(request, turn, context)), ping=15, sep="\n")
         try:
@@ -74,7 +95,8 @@ class LlamaServer(Door):
         return {"index": 0, "content": text, "tokens": end.tokens if context["return_tokens"] else [], "id_slot": -1,
                 "stop": True, "model": self.h.model_name, "tokens_predicted": end.n_out,
                 "tokens_evaluated": end.n_prompt, "prompt": context["prompt"], "has_new_line": "\n" in text,
-                "truncated": False, "stop_type": _STOP_TYPE.get(end.result.stop_reason, "none"),
+                "generation_settings": context["settings"], "truncated": False,
+                "stop_type": _STOP_TYPE.get(end.result.stop_reason, "none"),
                 "stopping_word": end.stop_word or "", "tokens_cached": end.n_prompt + end.n_out,
                 "timings": timings([end.stats], end.n_prompt, end.n_cached)}
 
@@ -145,13 +167,18 @@ class LlamaServer(Door):
 
     async def props(self, request: Request) -> Response:
         target, h = self.target, self.h
-        d = llama_fields.DEFAULTS
-        params = {"n_predict": -1, "temperature": d.temperature, "top_k": d.top_k, "top_p": d.top_p,
-                  "min_p": d.min_p, "samplers": list(llama_fields.DEFAULT_CHAIN), "stop": []}
+        params = generation_settings(llama_fields.DEFAULTS, n_predict=-1, seed=SEED_FRESH, stop=[], n_probs=0,
+                                     samplers=llama_fields.DEFAULT_CHAIN)
+        source = target.chat_template.source or ""
+        caps = {"supports_tools": "tools" in source, "supports_tool_calls": "tool_calls" in source,
+                "supports_system_role": True, "supports_parallel_tool_calls": "tool_calls" in source,
+                "supports_string_content": True}
         return JSONResponse({
             "default_generation_settings": {"n_ctx": target.n_ctx, "params": params, "model": h.model_name},
             "total_slots": h.parallel, "model_path": str(target.path), "model_alias": h.model_name,
-            "chat_template": target.chat_template.source or "", "modalities": {"vision": False, "audio": False},
+            "chat_template": source, "chat_template_caps": caps,
+            "modalities": {"vision": False, "audio": False, "video": False},
+            "model_ftype": target.description.split(" ", 2)[-1],
             "bos_token": _token_text(target, "bos"), "eos_token": _token_text(target, "eos"),
             "build_info": f"pyspec {__version__}", "is_sleeping": False})
 
