@@ -42,6 +42,7 @@ from .results import BatchStats, Completion, Completions, GenerationStats
 from .sampling import Sampling
 from .drafting import Drafting
 from .llama.llama import Llama
+from .embedding import Embedder
 
 #: Set from another thread to stop a generation (``generate(..., cancel=token)``).
 CancelToken = _core.CancelToken
@@ -60,6 +61,7 @@ __all__ = [
     "Sampling",
     "Drafting",
     "Llama",
+    "Embedder",
     "Constraint",
     "Completion",
     "Completions",

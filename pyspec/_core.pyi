@@ -1,7 +1,7 @@
 """Typed surface of the C++ core (cpp/bindings/: module.cpp and one bind_*.cpp per room).
 
 Each struct's fields and defaults are documented once, in its C++ header
-(engine/engine.h, engine/stats.h, model/model.h, policies/policy.h,
+(engine/engine.h, engine/stats.h, model/model.h, model/embedder.h, policies/policy.h,
 drafters/drafters.h, core/sampling.h); bound structs take
 keyword arguments over those defaults and list their fields in ``FIELDS``.
 tests/test_boundary.py checks this stub against the module.
@@ -241,6 +241,34 @@ class CancelToken:
     def __init__(self) -> None: ...
     def set(self) -> None: ...
     is_set: bool
+
+# --------------------------------------------------------------- embeddings (model/embedder.h)
+class EmbedderParams:
+    FIELDS: ClassVar[Tuple[str, ...]]
+    n_ctx: int
+    n_batch: int  # 0: n_ctx
+    n_threads: int  # 0: the model's
+    flash_attn: int  # 0 off (the default), 1 on, -1 auto
+    pooling: int  # llama_pooling_type: 1 mean, 2 cls, 3 last, 0 none, -1 the model's; 4 (rank) refused
+    def __init__(self, **fields: Any) -> None: ...  # ValueError for invalid settings
+    def to_dict(self) -> Dict[str, Any]: ...
+
+class Embedder:  # a second context on a Model's weights; keeps the Model alive
+    def __init__(self, model: Model, params: EmbedderParams = ...) -> None: ...
+    params: EmbedderParams  # a copy
+    n_embd: int
+    pooling: int  # as run (-1 resolved)
+    n_ctx: int
+    n_batch: int
+    n_seq_max: int  # sequences one decode packs
+    max_tokens: int  # the longest sequence embed() takes
+    n_threads: int
+    n_decoded: int  # tokens embedded over its life
+    n_decodes: int  # llama_decode calls over its life
+    # float32 (n, n_embd): a row per sequence (a row per token with pooling none);
+    # ValueError (empty, ids), ContextOverflowError (too long), DecodeError, RuntimeError when cancelled.
+    def embed(self, sequences: Sequence[Sequence[int]], normalize: bool = True,
+              cancel: Optional[CancelToken] = None) -> npt.NDArray[np.float32]: ...
 
 # --------------------------------------------------------------- drafters and policies
 class SuffixStore:

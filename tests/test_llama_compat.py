@@ -267,17 +267,39 @@ def test_state_round_trip_continues_from_the_cache(ours):
 
 
 def test_embeddings_are_llama_cpp_pythons(gemma_path, ours):
-    """test_real_llama_embeddings: pyspec computes no embeddings; with
-    embedding=True they are llama-cpp-python's own, on the same file."""
+    """test_real_llama_embeddings: with embedding=True, pyspec's core computes
+    them (an Embedder on the Llama's own model, no llama_cpp.Llama): the same
+    values, shapes and counts as llama-cpp-python's, with the model's own
+    pooling (none for Gemma: a vector per token) and with mean pooling.
+    tests/test_embeddings.py holds the core's own tests."""
+    from pyspec.embedding import Embedder
+    from pyspec.llama import embedding
+
     with pytest.raises(RuntimeError, match="embedding=True"):
         ours.embed("Hello World")
+    texts = ["Hello World", "A different prompt"]
     with Llama(gemma_path, n_ctx=64, n_batch=64, n_threads=2, embedding=True, verbose=False) as llm:
         want = llama_cpp.Llama(gemma_path, n_ctx=64, n_batch=64, n_threads=2, embedding=True, verbose=False)
         np.testing.assert_allclose(llm.embed("Hello World"), want.embed("Hello World"), rtol=1e-4, atol=1e-4)
-        mine, theirs = llm.create_embedding(["Hello World", "A different prompt"]), \
-            want.create_embedding(["Hello World", "A different prompt"])
+        assert isinstance(embedding.embedder(llm), Embedder)
+        mine, theirs = llm.create_embedding(texts), want.create_embedding(texts)
         same_shape(mine, theirs)
         assert mine["usage"] == theirs["usage"] and mine["model"] == theirs["model"]
+        # A later input's per-token vectors: llama-cpp-python 0.3.36 reads them in a list at a wrong
+        # offset (its pooling-none loop advances by tokens, not floats); alone, it reads them right.
+        np.testing.assert_allclose(mine["data"][1]["embedding"], want.embed(texts[1]), rtol=1e-4, atol=1e-4)
+        assert not np.allclose(theirs["data"][1]["embedding"], want.embed(texts[1]), rtol=1e-4, atol=1e-4)
+        assert llm.embed(texts, normalize=True, return_count=True)[1] == want.embed(texts, return_count=True)[1]
+        want.close()
+    mean = llama_cpp.LLAMA_POOLING_TYPE_MEAN
+    with Llama(gemma_path, n_ctx=64, n_threads=2, embedding=True, pooling_type=mean, verbose=False) as llm:
+        want = llama_cpp.Llama(gemma_path, n_ctx=64, n_threads=2, embedding=True, pooling_type=mean, verbose=False)
+        np.testing.assert_allclose(llm.embed(texts, normalize=True), want.embed(texts, normalize=True), atol=1e-5)
+        long = "word " * 100
+        np.testing.assert_allclose(llm.embed(long), want.embed(long), atol=1e-5)  # both cut to the batch
+        with pytest.raises(ValueError, match="exceed batch size of 64"):
+            llm.embed(long, truncate=False)
+        want.close()
 
 
 # ------------------------------------------------------------------ chats
@@ -466,6 +488,8 @@ BAD_CONSTRUCTION = {
     "n_threads_batch": (dict(n_threads=2, n_threads_batch=4), ValueError, "n_threads_batch"),
     "a Python draft model": (dict(draft_model=object()), TypeError, "draft_model"),
     "pooling without embeddings": (dict(pooling_type=1), ValueError, "pooling_type"),
+    "rank pooling": (dict(embedding=True, pooling_type=4), ValueError, "pooling_type"),
+    "unknown pooling": (dict(embedding=True, pooling_type=7), ValueError, "pooling_type"),
     "rope_freq_base": (dict(rope_freq_base=10000.0), ValueError, "rope_freq_base"),
 }
 

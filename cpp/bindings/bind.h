@@ -10,6 +10,7 @@ void bind_drafters(pybind11::module_& m);  // drafters/
 void bind_policies(pybind11::module_& m);  // policies/
 void bind_constraint(pybind11::module_& m);  // constraint/: grammars (llguidance)
 void bind_engine(pybind11::module_& m);    // engine/: parameters, results, Engine, BatchSession
+void bind_embedder(pybind11::module_& m);  // model/embedder.h: EmbedderParams, Embedder (after engine/: its CancelToken)
 void bind_info(pybind11::module_& m);      // llama.cpp's build facts
 void bind_tools(pybind11::module_& m);     // tools/: agreement, quantize
 #ifdef PYSPEC_SANITIZER_PROBE

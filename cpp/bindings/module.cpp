@@ -98,6 +98,7 @@ PYBIND11_MODULE(_core, m) {
     bind_policies(m);
     bind_constraint(m);
     bind_engine(m);
+    bind_embedder(m);
     bind_info(m);
     bind_tools(m);
 #ifdef PYSPEC_SANITIZER_PROBE

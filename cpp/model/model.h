@@ -85,6 +85,11 @@ public:
     // The buffers holding its weights, as llama.cpp reported them while loading
     // ("CPU_Mapped", "CPU_REPACK", "AMX", "CUDA0"...), with their MiB.
     const std::vector<std::pair<std::string, double>>& weight_buffers() const { return weight_buffers_; }
+    // The loaded weights, for another context on them (model/embedder.h): llama.cpp
+    // runs several contexts of one llama_model side by side, the weights being
+    // read-only once loaded. Valid while this Model lives, so whoever makes a
+    // context on it keeps the Model alive and frees that context first.
+    llama_model* weights() const { return model_.get(); }
 
     // Tokenizer. add_special adds BOS/EOS as the model's metadata asks;
     // parse_special turns "<|im_start|>"-style text into control tokens.

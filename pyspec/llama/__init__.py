@@ -5,7 +5,7 @@ place of ``from llama_cpp import Llama``, with speculative decoding on
 * ``llama.py``: the class (loading, tokens, state, seeds, life cycle);
 * ``completion.py``: ``create_completion`` and its response dicts;
 * ``chat.py``: ``create_chat_completion`` (templates, tools, response formats);
-* ``embedding.py``: embeddings (llama-cpp-python's own) and the GGUF's metadata;
+* ``embedding.py``: ``embed`` and ``create_embedding``, computed by pyspec's core (pyspec/embedding.py);
 * ``chat_formats.py``: llama-cpp-python's named chat formats (``chat_format="chatml"`` ...) as data;
 * ``functions.py``: ``chat_format="chatml-function-calling"``: its grammar and its calls' parser;
 * ``loading.py``: the generator from ``draft_model``, ``chat_format``, ``from_pretrained``;

@@ -24,7 +24,9 @@ from ..generation import Generator
 from ..model import Model, resolve_path
 from ..request import seed_of
 from ..results import GenerationStats
-from . import chat, completion, embedding, loading, options
+from ..embedding import Embedder
+from . import chat, completion, loading, options
+from . import embedding as embedding_calls  # `embedding` is the constructor's flag
 from .options import LLAMA_DEFAULT_SEED
 
 
@@ -99,6 +101,7 @@ class Llama:
         options.check_fixed(fixed)
         if pooling_type != -1 and not embedding:
             options.refuse("pooling_type", pooling_type, "it only shapes embeddings (give embedding=True)")
+        pooling = embedding_calls.check_pooling(pooling_type)
         if chat_handler is not None:
             options.refuse("chat_handler", chat_handler, "pyspec renders chats with the GGUF's own Jinja template "
                            "(as llama-server does); Python chat handlers (LLaVA, functionary ...) do not run")
@@ -144,9 +147,10 @@ class Llama:
         self.chat_format = chat_format
         self._logits_all = logits_all
         self.embedding = embedding
-        self._embed_args = dict(n_ctx=n_ctx, n_batch=self.n_batch, n_ubatch=n_ubatch, n_threads=self.n_threads,
-                                n_gpu_layers=n_gpu_layers, pooling_type=pooling_type, flash_attn=flash == "on")
-        self._embedder: Any = None
+        # The embedder's context (embedding.py), made on first use: llama-cpp-python's embedding context.
+        self._embed_args = dict(n_ctx=n_ctx, n_batch=self.n_batch, n_threads=self.n_threads, pooling=pooling,
+                                flash_attn=flash)
+        self._embedder: Optional[Embedder] = None
         #: pyspec's figures of the last call (drafted, accepted, timings ...): :class:`~pyspec.GenerationStats`.
         self.last_stats: Optional[GenerationStats] = None
         self._last: Any = None  # the last call's Completion (tests read its tokens)
@@ -231,13 +235,16 @@ class Llama:
         return ChatCompletion(**self.create_chat_completion(*args, **kwargs))
 
     def create_embedding(self, input: Union[str, List[str]], model: Optional[str] = None) -> dict:
-        """llama-cpp-python's embeddings (``embedding=True``): embedding.py."""
-        return embedding.embedder(self).create_embedding(input, model=model or self.model_path)
+        """Embed a string or a list of them (``embedding=True``): llama-cpp-python's
+        response dict, computed by pyspec's core (embedding.py)."""
+        return embedding_calls.create_embedding(self, input, model)
 
     def embed(self, input: Union[str, List[str]], normalize: bool = False, truncate: bool = True,
               return_count: bool = False) -> Any:
-        return embedding.embedder(self).embed(input, normalize=normalize, truncate=truncate,
-                                              return_count=return_count)
+        """Embed a string (one vector) or a list of them (``embedding=True``), as
+        llama-cpp-python does, computed by pyspec's core (embedding.py);
+        ``return_count`` adds the number of tokens embedded."""
+        return embedding_calls.embed(self, input, normalize=normalize, truncate=truncate, return_count=return_count)
 
     def _sampling(self, temperature, top_k, top_p, min_p, repeat_penalty, frequency_penalty, presence_penalty,
                   logit_bias):
