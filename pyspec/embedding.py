@@ -90,7 +90,12 @@ class Embedder:
     (a vector per token) or ``"model"`` (the model's own). ``normalize``
     (default True) makes each vector unit length (L2); a call may override it.
     ``n_threads``: None, the model's. ``flash_attn``: "off" (the default),
-    "on" or "auto". Thread-safe: calls take turns on the context.
+    "on" or "auto". ``pack`` (default True) embeds several inputs in one
+    decode where they fit; False gives each its own, so that an input's
+    vector is bit for bit the one it gets when sent alone (packing changes the
+    batch's shape, and llama.cpp's kernels round by it: cosine >= 0.9998 to
+    the lone one on the catalog's models). Thread-safe: calls take turns on
+    the context.
 
     >>> emb = Embedder(model)                      # doctest: +SKIP
     >>> emb.embed(["a cat", "a dog"])              # doctest: +SKIP
@@ -99,7 +104,7 @@ class Embedder:
 
     def __init__(self, model: Union[Model, "_core.Model"], *, n_ctx: Optional[int] = None,
                  pooling: str = "mean", normalize: bool = True, n_batch: Optional[int] = None,
-                 n_threads: Optional[int] = None, flash_attn: str = "off") -> None:
+                 n_threads: Optional[int] = None, flash_attn: str = "off", pack: bool = True) -> None:
         if pooling not in POOLING:
             hint = " (a reranker's score, not an embedding)" if pooling == "rank" else ""
             raise ValueError(f"pooling must be one of {', '.join(POOLING)}, got {pooling!r}{hint}")
@@ -113,6 +118,7 @@ class Embedder:
         self._model = model  # the core keeps the model alive too; this keeps its Python face
         self._native = native
         self.normalize = bool(normalize)
+        self.pack = bool(pack)
         params = _core.EmbedderParams(n_ctx=EMBEDDER_DEFAULTS.n_ctx if n_ctx is None else n_ctx,
                                       n_batch=n_batch or 0, n_threads=n_threads or 0,
                                       flash_attn=FLASH_ATTN[flash_attn], pooling=POOLING[pooling])
@@ -201,7 +207,14 @@ class Embedder:
         norm = self.normalize if normalize is None else bool(normalize)
         seqs = [list(t) for t in tokens]
         cancel = _core.CancelToken()
-        return interrupts.run_interruptible(lambda: core.embed(seqs, norm, cancel), cancel)
+        if self.pack or len(seqs) < 2:
+            return interrupts.run_interruptible(lambda: core.embed(seqs, norm, cancel), cancel)
+        n_vocab, longest = self._native.n_vocab, self.max_tokens
+        if not all(s and len(s) <= longest and 0 <= min(s) and max(s) < n_vocab for s in seqs):
+            # One packed call checks every input before it embeds any: it refuses, with the core's message.
+            return interrupts.run_interruptible(lambda: core.embed(seqs, norm, cancel), cancel)
+        return interrupts.run_interruptible(
+            lambda: np.concatenate([core.embed([s], norm, cancel) for s in seqs]), cancel)
 
     def embed_array(self, inputs: Inputs, *, normalize: Optional[bool] = None,
                     truncate: bool = False) -> Union[np.ndarray, List[np.ndarray]]:

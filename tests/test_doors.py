@@ -13,10 +13,12 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import threading
 from pathlib import Path
 from typing import Any, Optional
 
 import httpx
+import numpy as np
 import pytest
 
 import pyspec
@@ -293,6 +295,47 @@ def test_a_stream_cancelled_mid_way_frees_its_slot(server):
             if "content_block_delta" in line:
                 break
     assert server.wait_idle()["slots_busy"] == 0
+
+
+# ------------------------------------------------------------------ embeddings
+
+def _cosine(a, b) -> float:
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    return float(a @ b / np.linalg.norm(a) / np.linalg.norm(b))
+
+
+def test_embeddings_beside_generation(server, oai, olla, claude):
+    """/v1/embeddings (the openai client's base64 and floats), /api/embed and
+    /api/embeddings from the served model, while a chat streams: a batch equals
+    its inputs one by one, the dialects agree, the vectors are unit length."""
+    texts = ["def add(a, b): return a + b", "The sky is blue.", "Ein Satz auf Deutsch."]
+    done = threading.Event()
+
+    def chat():
+        with claude.messages.stream(model="x", max_tokens=24, extra_body=GREEDY,
+                                    messages=[{"role": "user", "content": "Count from 1 to 20."}]) as s:
+            s.get_final_message()
+        done.set()
+
+    talker = threading.Thread(target=chat)
+    talker.start()
+    batch = oai.embeddings.create(model="x", input=texts)  # the client asks for base64 and decodes it
+    floats = oai.embeddings.create(model="x", input=texts[1], encoding_format="float").data[0].embedding
+    singles = [oai.embeddings.create(model="x", input=t, encoding_format="float").data[0].embedding for t in texts]
+    talker.join(120)
+    assert done.is_set()
+    assert [d.index for d in batch.data] == [0, 1, 2] and batch.usage.prompt_tokens > 3
+    for d, single in zip(batch.data, singles):
+        assert abs(np.linalg.norm(d.embedding) - 1) < 1e-3
+        assert np.allclose(d.embedding, single, rtol=0, atol=1e-7)  # each input its own decode: bit for bit
+    assert floats == singles[1]
+    assert _cosine(singles[0], singles[1]) < 0.99  # the negative control: other texts' vectors differ
+    ours = olla.embed(model="x", input=texts).embeddings
+    assert all(_cosine(a, b) >= 0.9999 for a, b in zip(ours, singles))
+    legacy = olla.embeddings(model="x", prompt=texts[2]).embedding
+    assert _cosine(legacy, singles[2]) >= 0.9999
+    with pytest.raises(openai.BadRequestError):
+        oai.embeddings.create(model="x", input=texts[0], dimensions=3)
 
 
 # ------------------------------------------------------------------ beside llama-server

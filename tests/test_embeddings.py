@@ -342,3 +342,17 @@ def test_values_are_llama_servers(gemma_path, ours):
     cos = cosines(ours, vectors)
     print("cosine against llama-server:", np.round(cos, 7))
     assert agree(ours, vectors), cos
+
+
+def test_unpacked_inputs_are_their_lone_vectors_bit_for_bit(model, emb):
+    """pack=False (the server's): each input its own decode, so a list's
+    vectors are exactly each input's alone; a refusal is the packed call's,
+    before any input is embedded."""
+    texts = ["The cat sat on the mat.", "def f(x):\n    return x * 2", "日本語の文"]
+    unpacked = Embedder(model, pack=False)
+    together = unpacked.embed_array(texts)
+    assert all(np.array_equal(together[i], unpacked.embed_array([t])[0]) for i, t in enumerate(texts))
+    before = unpacked.native.n_decodes
+    with pytest.raises(ValueError, match="input 1 is empty"):
+        unpacked.embed_tokens([[1, 2], []])
+    assert unpacked.native.n_decodes == before

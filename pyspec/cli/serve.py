@@ -8,6 +8,7 @@ import sys
 import click
 
 from ..memory import DEFAULT_CAP_MB
+from ..model import Model
 from ..speculative import DRAFTERS, POLICIES
 from ..server.scheduler import DEFAULT_CACHE_RAM_MB, DEFAULT_CACHE_SLOTS
 from ..server.supervisor import CHILD_PORT_ENV, supervise
@@ -75,6 +76,9 @@ def _test_controls(ctx, param, value):
 @threads_option
 @device_options
 @chat_template_option
+@click.option("--embedding-model", default=None, type=click.Path(dir_okay=False),
+              help="A GGUF that answers /v1/embeddings, /api/embed and /api/embeddings (mean pooling, unit "
+                   "vectors) [default: the target, on a context of its own, made at the first request].")
 @click.option("--memory/--no-memory", default=True, show_default=True,
               help="Keep each user's earlier prompts and answers for suffix drafting (per request field `user`; "
                    "requests without one share one memory). Off: a request drafts from its own text only.")
@@ -88,9 +92,11 @@ def _test_controls(ctx, param, value):
 def serve(model, draft, no_draft, drafter, policy, draft_max, host, port, parallel, cache_slots, cache_ram,
           cache_dir, old_cache_dir, queue_size, n_ctx, prefill_chunk, api_key, model_alias, strict_model_name, threads,
           device,
-          chat_template, memory, memory_mb, memory_users, test) -> None:
-    """Serve the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models),
-    with /health and Prometheus /metrics.
+          chat_template, embedding_model, memory, memory_mb, memory_users, test) -> None:
+    """Serve the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models,
+    /v1/embeddings), with /health and Prometheus /metrics; on the same port
+    Anthropic's Messages, OpenAI's Responses, ollama's /api/* and llama-server's
+    own routes (docs/connect.md).
 
     Requests are batched continuously: every round, one target decode verifies
     the drafts of every running request, and new requests join between rounds.
@@ -129,10 +135,13 @@ def serve(model, draft, no_draft, drafter, policy, draft_max, host, port, parall
                                n_ctx=n_ctx, n_threads=threads, n_seq_max=min(parallel + cache_slots, MAX_SEQUENCES),
                                chat_template=chat_template, **device)
         decoder.target.chat_template.check()  # a template that does not compile: say so now, not per request
+        # Its own context is not used (the embedder makes one): the least it may have.
+        embedder_model = Model(embedding_model, n_ctx=256, n_threads=threads) if embedding_model else None
     app = create_app(decoder, model_name=name, parallel=parallel,
                      queue_size=4 * parallel if queue_size is None else queue_size, api_key=api_key,
                      prefill_chunk=prefill_chunk, memory_mb=memory_mb if memory else 0, memory_users=memory_users,
-                     cache_ram_mb=cache_ram, cache_dir=cache_dir, strict_model_name=strict_model_name, _test=test)
+                     cache_ram_mb=cache_ram, cache_dir=cache_dir, strict_model_name=strict_model_name,
+                     embedding_model=embedder_model, _test=test)
     if test is not None and test.breaks_output:
         click.echo(f"pyspec serve: TEST-ONLY controls {test}: output is NOT the target's", err=True)
     click.echo(f"pyspec serve: {name} ({decoder!r}) on http://{host}:{port}/v1 with {parallel} slots, "

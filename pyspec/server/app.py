@@ -41,7 +41,8 @@ from .users import UserMemories
 def create_app(decoder, *, model_name: str, parallel: int = PARALLEL, queue_size: int = 4 * PARALLEL,
                api_key: Optional[str] = None, prefill_chunk: int = PREFILL_CHUNK, memory_mb: float = DEFAULT_CAP_MB,
                memory_users: int = 8, cache_ram_mb: float = DEFAULT_CACHE_RAM_MB, cache_dir: Optional[str] = None,
-               strict_model_name: bool = False, _test: Optional[TestControls] = None) -> Starlette:
+               strict_model_name: bool = False, embedding_model=None,
+               _test: Optional[TestControls] = None) -> Starlette:
     """An ASGI app serving ``decoder`` (a Model or SpeculativeDecoder whose
     target, and draft model, hold at least ``parallel`` sequences: more keep
     more conversations cached) under ``model_name``. Caches the context gives
@@ -52,7 +53,8 @@ def create_app(decoder, *, model_name: str, parallel: int = PARALLEL, queue_size
     Memory for suffix drafting is kept per user (``memory_mb`` each, for up to
     ``memory_users`` users; 0 MB: none; server/users.py). A request naming
     another model is answered by this one (its answer names ``model_name``),
-    unless ``strict_model_name``: then it is a 404."""
+    unless ``strict_model_name``: then it is a 404. Embeddings come from
+    ``embedding_model`` (a Model; None: the target, server/doors/embeddings.py)."""
     from ..speculative import DRAFTERS, POLICIES
 
     _test = controls(_test)  # a wrong kind fails here, not when the server starts
@@ -82,7 +84,7 @@ def create_app(decoder, *, model_name: str, parallel: int = PARALLEL, queue_size
         Route("/health", h.health, methods=["GET"]),
         Route("/v1/health", h.health, methods=["GET"]),
         Route("/metrics", h.metrics_route, methods=["GET"]),
-        *doors.routes(h),
+        *doors.routes(h, embedding_model),
     ]
     app = Starlette(routes=routes, lifespan=lifespan,
                     exception_handlers={404: not_found, 405: not_found, Exception: crashed})

@@ -6,7 +6,8 @@ routes in a module of its own, over one path to the scheduler.
   stored responses for ``previous_response_id``;
 - :mod:`.ollama`: ollama's ``/api/*`` (Copilot, Zed, Continue, Open WebUI);
 - :mod:`.llama_server`: llama-server's own routes (``/completion``,
-  ``/tokenize``, ``/props`` ...).
+  ``/tokenize``, ``/props`` ...);
+- :mod:`.embeddings`: OpenAI's and ollama's embeddings, in the generating process.
 
 A dialect's request is read by its adapter in pyspec/wire/ into OpenAI's chat
 or completion body, which goes through the one intake (:meth:`Door.start`); the
@@ -154,11 +155,14 @@ def left() -> Response:
     return Response(status_code=499)
 
 
-def routes(h) -> list:
-    """Every door's routes over the server's handlers ``h``."""
+def routes(h, embedding_model=None) -> list:
+    """Every door's routes over the server's handlers ``h`` (embeddings from
+    ``embedding_model``, a Model; None: the target)."""
     from .anthropic import Messages
+    from .embeddings import Embeddings
     from .llama_server import LlamaServer
     from .ollama import Ollama
     from .responses import Responses
 
-    return [*Messages(h).routes(), *Responses(h).routes(), *Ollama(h).routes(), *LlamaServer(h).routes()]
+    return [*Messages(h).routes(), *Responses(h).routes(), *Ollama(h).routes(), *LlamaServer(h).routes(),
+            *Embeddings(h, embedding_model).routes()]
