@@ -182,6 +182,17 @@ def test_responses_stream_and_function_calls(oai):
     assert "response.function_call_arguments.delta" in events and events[-1] == "response.completed"
 
 
+def test_responses_text_format_and_store(oai):
+    schema = {"type": "object", "properties": {"fruit": {"type": "string"}}, "required": ["fruit"],
+              "additionalProperties": False}
+    r = oai.responses.create(model="x", input="Name a fruit as JSON.", max_output_tokens=24, store=False,
+                             text={"format": {"type": "json_schema", "name": "fruit", "schema": schema}}, **GREEDY)
+    if r.status == "completed":
+        assert isinstance(json.loads(r.output_text)["fruit"], str)
+    with pytest.raises(openai.NotFoundError):  # store: false keeps it out
+        oai.responses.retrieve(r.id)
+
+
 def test_an_agent_runs_a_function_tool(server):
     agents = pytest.importorskip("agents")
     calls = []
@@ -288,13 +299,24 @@ def test_llama_server_completion(server):
     assert mixed["tokens_evaluated"] == len(ids) + len(server.post("/tokenize", {"content": "def"}).json()["tokens"])
 
 
-def test_a_stream_cancelled_mid_way_frees_its_slot(server):
-    body = {"model": "x", "max_tokens": 400, "stream": True, "messages": [{"role": "user", "content": "Tell a story."}]}
-    with httpx.stream("POST", server.url("/v1/messages"), json=body, headers={"x-api-key": KEY}, timeout=60) as s:
+@pytest.mark.parametrize("path, body, mark", [
+    ("/v1/messages", {"model": "x", "max_tokens": 3000, "stream": True,
+                      "messages": [{"role": "user", "content": "Tell a long story."}]}, "content_block_delta"),
+    ("/v1/responses", {"model": "x", "max_output_tokens": 3000, "stream": True, "input": "Tell a long story."},
+     "output_text.delta"),
+    ("/api/chat", {"model": "x", "options": {"num_predict": 3000},
+                   "messages": [{"role": "user", "content": "Tell a long story."}]}, '"done": false'),
+    ("/completion", {"prompt": "Once upon a time", "n_predict": 3000, "stream": True}, '"stop": false'),
+])
+def test_a_stream_cancelled_mid_way_frees_its_slot(server, path, body, mark):
+    """A client that leaves a stream frees its slot within a few rounds (its
+    3000 tokens would hold it for minutes)."""
+    with httpx.stream("POST", server.url(path), json=body, headers=server.headers, timeout=60) as s:
+        assert s.status_code == 200
         for line in s.iter_lines():
-            if "content_block_delta" in line:
+            if mark in line:
                 break
-    assert server.wait_idle()["slots_busy"] == 0
+    assert server.wait_idle(timeout=10)["slots_busy"] == 0
 
 
 # ------------------------------------------------------------------ embeddings

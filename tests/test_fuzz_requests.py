@@ -687,7 +687,8 @@ DOORS = {"/v1/messages": ("max_tokens", "anthropic"), "/v1/messages/count_tokens
          "/v1/responses": ("max_output_tokens", "openai"), "/v1/responses/input_tokens": (None, "openai"),
          "/api/chat": ("options", "ollama"), "/api/generate": ("options", "ollama"), "/api/show": (None, "ollama"),
          "/completion": ("n_predict", "openai"), "/tokenize": (None, "openai"), "/detokenize": (None, "openai"),
-         "/apply-template": (None, "openai")}
+         "/apply-template": (None, "openai"), "/v1/embeddings": (None, "openai"), "/api/embed": (None, "ollama"),
+         "/api/embeddings": (None, "ollama")}
 _door_values = st.recursive(
     st.none() | st.booleans() | st.integers(-3, 3) | st.floats(allow_nan=False) | st.text(max_size=8),
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.sampled_from(
@@ -695,6 +696,7 @@ _door_values = st.recursive(
          "function", "tool_calls", "images", "schema", "format", "temperature", "num_predict", "stop"]), inner,
         max_size=3), max_leaves=8)
 _door_fields = ["model", "messages", "system", "input", "instructions", "tools", "tool_choice", "stream", "prompt",
+                "encoding_format", "dimensions", "truncate",
                 "suffix", "raw", "format", "options", "stop_sequences", "temperature", "top_p", "top_k", "text",
                 "previous_response_id", "content", "tokens", "with_pieces", "n_probs", "output_config", "thinking"]
 _door_messages = st.lists(st.fixed_dictionaries({"role": st.sampled_from(["user", "assistant", "system", "tool"]),
