@@ -319,6 +319,53 @@ def test_a_stream_cancelled_mid_way_frees_its_slot(server, path, body, mark):
     assert server.wait_idle(timeout=10)["slots_busy"] == 0
 
 
+def test_what_each_door_refuses(server):
+    """Bodies and keys each door refuses with a 4xx that says why, never a 500."""
+    bare = {}
+    for path in ("/props", "/slots", "/api/tags", "/api/ps", "/v1/models"):
+        assert httpx.get(server.url(path), headers=bare).status_code == 401, path
+    for path in ("/health", "/v1/health", "/api/version", "/"):
+        assert httpx.get(server.url(path), headers=bare).status_code == 200, path  # public, as llama-server's
+    odd_key = httpx.post(server.url("/v1/messages"), headers={"x-api-key": "clé".encode("latin-1")},
+                         json={"model": "x", "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}]})
+    assert odd_key.status_code == 401 and odd_key.json()["type"] == "error"
+    nan = httpx.post(server.url("/v1/responses"), headers=server.headers,
+                     content=b'{"input": "hi", "max_output_tokens": 1, "metadata": {"a": NaN}}')
+    assert nan.status_code == 400 and "NaN" in nan.json()["error"]["message"]
+    two = server.post("/completion", {"prompt": ["one", "two"], "n_predict": 1})
+    assert two.status_code == 400 and two.json()["error"]["param"] == "prompt"
+    loaded = server.post("/api/chat", {"model": "x", "messages": []}).json()
+    assert loaded["done_reason"] == "load" and loaded["message"]["content"] == ""
+
+
+def test_completion_settings_and_streamed_probabilities(server):
+    banned = server.post("/tokenize", {"content": " if"}).json()["tokens"][0]
+    r = server.post("/completion", {"prompt": "def f(n):\n   ", "n_predict": 4, "temperature": 0,
+                                    "logit_bias": [[banned, False]]})
+    assert r.status_code == 200, r.text
+    assert r.json()["generation_settings"]["logit_bias"] == [{"bias": None, "token": banned}]
+    with httpx.stream("POST", server.url("/completion"), headers=server.headers, timeout=120,
+                      json={"prompt": "def f(n):", "n_predict": 6, "temperature": 0, "n_probs": 3, "stream": True}) as s:
+        chunks = [json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: ")]
+    probs = [p for c in chunks[:-1] for p in c["completion_probabilities"]]
+    assert len(probs) == 6 and all(len(p["top_logprobs"]) == 3 for p in probs)
+    assert "".join(p["token"] for p in probs) == "".join(c["content"] for c in chunks)
+
+
+def test_the_response_store_keeps_a_byte_budget():
+    from pyspec.server.doors.responses import ResponseStore, Stored
+
+    store = ResponseStore(cap=100, cap_bytes=10_000)
+    for i in range(50):
+        store.put(f"r{i}", Stored({"id": f"r{i}"}, [{"role": "user", "content": "x" * 1000}]))
+    assert store.bytes <= 10_000 and len(store._items) < 50
+    store.get("r49")
+    with pytest.raises(Exception, match="not found"):
+        store.get("r0")  # the oldest went first
+    store.delete("r49")
+    assert store.bytes == sum(size for _, size in store._items.values())
+
+
 # ------------------------------------------------------------------ embeddings
 
 def _cosine(a, b) -> float:

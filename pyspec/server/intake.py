@@ -33,7 +33,17 @@ def authorized(request: Request, api_key: Optional[str]) -> bool:
     if api_key is None:
         return True
     given = request.headers.get("authorization", "")
-    return given.startswith("Bearer ") and hmac.compare_digest(given[7:].strip(), api_key)
+    return given.startswith("Bearer ") and same_key(given[7:].strip(), api_key)
+
+
+def same_key(given: str, api_key: str) -> bool:
+    """A constant-time comparison of a header's key (latin-1, as HTTP decodes
+    it: any character, which compare_digest's str form refuses) with ours."""
+    return hmac.compare_digest(given.encode("latin-1", errors="replace"), api_key.encode("utf-8"))
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
 
 
 async def read_body(request: Request) -> Any:
@@ -52,7 +62,7 @@ async def read_body(request: Request) -> Any:
     except ClientDisconnect:  # gone before its body arrived: counted as a client that left
         raise APIError(499, "the client left before its request body arrived") from None
     try:
-        body = json.loads(raw)
+        body = json.loads(raw, parse_constant=_no_constant)  # NaN, Infinity: Python's, not JSON
     except ValueError as e:  # UnicodeDecodeError (not UTF-8) is one
         raise APIError(400, f"the request body is not valid JSON: {e}") from None
     except RecursionError:

@@ -51,6 +51,8 @@ class Turn:
         self.parser = CallParser(tool_format, tool_names) if tool_format else None
         self.stops = list(stops)
         self.n_prompt = len(job.prompts[0])
+        self.ended = False  # the answer's end arrived (else: the client left, or it is still coming)
+        self.delta: Tuple[List[int], List[Any]] = ([], [])  # the last delta's tokens and logprobs
         clock.choices(1)
 
     async def parts(self, request: Request, watch: bool) -> AsyncIterator[Part]:
@@ -64,6 +66,7 @@ class Turn:
                 tokens += event[3]
                 logprobs += event[4] or []
                 text += event[2]
+                self.delta = (event[3], event[4] or [])
                 if self.parser is None:
                     if event[2]:
                         yield "text", event[2]
@@ -76,6 +79,7 @@ class Turn:
                     for kind, value in self.parser.finish():
                         yield ("text" if kind == "content" else "call"), value
                 finish = FINISH_REASON[result.stop_reason]
+                self.ended = True
                 yield "end", TurnEnd(result, finish, self._stop_word(result, text), self.n_prompt,
                                      result.stats.n_cached_tokens, len(tokens),
                                      self.parser.n_calls if self.parser else 0, tokens, logprobs)

@@ -140,20 +140,21 @@ _COMPLETION_NEUTRAL = {"ignore_eos": (False, None), "mirostat": (0, None), "lora
 
 def completion_prompt(value: Any, tokenize) -> Any:
     """/completion's ``prompt``: a string, token ids, or one list mixing
-    strings and ids (the strings tokenized, without BOS, in place); several
-    prompts in one request are refused."""
+    strings and ids (each string tokenized in place, the first element with
+    the model's BOS when it is a string, as llama-server's tokenize_mixed);
+    several prompts in one request (a list of strings or of lists) are
+    refused. ``tokenize(text, add_special)``."""
     if isinstance(value, str):
         return value
-    if isinstance(value, list) and value and all(isinstance(x, (str, int)) and not isinstance(x, bool)
-                                                 for x in value):
-        if all(isinstance(x, int) for x in value):
-            return list(value)
-        out: List[int] = []
-        for x in value:
-            out += tokenize(x) if isinstance(x, str) else [x]
-        return out
-    if isinstance(value, list) and len(value) == 1:
+    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], (str, list)):
         return completion_prompt(value[0], tokenize)
+    items_ok = isinstance(value, list) and value and all(isinstance(x, (str, int)) and not isinstance(x, bool)
+                                                         for x in value)
+    if items_ok and any(isinstance(x, int) for x in value):
+        out: List[int] = []
+        for i, x in enumerate(value):
+            out += tokenize(x, i == 0) if isinstance(x, str) else [x]
+        return out
     raise APIError(400, "'prompt' must be a string, token ids, or a list mixing strings and token ids (one "
                         "prompt per /completion request)", param="prompt")
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import time
 from datetime import datetime, timezone
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from ..server.api_error import APIError
 from . import fields
@@ -67,7 +67,7 @@ def _options(body: Dict[str, Any], out: Dict[str, Any]) -> None:
         elif name not in _SAMPLING and name not in _RUNTIME and name != "num_predict":
             raise APIError(400, f"unknown option '{name}'", param=f"options.{name}")
     fields.integer(options, "num_ctx", 1)
-    out.update({k: v for k, v in DEFAULTS.items()})
+    out.update(DEFAULTS)
     out.update({k: options[k] for k in _SAMPLING if options.get(k) is not None})
     n = fields.integer(options, "num_predict", -2)
     if n is not None:
@@ -131,16 +131,18 @@ def chat_body(body: Any) -> Dict[str, Any]:
     return chat
 
 
-def generate_body(body: Any) -> Optional[Dict[str, Any]]:
-    """The OpenAI body of an ``/api/generate`` body, and its kind: a chat turn,
-    a raw completion, or a fill-in-the-middle completion (``suffix``); None for
-    a request with no prompt (ollama loads the model then)."""
+def generate_body(body: Any) -> Optional[Tuple[str, Dict[str, Any]]]:
+    """The kind ("chat" or "completion") and OpenAI body of an ``/api/generate``
+    body: a chat turn, a raw completion, or a fill-in-the-middle completion
+    (``suffix``); None for a request with no prompt (ollama loads the model then)."""
     _check(body, _GENERATE_FIELDS)
     _no_images(body, "images")
-    for name in ("template", "context"):
-        if body.get(name):
-            raise APIError(400, f"'{name}' is not supported: pyspec renders the GGUF's own chat template "
-                                f"(give 'raw': true for a prompt of your own)", param=name)
+    if body.get("template"):
+        raise APIError(400, "'template' is not supported: pyspec renders the GGUF's own chat template (give "
+                            "'raw': true for a prompt of your own)", param="template")
+    if body.get("context"):  # ollama's deprecated way to continue; pyspec's answers do not return one
+        raise APIError(400, "'context' is not supported: send the conversation to /api/chat (its prompt cache "
+                            "prefills only the new turn)", param="context")
     prompt, suffix, system = body.get("prompt") or "", body.get("suffix") or "", body.get("system")
     for name, v in (("prompt", prompt), ("suffix", suffix), ("system", system)):
         if v is not None and not isinstance(v, str):
@@ -148,20 +150,22 @@ def generate_body(body: Any) -> Optional[Dict[str, Any]]:
     if not prompt and not suffix:
         return None
     out: Dict[str, Any] = {"model": body.get("model")}
+    kind = "completion"
     if suffix:
-        out.update(kind="completion", prompt=prompt, suffix=suffix)
+        out.update(prompt=prompt, suffix=suffix)
     elif fields.flag(body, "raw", False):
-        out.update(kind="completion", prompt=prompt)
+        out.update(prompt=prompt)
     else:
-        turn = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
-        out.update(kind="chat", messages=turn)
+        kind = "chat"
+        out["messages"] = ([{"role": "system", "content": system}] if system else []) + \
+            [{"role": "user", "content": prompt}]
     fmt = _format(body.get("format"))
     if fmt is not None:
         out["response_format"] = fmt
     _options(body, out)
-    if out["kind"] == "completion" and "n_predict" not in out:
-        out["n_predict"] = -1  # ollama's default: no limit
-    return out
+    if kind == "completion" and "n_predict" not in out:
+        out["n_predict"] = -1  # ollama's default: no limit (a completion's would be OpenAI's 16)
+    return kind, out
 
 
 # ------------------------------------------------------------------ answers

@@ -264,6 +264,7 @@ class Stream:
         self.output: List[Dict[str, Any]] = []
         self.msg: Optional[Dict[str, Any]] = None  # the open message item
         self.text = ""
+        self.final: Optional[Dict[str, Any]] = None  # the whole Response, once ended
 
     def event(self, kind: str, **data: Any) -> Tuple[str, Dict[str, Any]]:
         self.seq += 1
@@ -316,6 +317,10 @@ class Stream:
         yield self.event("response.output_item.done", output_index=index, item=item)
         self.output.append(item)
 
+    def error(self, e: APIError) -> Dict[str, Any]:
+        """The error event a stream ends with when the answer fails midway."""
+        return self.event("error", code=e.code or e.type, message=e.message, param=e.param)[1]
+
     def end(self, finish: str, use: Dict[str, Any]) -> Iterator[Tuple[str, Dict[str, Any]]]:
         yield from self._close()
         status = status_of(finish)
@@ -324,9 +329,6 @@ class Stream:
                          response=self.final)
 
 
-def error_event(e: APIError, seq: int) -> Dict[str, Any]:
-    return {"type": "error", "sequence_number": seq, "code": e.code or e.type, "message": e.message,
-            "param": e.param}
 
 
 def as_chat_messages(text: str, calls: List[Any]) -> List[Dict[str, Any]]:

@@ -27,7 +27,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from ..answer import http_error
 from ..api_error import APIError
 from ...wire import openai as protocol
-from ..intake import authorized, prompt_tokens, read_body
+from ..intake import authorized, prompt_tokens, read_body, same_key
 from ..jobs import Job, SchedulerError
 from ..turn import Turn
 
@@ -67,9 +67,7 @@ class Door:
         key = self.h.api_key
         if key is None or authorized(request, key):
             return
-        import hmac
-
-        if hmac.compare_digest(request.headers.get("x-api-key", ""), key):
+        if same_key(request.headers.get("x-api-key", ""), key):
             return
         raise APIError(401, "a valid API key is required (Authorization: Bearer ... or x-api-key)",
                        type="authentication_error", code="invalid_api_key")
@@ -115,18 +113,26 @@ class Door:
     def done(self, status: int = 200) -> None:
         self.h.metrics.request_done(status)
 
-    async def counted(self, chunks: AsyncIterator[Any]) -> AsyncIterator[Any]:
-        """A stream's chunks, its outcome counted: 200 at its end, 499 when the
-        client leaves (the stream is cancelled), the status of an error it
-        ends with (the dialect writes that error as its last chunk)."""
+    def answered(self, obj: Any) -> JSONResponse:
+        """A POST route's answer, counted as a 200 (its refusals are counted by :meth:`refuse`)."""
+        out = JSONResponse(obj)
+        self.done()
+        return out
+
+    async def counted(self, chunks: AsyncIterator[Any], turn: Turn,
+                      error: Optional[Callable[[APIError], Any]] = None) -> AsyncIterator[Any]:
+        """A stream's chunks, its outcome counted: 200 once ``turn`` ended, 499
+        when the client left (the stream is cancelled, or the turn noticed it
+        first), the status of an error it ends with, which ``error`` (default:
+        :meth:`stream_error`) writes as its last chunk."""
         outcome = 499
         try:
             async for chunk in chunks:
                 yield chunk
-            outcome = 200
+            outcome = 200 if turn.ended else 499
         except APIError as e:
             outcome = e.status
-            yield self.stream_error(e)
+            yield (error or self.stream_error)(e)
         finally:
             self.done(outcome)
 

@@ -34,7 +34,8 @@ class Messages(Door):
             return self.refuse(e)
         model, msg_id = self.h.model_name, wire.new_id()
         if parsed.stream:
-            return EventSourceResponse(self.counted(self._events(request, turn, model, msg_id)), ping=15, sep="\n")
+            return EventSourceResponse(self.counted(self._events(request, turn, model, msg_id), turn), ping=15,
+                                       sep="\n")
         try:
             whole = await turn.whole(request)
         except APIError as e:
@@ -71,4 +72,5 @@ class Messages(Door):
             tokens = self.prompt(chat, wire.PARAMS)
         except APIError as e:
             return self.refuse(e)
+        self.done()
         return JSONResponse({"input_tokens": len(tokens)})

@@ -1,11 +1,13 @@
 """Embeddings in the generating process: OpenAI's ``POST /v1/embeddings``
-(and llama-server's ``/embeddings``), ollama's ``/api/embed`` and
+ollama's ``/api/embed`` and
 ``/api/embeddings``. Computed by pyspec's core (pyspec/embedding.py) on a
 context of their own over the served target (mean pooling, unit vectors, as
 llama-server computes them with ``--embeddings --pooling mean``), or over
 ``pyspec serve --embedding-model FILE``; made on the first request, so that a
 server nobody asks for embeddings pays nothing for them. They run on executor
-threads while the scheduler's generations run on theirs. Wire shapes:
+thread of their own (one at a time: a long request does not hold up the
+executor the intake compiles grammars on) while the scheduler's generations
+run on theirs. Wire shapes:
 pyspec/wire/embeddings.py.
 """
 
@@ -14,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, List
 
 from starlette.requests import Request
@@ -31,26 +34,30 @@ class Embeddings(Door):
         self.embedding_model = embedding_model
         self._embedder = None
         self._lock = threading.Lock()
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="pyspec-embed")
 
     def routes(self) -> List[Route]:
         return [Route("/v1/embeddings", self.openai, methods=["POST"]),
-                Route("/embeddings", self.openai, methods=["POST"]),
                 Route("/api/embed", self.ollama_embed, methods=["POST"]),
                 Route("/api/embeddings", self.ollama_embeddings, methods=["POST"])]
 
     def embedder(self):
-        """The embedder, made on first use (an executor thread's work)."""
+        """The embedder, made on first use (on the embedding thread); a 500
+        that says why when llama.cpp cannot make its context."""
         with self._lock:
             if self._embedder is None:
                 from ...embedding import Embedder
 
-                # Unpacked: a request's vectors are each input's alone, bit for bit (pyspec/embedding.py).
-                self._embedder = Embedder(self.embedding_model or self.target, pack=False)
+                try:
+                    # Unpacked: a request's vectors are each input's alone, bit for bit (pyspec/embedding.py).
+                    self._embedder = Embedder(self.embedding_model or self.target, pack=False)
+                except (RuntimeError, ValueError, MemoryError) as e:
+                    raise APIError(500, f"cannot make the embedding context: {e}", type="server_error") from None
             return self._embedder
 
     async def _run(self, work: Callable[[Any], Any]) -> Any:
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(None, lambda: work(self.embedder()))
+        return await loop.run_in_executor(self._thread, lambda: work(self.embedder()))
 
     async def _n_embd(self) -> int:
         return await self._run(lambda e: e.n_embd)

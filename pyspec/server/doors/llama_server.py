@@ -8,6 +8,7 @@ pyspec/wire/llama_server.py."""
 from __future__ import annotations
 
 import json
+import math
 from typing import Any, Dict, List
 
 from sse_starlette.sse import EventSourceResponse
@@ -38,7 +39,9 @@ def generation_settings(sampling, *, n_predict: int, seed: int, stop: List[str],
             "top_p": sampling.top_p, "min_p": sampling.min_p, "repeat_penalty": sampling.repeat_penalty,
             "repeat_last_n": sampling.penalty_last_n, "presence_penalty": sampling.presence_penalty,
             "frequency_penalty": sampling.frequency_penalty,
-            "logit_bias": [[t, b] for t, b in sampling.logit_bias], "n_probs": n_probs, "stop": list(stop),
+            # llama-server's form; a forbidden token's -inf (no JSON for it) as null
+            "logit_bias": [{"bias": b if math.isfinite(b) else None, "token": t} for t, b in sampling.logit_bias],
+            "n_probs": n_probs, "stop": list(stop),
             "samplers": list(samplers), "ignore_eos": False, "n_keep": 0, "max_tokens": n_predict, "stream": stream}
 
 
@@ -63,8 +66,8 @@ class LlamaServer(Door):
     async def completion(self, request: Request) -> Response:
         try:
             body = await self.body(request)
-            tokenize = lambda text: self.target.tokenize(text, add_special=False, parse_special=True)  # noqa: E731
-            converted = wire.completion_body(body, tokenize)
+            converted = wire.completion_body(
+                body, lambda text, first: self.target.tokenize(text, add_special=first, parse_special=True))
             parsed, turn = await self.start(converted, "completion", {}, "completion")
         except APIError as e:
             return self.refuse(e)
@@ -76,7 +79,7 @@ class LlamaServer(Door):
                        seed=SEED_FRESH if st.seed is None else st.seed, stop=st.stop, n_probs=st.logprobs or 0,
                        samplers=converted["samplers"], stream=parsed.stream)}
         if parsed.stream:
-            return EventSourceResponse(self.counted(self._chunks(request, turn, context)), ping=15, sep="\n")
+            return EventSourceResponse(self.counted(self._chunks(request, turn, context), turn), ping=15, sep="\n")
         try:
             whole = await turn.whole(request)
         except APIError as e:
@@ -85,11 +88,12 @@ class LlamaServer(Door):
             self.done(499)
             return left()
         text, _, end = whole
-        self.done()
         out = self._final(turn, end, text, context)
         if context["n_probs"]:
             out["completion_probabilities"] = self._probs(end.logprobs, end.tokens)
-        return JSONResponse(llama_fields.pick(out, context["fields"]))
+        answer = JSONResponse(llama_fields.pick(out, context["fields"]))
+        self.done()
+        return answer
 
     def _final(self, turn, end, text: str, context) -> Dict[str, Any]:
         return {"index": 0, "content": text, "tokens": end.tokens if context["return_tokens"] else [], "id_slot": -1,
@@ -104,9 +108,12 @@ class LlamaServer(Door):
         async for kind, value in turn.parts(request, watch=False):
             if kind == "end":
                 yield {"data": _dumps(llama_fields.pick(self._final(turn, value, "", context), context["fields"]))}
-            else:
-                yield {"data": _dumps({"index": 0, "content": value, "tokens": [], "stop": False, "id_slot": -1,
-                                       "tokens_evaluated": turn.n_prompt})}
+            else:  # no tools here: each text part is one delta of the engine's (turn.delta)
+                chunk = {"index": 0, "content": value, "tokens": [], "stop": False, "id_slot": -1,
+                         "tokens_evaluated": turn.n_prompt}
+                if context["n_probs"]:
+                    chunk["completion_probabilities"] = self._probs(turn.delta[1], turn.delta[0])
+                yield {"data": _dumps(chunk)}
 
     async def tokenize(self, request: Request) -> Response:
         """``content`` as token ids (``add_special`` false and ``parse_special``
@@ -122,7 +129,7 @@ class LlamaServer(Door):
         except APIError as e:
             return self.refuse(e)
         if not with_pieces:
-            return JSONResponse({"tokens": tokens})
+            return self.answered({"tokens": tokens})
         out = []
         for t in tokens:
             b = self.target.native.token_to_piece(t, True)
@@ -131,7 +138,7 @@ class LlamaServer(Door):
             except UnicodeDecodeError:  # part of a character: its bytes, as llama-server gives them
                 piece = list(b)
             out.append({"id": t, "piece": piece})
-        return JSONResponse({"tokens": out})
+        return self.answered({"tokens": out})
 
     async def detokenize(self, request: Request) -> Response:
         try:
@@ -143,7 +150,7 @@ class LlamaServer(Door):
                                param="tokens")
         except APIError as e:
             return self.refuse(e)
-        return JSONResponse({"content": self.target.detokenize(tokens, special=True)})
+        return self.answered({"content": self.target.detokenize(tokens, special=True)})
 
     async def apply_template(self, request: Request) -> Response:
         """The text a chat request's prompt is: the template's rendering of its
@@ -163,9 +170,13 @@ class LlamaServer(Door):
             return self.refuse(renamed(e, {}))
         except (ValueError, RuntimeError) as e:
             return self.refuse(APIError(400, f"cannot build the prompt: {e}", param="messages"))
-        return JSONResponse({"prompt": text})
+        return self.answered({"prompt": text})
 
     async def props(self, request: Request) -> Response:
+        try:
+            self.check_key(request)  # it shows the model's path and template: as /v1/models, behind the key
+        except APIError as e:
+            return self.refuse(e)
         target, h = self.target, self.h
         params = generation_settings(llama_fields.DEFAULTS, n_predict=-1, seed=SEED_FRESH, stop=[], n_probs=0,
                                      samplers=llama_fields.DEFAULT_CHAIN)
@@ -183,6 +194,10 @@ class LlamaServer(Door):
             "build_info": f"pyspec {__version__}", "is_sleeping": False})
 
     async def slots(self, request: Request) -> Response:
+        try:
+            self.check_key(request)
+        except APIError as e:
+            return self.refuse(e)
         s, n_ctx = self.h.scheduler, self.target.n_ctx
         busy = s.busy_slots if s is not None else 0
         return JSONResponse([{"id": i, "n_ctx": n_ctx, "is_processing": i < busy} for i in range(self.h.parallel)])

@@ -50,9 +50,17 @@ class Ollama(Door):
                 "size": os.path.getsize(target.path), "digest": "", "details": wire.details(target)}
 
     async def tags(self, request: Request) -> Response:
+        try:
+            self.check_key(request)  # as /v1/models: the model's name and file behind the key
+        except APIError as e:
+            return self.refuse(e)
         return JSONResponse({"models": [self._model()]})
 
     async def ps(self, request: Request) -> Response:
+        try:
+            self.check_key(request)
+        except APIError as e:
+            return self.refuse(e)
         return JSONResponse({"models": [{**self._model(), "expires_at": "2999-01-01T00:00:00Z", "size_vram": 0,
                                          "context_length": self.target.n_ctx}]})
 
@@ -72,7 +80,7 @@ class Ollama(Door):
         arch = details["family"]
         info = {"general.architecture": arch, f"{arch}.context_length": target.n_ctx,
                 "general.parameter_count": target.native.n_params}
-        return JSONResponse({"license": "", "modelfile": f"FROM {target.path}\n", "parameters": "",
+        return self.answered({"license": "", "modelfile": f"FROM {target.path}\n", "parameters": "",
                              "template": target.chat_template.source or "", "details": details, "model_info": info,
                              "capabilities": capabilities, "modified_at": wire.created_at()})
 
@@ -83,7 +91,10 @@ class Ollama(Door):
     async def chat(self, request: Request) -> Response:
         arrival = time.monotonic()
         try:
-            chat = wire.chat_body(await self.body(request))
+            body = await self.body(request)
+            if isinstance(body, dict) and body.get("messages") == []:  # ollama's way of loading a model
+                return self._loaded(chat=True)
+            chat = wire.chat_body(body)
             parsed, turn = await self.start(chat, "chat", wire.PARAMS, "ollama_chat")
         except APIError as e:
             return self.refuse(e)
@@ -92,15 +103,17 @@ class Ollama(Door):
     async def generate(self, request: Request) -> Response:
         arrival = time.monotonic()
         try:
-            body = wire.generate_body(await self.body(request))
-            if body is None:  # ollama's way of loading a model: it is loaded
-                return JSONResponse({"model": self.h.model_name, "created_at": wire.created_at(), "response": "",
-                                     "done": True, "done_reason": "load"})
-            kind = body.pop("kind")
+            read = wire.generate_body(await self.body(request))
+            if read is None:  # ollama's way of loading a model: it is loaded
+                return self._loaded(chat=False)
+            kind, body = read
             parsed, turn = await self.start(body, kind, wire.PARAMS, "ollama_generate")
         except APIError as e:
             return self.refuse(e)
         return await self._answer(request, parsed, turn, arrival, chat=False)
+
+    def _loaded(self, chat: bool) -> Response:
+        return JSONResponse({**self._piece(chat), "done": True, "done_reason": "load"})
 
     def _piece(self, chat: bool, text: str = "", calls=None) -> Dict[str, Any]:
         out: Dict[str, Any] = {"model": self.h.model_name, "created_at": wire.created_at()}
@@ -115,7 +128,7 @@ class Ollama(Door):
 
     async def _answer(self, request: Request, parsed, turn, arrival: float, chat: bool) -> Response:
         if parsed.stream:
-            return ndjson(self.counted(self._lines(request, turn, arrival, chat)))
+            return ndjson(self.counted(self._lines(request, turn, arrival, chat), turn))
         try:
             whole = await turn.whole(request)
         except APIError as e:
@@ -125,8 +138,6 @@ class Ollama(Door):
             return left()
         text, calls, end = whole
         out = {**self._piece(chat, text, calls), **wire.figures(end, arrival)}
-        if not chat:
-            out["context"] = list(turn.job.prompts[0]) + end.tokens
         self.done()
         return JSONResponse(out)
 

@@ -11,9 +11,10 @@ only the new items are prefilled (usage's ``cached_tokens`` shows it).
 
 from __future__ import annotations
 
+import json
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from sse_starlette.sse import EventSourceResponse
 from starlette.requests import Request
@@ -24,8 +25,9 @@ from ...wire import openai_responses as wire
 from ..api_error import APIError
 from . import Door, left, sse_event
 
-#: Stored responses kept (the oldest go first).
+#: Stored responses kept, and the bytes of their JSON (the oldest go first past either).
 MAX_STORED = 1024
+MAX_STORED_BYTES = 64 << 20
 
 
 @dataclass
@@ -33,29 +35,35 @@ class Stored:
     response: Dict[str, Any]
     messages: List[Dict[str, Any]] = field(default_factory=list)  # its conversation, without instructions
 
+    @property
+    def size(self) -> int:
+        return len(json.dumps(self.response)) + len(json.dumps(self.messages))
+
 
 class ResponseStore:
     """Responses kept for GET and for chaining, newest last, at most ``cap``."""
 
-    def __init__(self, cap: int = MAX_STORED) -> None:
-        self.cap = cap
-        self._items: "OrderedDict[str, Stored]" = OrderedDict()
+    def __init__(self, cap: int = MAX_STORED, cap_bytes: int = MAX_STORED_BYTES) -> None:
+        self.cap, self.cap_bytes = cap, cap_bytes
+        self._items: "OrderedDict[str, Tuple[Stored, int]]" = OrderedDict()
+        self.bytes = 0
 
     def put(self, resp_id: str, stored: Stored) -> None:
-        self._items[resp_id] = stored
-        self._items.move_to_end(resp_id)
-        while len(self._items) > self.cap:
-            self._items.popitem(last=False)
+        size = stored.size
+        self._items[resp_id] = (stored, size)
+        self.bytes += size
+        while len(self._items) > self.cap or (self.bytes > self.cap_bytes and len(self._items) > 1):
+            self.bytes -= self._items.popitem(last=False)[1][1]
 
     def get(self, resp_id: str, param: Optional[str] = None) -> Stored:
-        stored = self._items.get(resp_id)
-        if stored is None:
+        item = self._items.get(resp_id)
+        if item is None:
             raise APIError(404, f"Response with id '{resp_id}' not found.", param=param, code="not_found")
-        return stored
+        return item[0]
 
     def delete(self, resp_id: str) -> None:
         self.get(resp_id)
-        del self._items[resp_id]
+        self.bytes -= self._items.pop(resp_id)[1]
 
 
 class Responses(Door):
@@ -68,9 +76,6 @@ class Responses(Door):
                 Route("/v1/responses/input_tokens", self.input_tokens, methods=["POST"]),
                 Route("/v1/responses/{resp_id}", self.read, methods=["GET"]),
                 Route("/v1/responses/{resp_id}", self.delete, methods=["DELETE"])]
-
-    def stream_error(self, e: APIError):
-        return sse_event("error", wire.error_event(e, 0))
 
     def history(self, body: Dict[str, Any]) -> List[Dict[str, Any]]:
         prev = body.get("previous_response_id")
@@ -92,7 +97,9 @@ class Responses(Door):
         said = history + wire.input_messages(body["input"])
         resp_id, model = wire.new_id(), self.h.model_name
         if parsed.stream:
-            return EventSourceResponse(self.counted(self._events(request, turn, resp_id, model, body, said)),
+            stream = wire.Stream(resp_id, model, body)
+            return EventSourceResponse(self.counted(self._events(request, turn, stream, body, said), turn,
+                                                    error=lambda e: sse_event("error", stream.error(e))),
                                        ping=15, sep="\n")
         try:
             whole = await turn.whole(request)
@@ -112,8 +119,7 @@ class Responses(Door):
         if body.get("store", True) is not False:
             self.store.put(out["id"], Stored(out, said + wire.as_chat_messages(text, calls)))
 
-    async def _events(self, request: Request, turn, resp_id: str, model: str, body, said):
-        stream = wire.Stream(resp_id, model, body)
+    async def _events(self, request: Request, turn, stream: "wire.Stream", body, said):
         text, calls = "", []
         for kind, data in stream.start():
             yield sse_event(kind, data)
@@ -128,15 +134,17 @@ class Responses(Door):
                 events = stream.end(value.finish, wire.usage(value.n_prompt, value.n_cached, value.n_out))
             for k, data in events:
                 yield sse_event(k, data)
-        if getattr(stream, "final", None) is not None:
+        if stream.final is not None:
             self._keep(body, stream.final, said, text, calls)
 
     async def read(self, request: Request) -> Response:
         try:
             self.check_key(request)
-            return JSONResponse(self.store.get(request.path_params["resp_id"]).response)
+            stored = self.store.get(request.path_params["resp_id"])
         except APIError as e:
             return self.refuse(e)
+        self.done()
+        return JSONResponse(stored.response)
 
     async def delete(self, request: Request) -> Response:
         resp_id = request.path_params["resp_id"]
@@ -145,6 +153,7 @@ class Responses(Door):
             self.store.delete(resp_id)
         except APIError as e:
             return self.refuse(e)
+        self.done()
         return JSONResponse({"id": resp_id, "object": "response", "deleted": True})
 
     async def input_tokens(self, request: Request) -> Response:
@@ -154,4 +163,5 @@ class Responses(Door):
             tokens = self.prompt(wire.to_chat(body, self.history(body), counting=True), wire.PARAMS)
         except APIError as e:
             return self.refuse(e)
+        self.done()
         return JSONResponse({"object": "response.input_tokens", "input_tokens": len(tokens)})
