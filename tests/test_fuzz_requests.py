@@ -704,6 +704,27 @@ _door_messages = st.lists(st.fixed_dictionaries({"role": st.sampled_from(["user"
                           max_size=3)
 
 
+#: A valid body of each door, which the fuzz also mutates (its fields replaced by fuzzed ones), so that
+#: it reaches the engine and the answers' writers, not only the readers' refusals.
+_USER = [{"role": "user", "content": "Hi"}]
+DOOR_BODIES = {
+    "/v1/messages": {"model": "x", "messages": _USER, "stream": True},
+    "/v1/messages/count_tokens": {"model": "x", "messages": _USER, "system": "Be brief."},
+    "/v1/responses": {"model": "x", "input": "Hi", "instructions": "Be brief."},
+    "/v1/responses/input_tokens": {"model": "x", "input": "Hi"},
+    "/api/chat": {"model": "x", "messages": _USER, "stream": False},
+    "/api/generate": {"model": "x", "prompt": "Hi", "system": "Be brief.", "stream": True},
+    "/api/show": {"model": "x"},
+    "/completion": {"prompt": "Hi", "n_probs": 2},
+    "/tokenize": {"content": "Hi <bos>", "with_pieces": True},
+    "/detokenize": {"tokens": [1, 2, 3]},
+    "/apply-template": {"messages": _USER},
+    "/v1/embeddings": {"model": "x", "input": [[1, 2], [3]], "encoding_format": "base64"},
+    "/api/embed": {"model": "x", "input": "Hi"},
+    "/api/embeddings": {"model": "x", "prompt": "Hi"},
+}
+
+
 def _capped(path: str, body: Dict[str, Any]) -> Dict[str, Any]:
     cap = DOORS[path][0]
     if cap == "options":
@@ -729,21 +750,27 @@ def test_fuzzed_doors(live, statuses):
     @fuzz_settings("doors")
     @given(st.sampled_from(sorted(DOORS)),
            st.dictionaries(st.sampled_from(_door_fields), _door_values, max_size=5),
-           st.one_of(st.none(), _door_messages), raw_bodies | st.none())
-    def run(path, body, messages, raw):
+           st.one_of(st.none(), _door_messages), raw_bodies | st.none(), st.booleans())
+    def run(path, body, messages, raw, on_valid):
+        if on_valid:  # the fuzzed fields over the route's valid body
+            body = {**DOOR_BODIES[path], **body}
         if messages is not None:
             body = {**body, "messages": messages}
         data = raw if raw is not None else json.dumps(_capped(path, body)).encode()
         status, _, obj, lines = exchange(live, "POST", path, data)
         where = f"POST {path} {data[:400]!r}"
-        assert status < 500, (where, status, obj, live.server.output()[-2000:])
+        # 501: a FIM request (a suffix) to this model, which has no FIM tokens (as llama-server answers)
+        assert status < 500 or status == 501, (where, status, obj, live.server.output()[-2000:])
         if status >= 400:
             _door_error(DOORS[path][1], status, obj, where)
         seen[status] = seen.get(status, 0) + 1
         live.alive()
 
+    for path in sorted(DOORS):  # each route's valid body, as it is, is answered
+        status, _, obj, _ = exchange(live, "POST", path, json.dumps(_capped(path, DOOR_BODIES[path])).encode())
+        assert status == 200, (path, status, obj)
     run()
-    assert seen.get(200, 0) >= 1 and sum(v for k, v in seen.items() if 400 <= k < 500) >= 10, seen
+    assert sum(v for k, v in seen.items() if 400 <= k < 500) >= 10, seen  # the fuzz reached the readers' refusals
 
 
 def test_garbage_http_leaves_the_server_up(live):

@@ -117,27 +117,6 @@ def _message(i: int, m: Any) -> List[Dict[str, Any]]:
     return out
 
 
-def _tools(value: Any) -> Optional[List[Dict[str, Any]]]:
-    if value is None:
-        return None
-    if not isinstance(value, list):
-        raise fields.type_error("tools", "a list of tools")
-    out = []
-    for i, t in enumerate(value):
-        if not isinstance(t, dict):
-            raise APIError(400, f"tools[{i}] must be an object", param="tools")
-        if t.get("type") not in (None, "custom"):
-            continue  # a server tool (web search, code execution ...): Anthropic's to run, not a model's call
-        schema = t.get("input_schema", {"type": "object"})
-        if not isinstance(schema, dict):
-            raise APIError(400, f"tools[{i}].input_schema must be a JSON schema object", param="tools")
-        # name, description, parameters: the order llama-server's conversion writes them (templates print tojson)
-        fn = {"name": t.get("name"), **({"description": t["description"]} if t.get("description") is not None
-                                        else {}), "parameters": schema}
-        out.append({"type": "function", "function": fn})
-    return out or None
-
-
 def _tool_choice(value: Any, body: Dict[str, Any]) -> None:
     if value is None:
         return
@@ -173,7 +152,8 @@ def to_chat(body: Any, *, counting: bool = False) -> Dict[str, Any]:
     chat: Dict[str, Any] = {"messages": messages}
     if body.get("model") is not None:
         chat["model"] = body["model"]
-    tools = _tools(body.get("tools"))
+    # A server tool (a type other than custom: web search, code execution ...) is Anthropic's to run.
+    tools = fields.function_tools(body.get("tools"), lambda t: t.get("type") in (None, "custom"), "input_schema")
     if tools:
         chat["tools"] = tools
         _tool_choice(body.get("tool_choice"), chat)

@@ -111,3 +111,28 @@ def fim_prompt(build) -> "fim.InfillPrompt":
         raise APIError(501, str(e), type="not_supported_error") from None
     except request.RequestError as e:
         raise APIError(400, str(e), param=e.param) from None
+
+
+def function_tools(value: Any, keep, schema_key: str) -> Optional[list]:
+    """A dialect's ``tools`` as OpenAI's function tools: those ``keep(tool)``
+    says the model calls (the rest, tools the provider runs itself, are
+    skipped, as llama-server skips them), each with its schema under
+    ``schema_key``; keys in llama-server's order (name, description,
+    parameters), as templates print them with tojson. None for none."""
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise type_error("tools", "a list of tools")
+    out = []
+    for i, t in enumerate(value):
+        if not isinstance(t, dict):
+            raise APIError(400, f"tools[{i}] must be an object", param="tools")
+        if not keep(t):
+            continue
+        schema = t.get(schema_key) or {"type": "object", "properties": {}}
+        if not isinstance(schema, dict):
+            raise APIError(400, f"tools[{i}].{schema_key} must be a JSON schema object", param="tools")
+        fn = {"name": t.get("name"), **({"description": t["description"]} if t.get("description") is not None
+                                        else {}), "parameters": schema}
+        out.append({"type": "function", "function": fn})
+    return out or None

@@ -104,25 +104,6 @@ def input_messages(value: Any) -> List[Dict[str, Any]]:
     return out
 
 
-def _tools(value: Any) -> Optional[List[Dict[str, Any]]]:
-    if value is None:
-        return None
-    if not isinstance(value, list):
-        raise fields.type_error("tools", "a list of tools")
-    out = []
-    for i, t in enumerate(value):
-        if not isinstance(t, dict):
-            raise APIError(400, f"tools[{i}] must be an object", param="tools")
-        if t.get("type") != "function":
-            continue  # a hosted tool (web search, file search, computer use ...): OpenAI's to run
-        # name, description, parameters: the order llama-server's conversion writes them (templates print tojson)
-        fn = {"name": t.get("name"), **({"description": t["description"]} if t.get("description") is not None
-                                        else {}), "parameters": t.get("parameters") or {"type": "object",
-                                                                                        "properties": {}}}
-        out.append({"type": "function", "function": fn})
-    return out or None
-
-
 def _tool_choice(value: Any) -> Any:
     if value is None or value in ("auto", "none", "required"):
         return value
@@ -177,7 +158,8 @@ def to_chat(body: Dict[str, Any], history: List[Dict[str, Any]], *, counting: bo
     chat: Dict[str, Any] = {"messages": messages}
     if body.get("model") is not None:
         chat["model"] = body["model"]
-    tools = _tools(body.get("tools"))
+    # A hosted tool (web search, file search, computer use ...) is OpenAI's to run.
+    tools = fields.function_tools(body.get("tools"), lambda t: t.get("type") == "function", "parameters")
     if tools:
         chat["tools"] = tools
         if body.get("tool_choice") is not None:

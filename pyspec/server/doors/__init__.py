@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any, AsyncIterator, Callable, Dict, List, Mapping, Optional, Tuple
+from typing import Any, AsyncIterator, Callable, Dict, List, Mapping, Optional, Tuple, Union
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -97,6 +97,18 @@ class Door:
         turn = Turn(job, target=h.target, metrics=h.metrics, clock=clock, tool_format=parsed.tool_format,
                     tool_names=names, stops=parsed.settings.stop)
         return parsed, turn
+
+    async def whole(self, turn: Turn, request: Request) -> Union[Tuple[str, List[Any], Any], Response]:
+        """A whole answer's (text, calls, end), or the response that ends the
+        request instead: its refusal, or a 499 for a client that left."""
+        try:
+            whole = await turn.whole(request)
+        except APIError as e:
+            return self.refuse(e)
+        if whole is None:
+            self.done(499)
+            return left()
+        return whole
 
     def prompt(self, chat: Dict[str, Any], params: Mapping[str, str]) -> List[int]:
         """A chat body's prompt tokens, exactly as a generation request's

@@ -13,7 +13,7 @@ from starlette.routing import Route
 
 from ...wire import anthropic as wire
 from ..api_error import APIError
-from . import Door, left, sse_event
+from . import Door, sse_event
 
 
 class Messages(Door):
@@ -36,13 +36,9 @@ class Messages(Door):
         if parsed.stream:
             return EventSourceResponse(self.counted(self._events(request, turn, model, msg_id), turn), ping=15,
                                        sep="\n")
-        try:
-            whole = await turn.whole(request)
-        except APIError as e:
-            return self.refuse(e)
-        if whole is None:
-            self.done(499)
-            return left()
+        whole = await self.whole(turn, request)
+        if isinstance(whole, Response):
+            return whole
         text, calls, end = whole
         self.done()
         return JSONResponse(wire.message(msg_id, model, text, calls, wire.stop_reason(end.finish, len(calls),

@@ -25,7 +25,7 @@ from ..responses import timings
 
 #: The seed llama-server reports for "a fresh one each time" (LLAMA_DEFAULT_SEED).
 SEED_FRESH = 4294967295
-from . import Door, left, renamed
+from . import Door, renamed
 
 _STOP_TYPE = {"eog": "eos", "stop": "word", "max_tokens": "limit", "context": "limit", "cancelled": "none"}
 
@@ -80,13 +80,9 @@ class LlamaServer(Door):
                        samplers=converted["samplers"], stream=parsed.stream)}
         if parsed.stream:
             return EventSourceResponse(self.counted(self._chunks(request, turn, context), turn), ping=15, sep="\n")
-        try:
-            whole = await turn.whole(request)
-        except APIError as e:
-            return self.refuse(e)
-        if whole is None:
-            self.done(499)
-            return left()
+        whole = await self.whole(turn, request)
+        if isinstance(whole, Response):
+            return whole
         text, _, end = whole
         out = self._final(turn, end, text, context)
         if context["n_probs"]:

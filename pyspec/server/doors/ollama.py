@@ -17,7 +17,7 @@ from starlette.routing import Route
 from ... import fim
 from ...wire import ollama as wire
 from ..api_error import APIError
-from . import Door, left, ndjson
+from . import Door, ndjson
 
 
 class Ollama(Door):
@@ -67,6 +67,10 @@ class Ollama(Door):
     async def show(self, request: Request) -> Response:
         try:
             body = await self.body(request)
+            if not isinstance(body, dict):
+                raise APIError(400, "the request body must be a JSON object")
+            name = body.get("model", body.get("name"))  # "name": ollama's older field
+            self.h.intake.check_model(name if isinstance(name, str) else None)
         except APIError as e:
             return self.refuse(e)
         target = self.target
@@ -129,13 +133,9 @@ class Ollama(Door):
     async def _answer(self, request: Request, parsed, turn, arrival: float, chat: bool) -> Response:
         if parsed.stream:
             return ndjson(self.counted(self._lines(request, turn, arrival, chat), turn))
-        try:
-            whole = await turn.whole(request)
-        except APIError as e:
-            return self.refuse(e)
-        if whole is None:
-            self.done(499)
-            return left()
+        whole = await self.whole(turn, request)
+        if isinstance(whole, Response):
+            return whole
         text, calls, end = whole
         out = {**self._piece(chat, text, calls), **wire.figures(end, arrival)}
         self.done()

@@ -23,7 +23,7 @@ from starlette.routing import Route
 
 from ...wire import openai_responses as wire
 from ..api_error import APIError
-from . import Door, left, sse_event
+from . import Door, sse_event
 
 #: Stored responses kept, and the bytes of their JSON (the oldest go first past either).
 MAX_STORED = 1024
@@ -101,13 +101,9 @@ class Responses(Door):
             return EventSourceResponse(self.counted(self._events(request, turn, stream, body, said), turn,
                                                     error=lambda e: sse_event("error", stream.error(e))),
                                        ping=15, sep="\n")
-        try:
-            whole = await turn.whole(request)
-        except APIError as e:
-            return self.refuse(e)
-        if whole is None:
-            self.done(499)
-            return left()
+        whole = await self.whole(turn, request)
+        if isinstance(whole, Response):
+            return whole
         text, calls, end = whole
         out = wire.response(resp_id, model, body, wire.output_of(text, calls), status=wire.status_of(end.finish),
                             finish=end.finish, use=wire.usage(end.n_prompt, end.n_cached, end.n_out))
