@@ -149,16 +149,18 @@ EXTREME_FLOATS = [0.0, -0.0, 5e-324, 1e-300, 1e300, math.nan, math.inf, -math.in
 any_float = st.sampled_from(EXTREME_FLOATS) | st.floats()
 
 
-def json_values(text):
-    """Any JSON value (nested a little) whose strings are drawn from ``text``."""
-    scalars = st.none() | st.booleans() | any_int | any_float | text
+def json_values(text, floats=any_float):
+    """Any JSON value (nested a little) whose strings are drawn from ``text``
+    and numbers from ``floats``."""
+    scalars = st.none() | st.booleans() | any_int | floats | text
     return st.recursive(scalars, lambda c: st.lists(c, max_size=3) | st.dictionaries(text, c, max_size=3),
                         max_leaves=6)
 
 
 junk = json_values(any_text)
-#: Values a valid request may hold where the API takes anything (tools, template variables).
-clean_junk = json_values(clean_text)
+#: Values a valid request may hold where the API takes anything (tools, template variables): JSON,
+#: so no NaN or Infinity (Python's JSON writes them; RFC 8259 has none, and the server refuses them).
+clean_junk = json_values(clean_text, st.floats(allow_nan=False, allow_infinity=False))
 
 
 #: Valid tool definitions (names unique), and constraints of each kind.
@@ -574,7 +576,11 @@ def regressions(kind: str, live: Live) -> List[tuple]:
         return [req({"messages": [{"role": "user", "content": "hi"}, c, {"role": "tool", "content": "x"}],
                      "max_tokens": 1}, False) for c in call]
     if kind == "chat":
-        return [req({"messages": [{"role": "\ud800", "content": "hi"}], "max_tokens": 1}, False),
+        # NaN where a chat takes anything: not JSON, a 400 (Python's JSON reader took it, and an answer
+        # that echoed it could not be written)
+        return [req({"messages": [{"role": "system", "content": None, "tool_call_id": [math.nan]}],
+                     "max_completion_tokens": 0}, False),
+                req({"messages": [{"role": "\ud800", "content": "hi"}], "max_tokens": 1}, False),
                 req({"messages": [{"role": "user", "content": live.long_text}]}, True),
                 req({"messages": [{"role": "user", "content": live.long_text}], "max_completion_tokens": 2**31,
                      "stream": True}, True)]
