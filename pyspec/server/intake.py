@@ -153,8 +153,7 @@ class Intake:
     async def of_body(self, body: Any, kind: str) -> Tuple[ParsedRequest, List[GenerationRequest]]:
         """:meth:`read` of a decoded OpenAI body (the other dialects' adapters
         make one: pyspec/wire/)."""
-        parsed = protocol.parse(kind, body, max_n=self.parallel, policies=self.policies, drafters=self.drafters,
-                                max_draft=self.max_draft, template=self.target.chat_template.source)
+        parsed = self.parse(body, kind)
         self.check_model(parsed.model)
         await compile_constraint(self.target, parsed)
         s = parsed.settings
@@ -170,6 +169,12 @@ class Intake:
             prompts = [(f.tokens, f) for f in fills]
         param = "messages" if kind == "chat" else "prompt"
         return parsed, [self.request(s, tokens, fill, param) for tokens, fill in prompts]
+
+    def parse(self, body: Any, kind: str) -> ParsedRequest:
+        """An OpenAI body parsed under this server's limits, policies, drafters
+        and chat template (the one call of wire/openai.parse)."""
+        return protocol.parse(kind, body, max_n=self.parallel, policies=self.policies, drafters=self.drafters,
+                              max_draft=self.max_draft, template=self.target.chat_template.source)
 
     def request(self, s: RequestSettings, tokens: Sequence[int], fill: Optional["fim.InfillPrompt"] = None,
                 param: str = "prompt") -> GenerationRequest:

@@ -26,7 +26,6 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from ..answer import http_error
 from ..api_error import APIError
-from ...wire import openai as protocol
 from ..intake import authorized, prompt_tokens, read_body, same_key
 from ..jobs import Job, SchedulerError
 from ..turn import Turn
@@ -113,11 +112,8 @@ class Door:
     def prompt(self, chat: Dict[str, Any], params: Mapping[str, str]) -> List[int]:
         """A chat body's prompt tokens, exactly as a generation request's
         (count_tokens, input_tokens, /apply-template)."""
-        h = self.h
         try:
-            parsed = protocol.parse("chat", chat, max_n=h.parallel, policies=h.intake.policies,
-                                    drafters=h.intake.drafters, max_draft=h.intake.max_draft,
-                                    template=self.target.chat_template.source)
+            parsed = self.h.intake.parse(chat, "chat")
             return prompt_tokens(self.target, "chat", parsed.prompts[0], parsed)
         except APIError as e:
             raise renamed(e, params) from None

@@ -19,13 +19,12 @@ from starlette.routing import Route
 from ... import __version__
 from ...wire import fields, llama_fields
 from ...wire import llama_server as wire
-from ...wire.openai import parse as parse_openai
 from ..api_error import APIError
 from ..responses import timings
 
 #: The seed llama-server reports for "a fresh one each time" (LLAMA_DEFAULT_SEED).
 SEED_FRESH = 4294967295
-from . import Door, renamed
+from . import Door
 
 _STOP_TYPE = {"eog": "eos", "stop": "word", "max_tokens": "limit", "context": "limit", "cancelled": "none"}
 
@@ -151,19 +150,16 @@ class LlamaServer(Door):
     async def apply_template(self, request: Request) -> Response:
         """The text a chat request's prompt is: the template's rendering of its
         messages (and tools), before it is tokenized."""
-        h = self.h
         try:
             body = await self.body(request)
             chat = {k: v for k, v in body.items() if k in ("messages", "tools", "tool_choice", "chat_template_kwargs",
                                                           "parallel_tool_calls", "model")} \
                 if isinstance(body, dict) else body
-            parsed = parse_openai("chat", chat, max_n=h.parallel, policies=h.intake.policies,
-                                  drafters=h.intake.drafters, max_draft=h.intake.max_draft,
-                                  template=self.target.chat_template.source)
+            parsed = self.h.intake.parse(chat, "chat")
             text = self.target.apply_chat_template(parsed.prompts[0], tools=parsed.tools,
                                                    variables=parsed.template_vars)
         except APIError as e:
-            return self.refuse(renamed(e, {}))
+            return self.refuse(e)
         except (ValueError, RuntimeError) as e:
             return self.refuse(APIError(400, f"cannot build the prompt: {e}", param="messages"))
         return self.answered({"prompt": text})
