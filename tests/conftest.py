@@ -3,10 +3,8 @@ the pyspec cache (``$PYSPEC_MODELS`` or the per-user cache), once."""
 
 from __future__ import annotations
 
-import faulthandler
 import os
 import signal
-import threading
 
 import pytest
 
@@ -45,76 +43,17 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.timeout(SLOW_TIMEOUT))
 
 
-# ------------------------------------------------ graphs off pytest's main thread
-# Once a thread has computed a llama.cpp graph, ggml's OpenMP runtime (libgomp)
-# keeps a team of threads for it until the thread ends. While two teams exist,
-# libgomp counts more threads than cores and its barriers yield instead of
-# spinning: every later graph of the process ran 25-35 % slower once the main
-# thread had computed one (docs/performance.md, issue 51). pyspec generates on
-# short-lived workers (interrupts.run_interruptible), and so do the tests: each
-# test body and each fixture's setup runs on a thread of its own, which takes
-# its team with it when it ends. A test that needs the main thread (a real
-# SIGINT raises KeyboardInterrupt there) carries the `main_thread` mark.
-# (Fixture teardowns still run on the main thread: none computes a graph.
-# In-process generations from a worker thread run there directly: the
-# product's main-thread path, run_interruptible, is what the main_thread
-# tests and the CLI's subprocesses exercise.)
-# PYSPEC_TESTS_ON_MAIN_THREAD=1 runs everything on the main thread: the other
-# arm of the A/B that measured this (docs/testing.md, "CI time").
-GRAPHS_ON_MAIN = os.environ.get("PYSPEC_TESTS_ON_MAIN_THREAD") == "1"
+# ------------------------------------------------ one OpenMP team per process
+# pyspec computes every llama.cpp graph on one thread (cpp/model/compute_thread.h):
+# a second OpenMP team alive throttles every barrier of the process. Tests that
+# run llama-cpp-python beside pyspec route its decodes there too, so the
+# session never holds a second team (docs/testing.md, "CI time").
+@pytest.fixture(scope="session", autouse=True)
+def llama_cpp_graphs_on_the_compute_thread():
+    from pyspec.compute import llama_cpp_on_compute_thread
 
-
-def _on_a_worker(call):
-    """``call()`` on a new thread; its result, or its exception raised here."""
-    box = {}
-
-    def work():
-        try:
-            box["out"] = call()
-        except BaseException as e:  # noqa: BLE001 - raised again on the caller's thread
-            box["err"] = e
-
-    worker = threading.Thread(target=work, name="pytest-graphs", daemon=True)
-    worker.start()
-    try:
-        worker.join()
-    except BaseException as e:  # a timeout (pytest-timeout's signal) or Ctrl-C, here on the main thread
-        if worker.is_alive():
-            # The test still runs, on models that later tests share: end the
-            # process, with every thread's stack, rather than run on beside it.
-            faulthandler.dump_traceback(all_threads=True)
-            os._exit(130 if isinstance(e, KeyboardInterrupt) else 1)
-        raise
-    if "err" in box:
-        raise box["err"]
-    return box.get("out")
-
-
-def _off_main(node) -> bool:
-    return not GRAPHS_ON_MAIN and threading.current_thread() is threading.main_thread() and \
-        node.get_closest_marker("main_thread") is None
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_pyfunc_call(pyfuncitem):
-    if not _off_main(pyfuncitem):
-        return None  # pytest's own call, here
-    args = {name: pyfuncitem.funcargs[name] for name in pyfuncitem._fixtureinfo.argnames}
-    _on_a_worker(lambda: pyfuncitem.obj(**args))
-    return True
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_fixture_setup(fixturedef, request):
-    if not _off_main(request.node):
-        return None
-    # pytest's own implementation (pytest 7 to 9: the same signature), run there.
-    from _pytest.fixtures import pytest_fixture_setup as setup
-
-    _on_a_worker(lambda: setup(fixturedef, request))
-    # Not the value (pytest reads it from fixturedef.cached_result): a fixture
-    # whose value is None would otherwise make pluggy run pytest's setup again.
-    return True
+    with llama_cpp_on_compute_thread():
+        yield
 
 
 def _ensure(attr: str) -> str:
@@ -127,8 +66,6 @@ def _ensure(attr: str) -> str:
 def private_calibration_cache(tmp_path_factory):
     """Batch timings recorded by the auto policy go to a per-run folder, not the
     user's cache (subprocesses of the CLI tests inherit it)."""
-    import os
-
     old = os.environ.get("PYSPEC_CACHE")
     os.environ["PYSPEC_CACHE"] = str(tmp_path_factory.mktemp("pyspec-cache"))
     yield

@@ -18,9 +18,6 @@ import pytest
 from cli_helpers import pyspec_cmd
 from pyspec.cli.chat import next_turn_head
 
-#: The 270M model needs no more; and a busy 2-core machine makes llama.cpp's
-#: threads wait on each other for seconds (a turn took 6 s with 2, 0.2 s with 1).
-ONE_THREAD = ("--threads", "1")
 STATS = re.compile(rb"prompt: (\d+) new tokens of (\d+) \((\d+) cached\)")
 
 
@@ -32,7 +29,7 @@ def test_a_piped_conversation_keeps_its_caches(gemma_path, tmp_path, load_model)
     saved = tmp_path / "chat.json"
     # A draft model too (the same file, its own context): both caches are kept across turns.
     r = pyspec_cmd("chat", "-m", gemma_path, "-d", gemma_path, "--stats", "-n", "6", "--temperature", "0",
-                   "--system", "Be brief.", *ONE_THREAD,
+                   "--system", "Be brief.",
                    input=f"Name a colour.\nName another one.\n/save {saved}\n/clear\nName a fruit.\n")
     assert r.returncode == 0, r.stderr  # the input's end ends the session
     answers = [a for a in r.stdout.split("\n\n") if a.strip()]
@@ -57,7 +54,7 @@ def test_a_piped_conversation_keeps_its_caches(gemma_path, tmp_path, load_model)
 
 
 def test_commands_and_exit(gemma_path, tmp_path):
-    r = pyspec_cmd("chat", "-m", gemma_path, "-n", "2", *ONE_THREAD,
+    r = pyspec_cmd("chat", "-m", gemma_path, "-n", "2",
                    input=f"/nothing\n/save\n/save {tmp_path}\n/help\n/exit\nNever answered.\n")
     assert r.returncode == 0, r.stderr
     assert "unknown command /nothing" in r.stderr and "usage: /save" in r.stderr, r.stderr
@@ -131,7 +128,7 @@ def test_ctrl_c_stops_the_answer_not_the_session(gemma_path, tmp_path, load_mode
     start(), before the answer: test_threads_interrupts.py's
     test_ctrl_c_while_the_worker_starts_cancels_the_generation makes it happen.)"""
     # Plain decoding: 64 tokens take long enough, on any machine, for Ctrl-C to land mid-answer.
-    term = Terminal("-m", gemma_path, "--no-draft", "--stats", "-n", "64", "--temperature", "0", *ONE_THREAD)
+    term = Terminal("-m", gemma_path, "--no-draft", "--stats", "-n", "64", "--temperature", "0")
     try:
         term.expect(rb">>> ", 0, timeout=120)
         term.expect(STATS.pattern + rb"(?s:.*?)>>> ", term.send(b"Name a colour.\n"))
@@ -170,7 +167,7 @@ def test_ctrl_c_stops_the_answer_not_the_session(gemma_path, tmp_path, load_mode
 
 @pytest.mark.parametrize("end", [b"\x04", b"/exit\n"], ids=["ctrl-d", "exit"])
 def test_a_terminal_session_ends_with_status_0(gemma_path, end):
-    term = Terminal("-m", gemma_path, "-n", "2", *ONE_THREAD)
+    term = Terminal("-m", gemma_path, "-n", "2")
     try:
         term.expect(rb">>> ", 0, timeout=120)
         term.send(end)

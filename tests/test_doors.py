@@ -120,6 +120,47 @@ def test_messages_tool_use_loop(claude):
     assert final.stop_reason == "tool_use" and final.content[-1].input.get("city")
 
 
+WRITE_FILE = {"type": "object", "properties": {"path": {"type": "string"}, "content": {"type": "string"}},
+              "required": ["path", "content"]}
+WRITE_ASK = "Write hello.py: a Python script that prints 'hello' three times, each with its number."
+
+
+def test_tool_call_arguments_stream_as_they_are_decoded(claude, oai):
+    """A write_file call's arguments reach each dialect's client in deltas while
+    they are decoded (several, the first long before the call ends), and add
+    up to exactly the call a whole answer gives (issue 60)."""
+    fn = {"name": "write_file", "description": "Write a file", "parameters": WRITE_FILE}
+    # OpenAI chat: tool_calls deltas.
+    kw = dict(model="x", max_tokens=120, messages=[{"role": "user", "content": WRITE_ASK}], temperature=0,
+              tools=[{"type": "function", "function": fn}],
+              tool_choice={"type": "function", "function": {"name": "write_file"}})
+    whole = oai.chat.completions.create(**kw).choices[0].message.tool_calls[0].function
+    pieces = [d.function.arguments for c in oai.chat.completions.create(stream=True, **kw) if c.choices
+              for d in c.choices[0].delta.tool_calls or [] if d.function and d.function.arguments]
+    assert len(pieces) >= 5, pieces
+    assert "".join(pieces) == whole.arguments and json.loads(whole.arguments)["content"], (pieces, whole)
+    # Anthropic: input_json_delta events of one tool_use block.
+    tools = [{"name": "write_file", "description": "Write a file", "input_schema": WRITE_FILE}]
+    ask = dict(model="x", max_tokens=120, tools=tools, tool_choice={"type": "tool", "name": "write_file"},
+               messages=[{"role": "user", "content": WRITE_ASK}], extra_body=GREEDY)
+    with claude.messages.stream(**ask) as s:
+        partial = [e.delta.partial_json for e in s if e.type == "content_block_delta"
+                   and e.delta.type == "input_json_delta"]
+        final = s.get_final_message()
+    assert len(partial) >= 5 and json.loads("".join(partial)) == final.content[-1].input, partial
+    assert final.content[-1].input == json.loads(whole.arguments)
+    # Responses: function_call_arguments.delta events, then .done with the whole arguments.
+    deltas, done = [], None
+    for e in oai.responses.create(model="x", input=WRITE_ASK, tools=[{"type": "function", **fn}], stream=True,
+                                  tool_choice={"type": "function", "name": "write_file"}, max_output_tokens=120,
+                                  **GREEDY):
+        if e.type == "response.function_call_arguments.delta":
+            deltas.append(e.delta)
+        elif e.type == "response.function_call_arguments.done":
+            done = e.arguments
+    assert len(deltas) >= 5 and "".join(deltas) == done == whole.arguments, (deltas, done)
+
+
 def test_messages_refusals_in_anthropics_shape(claude, server):
     image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}}
     with pytest.raises(anthropic.BadRequestError, match="image"):

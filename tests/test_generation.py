@@ -90,7 +90,6 @@ def test_callback_can_stop(gemma):
     assert len(seen) == 3
 
 
-@pytest.mark.main_thread  # a real SIGINT: KeyboardInterrupt is raised on the main thread
 def test_ctrl_c_stops_between_tokens_and_model_stays_usable(gemma):
     count = []
 

@@ -150,7 +150,6 @@ def test_stop_strings_and_max_tokens(gemma_path, load_model):
         assert spec.generate("Once upon a time", chat=False, max_tokens=n, temperature=0).n_generated_tokens == n
 
 
-@pytest.mark.main_thread  # a real SIGINT: KeyboardInterrupt is raised on the main thread
 def test_keyboard_interrupt_mid_generation(gemma_path):
     # Models of its own: an interrupt is a state no other test should meet.
     target = pyspec.Model(gemma_path, n_ctx=512)

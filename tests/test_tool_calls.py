@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pyspec.chat.tools import (CallParser, ToolChoice, check_choice, check_tools, parse_calls, tool_constraint,
-                               tool_format)
+from pyspec.chat.calls import CallParser, parse_calls
+from pyspec.chat.tools import ToolChoice, check_choice, check_tools, tool_constraint, tool_format
 from pyspec.errors import ConstraintError
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {

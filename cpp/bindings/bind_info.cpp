@@ -15,6 +15,7 @@
 #endif
 
 #include "bindings/bind.h"
+#include "model/compute_thread.h"
 #include "model/cpu_kernels.h"
 #include "model/devices.h"
 #include "model/fatal_signals.h"
@@ -145,4 +146,24 @@ void bind_info(py::module_& m) {
               return out;
           },
           "Every registered ggml device: [{name, description, type, backend, memory_free, memory_total}].");
+    m.def("set_compute_thread", &pyspec::compute::set_enabled, py::arg("on"),
+          "On (the default): every llama.cpp graph of this process is computed on one thread "
+          "(model/compute_thread.h). Off computes on each caller's thread: tests' control only.");
+    m.def("on_compute_thread",
+          [](py::function fn) {
+              py::object out;
+              {
+                  py::gil_scoped_release release;
+                  pyspec::compute::run_void([&] {
+                      py::gil_scoped_acquire acquire;
+                      out = fn();
+                  });
+              }
+              return out;
+          },
+          py::arg("fn"),
+          "fn() on the compute thread, its result or exception here: for another library's llama.cpp calls in "
+          "this process (pyspec/compute.py).");
+    m.def("threads_that_computed", &pyspec::compute::threads_that_computed,
+          "Distinct OS threads that have computed a llama.cpp graph in this process (1 with the compute thread).");
 }

@@ -9,6 +9,7 @@
 
 #include "core/errors.h"
 #include "model/devices.h"
+#include "model/compute_thread.h"
 #include "model/llama_log.h"
 
 namespace pyspec {
@@ -199,7 +200,7 @@ void Embedder::decode_group(const std::vector<std::vector<int32_t>>& seqs, size_
         }
     }
     b.n_tokens = n;
-    const int32_t rc = llama_decode(ctx_.get(), b);
+    const int32_t rc = compute::run([&] { return llama_decode(ctx_.get(), b); });
     if (rc != 0) {
         if (mem) llama_memory_clear(mem, true);
         if (rc == 2 && abort_requested(this)) throw Cancelled("cancelled");

@@ -18,6 +18,7 @@
 #include "model/cpu_kernels.h"
 #include "model/devices.h"
 #include "model/gguf_check.h"
+#include "model/compute_thread.h"
 #include "model/llama_log.h"
 
 namespace pyspec {
@@ -392,7 +393,7 @@ void Model::decode(const int32_t* tokens, int32_t n, int32_t pos0, int32_t n_log
             b.seq_id[i][0] = seq;
             b.logits[i] = g >= first_logit ? 1 : 0;
         }
-        const int32_t rc = abort_requested(this) ? 2 : llama_decode(ctx_.get(), b);
+        const int32_t rc = abort_requested(this) ? 2 : compute::run([&] { return llama_decode(ctx_.get(), b); });
         if (rc != 0) {
             // Leave the cache exactly as it was before this call.
             truncate(pos0, seq);
@@ -451,7 +452,7 @@ void Model::decode_rows(const Row* rows, int32_t n) {
         b.logits[i] = rows[i].logits ? 1 : 0;
         if (rows[i].logits) logit_rows.push_back(i);
     }
-    const int32_t rc = abort_requested(this) ? 2 : llama_decode(ctx_.get(), b);
+    const int32_t rc = abort_requested(this) ? 2 : compute::run([&] { return llama_decode(ctx_.get(), b); });
     if (rc != 0) {
         for (int32_t s = 0; s < n_seq_; ++s) {
             if (start[static_cast<size_t>(s)] >= 0) truncate(start[static_cast<size_t>(s)], s);

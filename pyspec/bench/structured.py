@@ -21,7 +21,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
-from ..chat.tools import ToolChoice, parse_calls, tool_constraint, tool_format
+from ..chat.calls import parse_calls
+from ..chat.tools import ToolChoice, tool_constraint, tool_format
 from ..constraints import Constraint
 
 

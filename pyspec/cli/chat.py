@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import sys
-import threading
 import warnings
 from typing import Dict, List, Optional
 
@@ -132,21 +131,13 @@ def warm(gen, messages: List[Dict[str, str]]) -> None:
             jobs.append((model.native, n))
     if not jobs:
         return
-    # On a thread of its own, as generations run: a llama.cpp graph computed on
-    # the main thread leaves ggml's OpenMP team there, and every later turn's
-    # graphs (on worker threads) then ran 25-35 % slower (issue 51). Short, so
-    # Ctrl-C waits for it rather than leave it decoding under the next turn.
-    def run() -> None:
+    # Short, so Ctrl-C waits for it rather than leave it decoding under the next turn.
+    with ctrl_c_held():
         for native, n in jobs:
             try:
                 native.decode(head[n:], n, 1, 0)
             except (PyspecError, ValueError):  # a full context, say: the turn then processes the head itself
                 return
-
-    worker = threading.Thread(target=run, name="pyspec-warm")
-    with ctrl_c_held():
-        worker.start()
-        worker.join()
 
 
 def _one_line_warnings(message, category, filename, lineno, file=None, line=None) -> None:

@@ -20,8 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional
 
-from ..chat.tools import (CallParser, ToolCall, ToolChoice, check_choice, check_tools, parse_calls, tool_constraint,
-                          tool_format)
+from ..chat.calls import CallParser, ToolCall, parse_calls
+from ..chat.tools import ToolChoice, check_choice, check_tools, tool_constraint, tool_format
 from ..constraints import Constraint
 from ..request import one_constraint
 from ..results import Completion

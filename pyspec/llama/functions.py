@@ -31,7 +31,7 @@ from __future__ import annotations
 import json
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from ..chat.tools import ToolCall
+from ..chat.calls import ToolCall
 from ..constraints import JSON_WHITESPACE, Constraint
 
 #: The tool format of ChatRequest.tool_format for this handler's answers.
@@ -79,7 +79,7 @@ Event = Tuple[str, Any]  # ("content", text) or ("call", ToolCall): pyspec/chat/
 
 class FunctionsParser:
     """Reads an answer as it comes (:meth:`feed`, then :meth:`finish`), with
-    pyspec/chat/tools.py's ``CallParser`` interface: after ``message:\\n``
+    pyspec/chat/calls.py's ``CallParser`` interface: after ``message:\\n``
     its text is content; after ``functions.NAME:\\n`` each call once its JSON
     is complete (one cut short goes); an answer that is neither (a
     response_format's JSON) is content as written."""

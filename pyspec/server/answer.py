@@ -16,7 +16,7 @@ from typing import Any, AsyncIterator, Dict, List, Optional
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from ..chat.tools import CallParser, parse_calls
+from ..chat.calls import CallParser, parse_calls
 from ..wire import llama_fields
 from ..wire import openai as protocol
 from . import responses
@@ -143,23 +143,31 @@ class Answer:
     @staticmethod
     def _tool_deltas(events) -> List[Dict[str, Any]]:
         """Chunks' deltas for a choice's parsed events: content, and each call as
-        OpenAI streams it (index, id and name first, then its arguments)."""
+        OpenAI streams it (index, id and name first, then its arguments, as they
+        are decoded)."""
         deltas = []
         for kind, value in events:
             if kind == "content":
                 deltas.append({"content": value})
                 continue
-            deltas.append({"tool_calls": [{"index": value.index, "id": value.id, "type": "function",
-                                           "function": {"name": value.name, "arguments": ""}}]})
-            deltas.append({"tool_calls": [{"index": value.index, "function": {"arguments": value.arguments}}]})
+            if kind == "call_args":
+                call, text = value
+                deltas.append({"tool_calls": [{"index": call.index, "function": {"arguments": text}}]})
+                continue
+            if kind == "call_start" or not value.streamed:
+                deltas.append({"tool_calls": [{"index": value.index, "id": value.id, "type": "function",
+                                               "function": {"name": value.name, "arguments": ""}}]})
+            rest = value.arguments[value.streamed:] if kind == "call" else ""
+            if rest:
+                deltas.append({"tool_calls": [{"index": value.index, "function": {"arguments": rest}}]})
         return deltas
 
     async def _stream(self, request: Request) -> AsyncIterator[Dict[str, str]]:
         n_out = 0
         results: List[Any] = [None] * self.n_choices
         offsets = [0] * self.n_choices
-        parsers = ([CallParser(self.tool_fmt, self.tool_names) for _ in range(self.n_choices)] if self.tool_fmt
-                   else None)
+        parsers = ([CallParser(self.tool_fmt, self.tool_names, stream_arguments=True) for _ in range(self.n_choices)]
+                   if self.tool_fmt else None)
         try:
             if self.kind == "chat":  # OpenAI's first chunk of each choice names the role
                 yield self._chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
@@ -171,7 +179,6 @@ class Answer:
                     lp_obj = self._logprobs(lp, toks, offsets[i])
                     offsets[i] += len(text)
                     if parsers is not None:
-                        # Calls come out whole, however many tokens a round emitted.
                         deltas = self._tool_deltas(parsers[i].feed(text))
                         for d in deltas or ([{}] if lp_obj is not None else []):
                             yield self._chunk([{"index": i, "delta": d, "logprobs": lp_obj, "finish_reason": None}])

@@ -12,7 +12,7 @@ from typing import Any, AsyncIterator, List, Optional, Sequence, Tuple
 
 from starlette.requests import Request
 
-from ..chat.tools import CallParser
+from ..chat.calls import CallParser
 from ..results import FINISH_REASON
 from .answer import job_events
 from .jobs import Job
@@ -38,7 +38,9 @@ class TurnEnd:
         return self.result.stats
 
 
-Part = Tuple[str, Any]  # ("text", str), ("call", ToolCall) or ("end", TurnEnd)
+# ("text", str), ("call", ToolCall) or ("end", TurnEnd); before a call, as it is
+# decoded: ("call_start", ToolCall) and ("call_args", (ToolCall, str)) (chat/calls.py).
+Part = Tuple[str, Any]
 
 
 class Turn:
@@ -48,7 +50,7 @@ class Turn:
     def __init__(self, job: Job, *, target, metrics: Metrics, clock: RequestClock, tool_format: Optional[str],
                  tool_names: Sequence[str], stops: Sequence[str]) -> None:
         self.job, self.target, self.metrics, self.clock = job, target, metrics, clock
-        self.parser = CallParser(tool_format, tool_names) if tool_format else None
+        self.parser = CallParser(tool_format, tool_names, stream_arguments=True) if tool_format else None
         self.stops = list(stops)
         self.n_prompt = len(job.prompts[0])
         self.ended = False  # the answer's end arrived (else: the client left, or it is still coming)
@@ -72,12 +74,12 @@ class Turn:
                         yield "text", event[2]
                     continue
                 for kind, value in self.parser.feed(event[2]):
-                    yield ("text" if kind == "content" else "call"), value
+                    yield ("text" if kind == "content" else kind), value
             else:
                 result = event[2]
                 if self.parser is not None:
                     for kind, value in self.parser.finish():
-                        yield ("text" if kind == "content" else "call"), value
+                        yield ("text" if kind == "content" else kind), value
                 finish = FINISH_REASON[result.stop_reason]
                 self.ended = True
                 yield "end", TurnEnd(result, finish, self._stop_word(result, text), self.n_prompt,
@@ -92,7 +94,7 @@ class Turn:
                 text += value
             elif kind == "call":
                 calls.append(value)
-            else:
+            elif kind == "end":
                 end = value
         return None if end is None else (text, calls, end)
 

@@ -267,16 +267,29 @@ class Stream:
             yield self.event("content_block_start", index=self.index, content_block={"type": "text", "text": ""})
         yield self.event("content_block_delta", index=self.index, delta={"type": "text_delta", "text": text})
 
-    def call(self, call) -> Iterator[Tuple[str, Dict[str, Any]]]:
-        """A whole call (calls come out whole): its block, its input as one delta."""
+    def call_start(self, call) -> Iterator[Tuple[str, Dict[str, Any]]]:
+        """A call's block, opened once its name is decoded; its input follows."""
         yield from self._close()
         self.index += 1
-        block = tool_block(call)
+        self.open = "tool_use"
         yield self.event("content_block_start", index=self.index,
-                         content_block={"type": "tool_use", "id": block["id"], "name": block["name"], "input": {}})
+                         content_block={"type": "tool_use", "id": tool_id(), "name": call.name, "input": {}})
+
+    def call_args(self, delta: str) -> Iterator[Tuple[str, Dict[str, Any]]]:
         yield self.event("content_block_delta", index=self.index,
-                         delta={"type": "input_json_delta", "partial_json": json.dumps(block["input"])})
-        yield self.event("content_block_stop", index=self.index)
+                         delta={"type": "input_json_delta", "partial_json": delta})
+
+    def call(self, call) -> Iterator[Tuple[str, Dict[str, Any]]]:
+        """A call, whole: the rest of a streamed one's input, or its block with
+        its input as one delta."""
+        if self.open == "tool_use" and call.streamed:
+            rest = call.arguments[call.streamed:]
+        else:
+            yield from self.call_start(call)
+            rest = json.dumps(tool_block(call)["input"])
+        if rest:
+            yield from self.call_args(rest)
+        yield from self._close()
 
     def end(self, reason: str, stop_word: Optional[str], use: Dict[str, int]) -> Iterator[Tuple[str, Dict[str, Any]]]:
         yield from self._close()

@@ -245,6 +245,7 @@ class Stream:
         self.seq = 0
         self.output: List[Dict[str, Any]] = []
         self.msg: Optional[Dict[str, Any]] = None  # the open message item
+        self.calling: Optional[Dict[str, Any]] = None  # the function_call item being streamed
         self.text = ""
         self.final: Optional[Dict[str, Any]] = None  # the whole Response, once ended
 
@@ -286,18 +287,31 @@ class Stream:
         yield self.event("response.output_text.delta", item_id=self.msg["id"], output_index=index,
                          content_index=0, delta=text, logprobs=[])
 
-    def call(self, call) -> Iterator[Tuple[str, Dict[str, Any]]]:
+    def call_start(self, call) -> Iterator[Tuple[str, Dict[str, Any]]]:
+        """A call's item, added once its name is decoded; its arguments follow."""
         yield from self._close()
-        index = len(self.output)
-        item = call_item(call)
-        yield self.event("response.output_item.added", output_index=index,
-                         item={**item, "arguments": "", "status": "in_progress"})
-        yield self.event("response.function_call_arguments.delta", item_id=item["id"], output_index=index,
-                         delta=item["arguments"])
+        self.calling = call_item(call)
+        yield self.event("response.output_item.added", output_index=len(self.output),
+                         item={**self.calling, "arguments": "", "status": "in_progress"})
+
+    def call_args(self, delta: str) -> Iterator[Tuple[str, Dict[str, Any]]]:
+        yield self.event("response.function_call_arguments.delta", item_id=self.calling["id"],
+                         output_index=len(self.output), delta=delta)
+
+    def call(self, call) -> Iterator[Tuple[str, Dict[str, Any]]]:
+        """A call, whole: the rest of a streamed one's arguments, or its item
+        with its arguments as one delta."""
+        if self.calling is None or not call.streamed:
+            yield from self.call_start(call)
+        rest = call.arguments[call.streamed:] if call.streamed else call.arguments
+        if rest:
+            yield from self.call_args(rest)
+        index, item = len(self.output), {**self.calling, "arguments": call.arguments, "status": "completed"}
         yield self.event("response.function_call_arguments.done", item_id=item["id"], output_index=index,
                          name=item["name"], arguments=item["arguments"])
         yield self.event("response.output_item.done", output_index=index, item=item)
         self.output.append(item)
+        self.calling = None
 
     def error(self, e: APIError) -> Dict[str, Any]:
         """The error event a stream ends with when the answer fails midway."""

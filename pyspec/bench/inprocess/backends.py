@@ -4,12 +4,12 @@ tokens with the same settings and reports the same measurements."""
 from __future__ import annotations
 
 import contextlib
-import threading
 import time
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
+from ...compute import llama_cpp_on_compute_thread
 from ...generation import Generator
 from ...sampling import Sampling
 
@@ -131,28 +131,15 @@ class LlamaCppRunner:
                     min_p=sp.min_p, repeat_penalty=sp.repeat_penalty, frequency_penalty=sp.frequency_penalty,
                     presence_penalty=sp.presence_penalty, logit_bias=dict(sp.logit_bias) or None, seed=s.seed)
         times: List[float] = []
-        finish: List[Optional[str]] = [None]
-        failed: List[BaseException] = []
-
-        def consume() -> None:
-            try:
-                for chunk in self.llm.create_completion(tokens, stream=True, **call):
-                    times.append(time.perf_counter())
-                    finish[0] = chunk["choices"][0].get("finish_reason") or finish[0]
-            except BaseException as e:  # noqa: BLE001 - raised again on the caller's thread
-                failed.append(e)
-
-        # Off the main thread, as pyspec generates: once a thread has run a
-        # llama.cpp graph, ggml's OpenMP team stays with it, and another
-        # thread's graphs then ran 25-35 % slower here (docs/performance.md,
-        # issue 51). llama-cpp-python computes on its caller's thread.
+        finish: Optional[str] = None
+        # Its graphs on pyspec's compute thread: a second OpenMP team in this
+        # process would throttle both sides' barriers (pyspec/compute.py).
         t0 = time.perf_counter()
-        worker = threading.Thread(target=consume, name="bench-llama-cpp-python")
-        worker.start()
-        worker.join()
-        if failed:
-            raise failed[0]
-        n_gen = self._generated(tokens, finish[0])
+        with llama_cpp_on_compute_thread():
+            for chunk in self.llm.create_completion(tokens, stream=True, **call):
+                times.append(time.perf_counter())
+                finish = chunk["choices"][0].get("finish_reason") or finish
+        n_gen = self._generated(tokens, finish)
         t_first = times[0] if times else time.perf_counter()
         return Sample(self.name, "", "", len(tokens), n_gen, t_first - t0, (times[-1] if times else t_first) - t_first)
 

@@ -52,6 +52,10 @@ class Messages(Door):
         async for kind, value in turn.parts(request, watch=False):
             if kind == "text":
                 events = stream.text(value)
+            elif kind == "call_start":
+                events = stream.call_start(value)
+            elif kind == "call_args":
+                events = stream.call_args(value[1])
             elif kind == "call":
                 events = stream.call(value)
             else:

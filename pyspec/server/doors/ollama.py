@@ -145,7 +145,7 @@ class Ollama(Door):
         async for kind, value in turn.parts(request, watch=False):
             if kind == "text":
                 yield {**self._piece(chat, value), "done": False}
-            elif kind == "call":
+            elif kind == "call":  # ollama sends a call whole
                 yield {**self._piece(chat, "", [value]), "done": False}
-            else:
+            elif kind == "end":
                 yield {**self._piece(chat), **wire.figures(value, arrival)}

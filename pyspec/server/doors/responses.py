@@ -123,6 +123,10 @@ class Responses(Door):
             if kind == "text":
                 text += value
                 events = stream.delta(value)
+            elif kind == "call_start":
+                events = stream.call_start(value)
+            elif kind == "call_args":
+                events = stream.call_args(value[1])
             elif kind == "call":
                 calls.append(value)
                 events = stream.call(value)
