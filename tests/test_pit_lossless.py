@@ -62,7 +62,12 @@ def gpu_paths():
     return (target, os.environ.get("PYSPEC_GPU_DRAFT") or target) if target else None
 
 
-@pytest.fixture(scope="module", params=["cpu", pytest.param("gpu", marks=pytest.mark.gpu), "rpc"])
+# The RPC tier is in the slow tier: its engine path is the CPU tier's (only where
+# the target's rows are computed differs, and the proof holds for whatever rows
+# they are); test_rpc.py checks by default that a worker's tokens are the local
+# ones. Its two cases took 116 s of CI's time.
+@pytest.fixture(scope="module", params=["cpu", pytest.param("gpu", marks=pytest.mark.gpu),
+                                        pytest.param("rpc", marks=pytest.mark.slow)])
 def tier(request, gemma_path):
     """((target path, draft path), GPU layers, RPC workers of the target): the
     test model on the CPU; the GPU tier's files offloaded; or the test model's
