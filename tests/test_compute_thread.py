@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tempfile
 
 
 CHILD = r"""
@@ -76,8 +77,10 @@ hold.set()
 
 
 def child(model_path: str, arrangement: str, repeats: int = 1) -> dict:
+    # Run from the temporary folder: from the checkout, `-c` would import the
+    # source folder's pyspec, which has no compiled core.
     r = subprocess.run([sys.executable, "-c", CHILD, model_path, arrangement, str(repeats)],
-                       capture_output=True, text=True, timeout=300)
+                       capture_output=True, text=True, timeout=300, cwd=tempfile.gettempdir())
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
 
