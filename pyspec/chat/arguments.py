@@ -6,7 +6,7 @@ A ``<tool_call>`` body under the tools' grammar reads ``{"name": "f",
 is closed, then hands out the arguments object's text as it grows, up to the
 brace that closes it; it scans each character once (a 10 kB file written
 token by token costs 10 kB of scanning, not 10 kB per token). The call's
-``arguments`` is then exactly that text (tools.CallParser), so the deltas
+``arguments`` is then exactly that text (calls.CallParser), so the deltas
 add up to the parsed call."""
 
 from __future__ import annotations
