@@ -134,6 +134,7 @@ class GenerationStats:
     forced_drafted: int
     forced_accepted: int
     grammar_cuts: int  # lookup drafts cut before a token the grammar refuses
+    draft_windows: int  # draft-model catch-ups that started over on a window
     masks: int  # grammar masks computed
     mask_s: float  # ... and their seconds
     pit: List[float]  # TEST-ONLY (TestControls.pit): each decided token's randomized PIT under its target row
@@ -153,6 +154,7 @@ class DrafterParams:
     ngram_min: int
     ngram_max: int
     hybrid_min_match: int
+    draft_window: int  # the most tokens a draft model catches up on (0: all)
     def __init__(self, **fields: Any) -> None: ...
     def to_dict(self) -> Dict[str, Any]: ...
 
@@ -338,6 +340,8 @@ class AutoPolicy(LengthPolicy):
     def plans_jointly(self, model: bool = False) -> bool: ...
     def allot_lengths(self, bids: Sequence[Tuple[float, float, int]], max_rows: int = 512) -> List[int]: ...
     def may_draft(self, source: str) -> bool: ...
+    def catch_up_pays(self, lag: int) -> bool: ...  # the draft model's catch-up on lag tokens pays back
+    catch_up_cost: float  # seconds per caught-up token (measured, else the prior; -1: neither)
     calibration: Dict[int, float]
     def take_new_timings(self) -> Dict[int, float]: ...  # measured here since the last call: to keep on disk
     def verify_cost(self, batch: int) -> float: ...

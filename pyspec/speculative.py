@@ -42,6 +42,11 @@ class SpeculativeDecoder(Generator):
     (default) is the target's (``target.memory``), False none. With
     ``remember=False`` generations only read it (a benchmark's fixed memory).
 
+    ``draft_window``: the most tokens the draft model catches up on at once. A
+    new conversation's prompt is not prefilled on it before the first token;
+    its first draft processes the last ``draft_window`` tokens only (0: all).
+    Drafts are guesses the target checks, so any window stays lossless.
+
     Raises :class:`~pyspec.IncompatibleModelsError` when the vocabularies differ.
     """
 
@@ -57,14 +62,17 @@ class SpeculativeDecoder(Generator):
         draft_max: Optional[int] = None,
         ngram_min: int = DRAFTER_DEFAULTS.ngram_min,
         ngram_max: int = DRAFTER_DEFAULTS.ngram_max,
+        draft_window: int = DRAFTER_DEFAULTS.draft_window,
         memory: Union[bool, Memory] = True,
         remember: bool = True,
     ) -> None:
-        params = _core.DrafterParams(name=drafter or "", ngram_min=ngram_min, ngram_max=ngram_max)
+        if draft_window < 0:
+            raise ValueError(f"draft_window must be >= 0 (0: no window), not {draft_window}")
+        self._sizes = dict(ngram_min=ngram_min, ngram_max=ngram_max, draft_window=draft_window)
+        params = _core.DrafterParams(name=drafter or "", **self._sizes)
         self.drafter = _core.drafter_name(params, draft is not None)
         self.memory = memory_.choose(memory, target.memory)
         self.remember = remember
-        self._ngram_sizes = (ngram_min, ngram_max)
         self.target = target
         self.draft = draft if DRAFTERS[self.drafter]["needs_draft_model"] else None
         self.policy = policy
@@ -176,8 +184,7 @@ class SpeculativeDecoder(Generator):
         return self._slot_pool[name]
 
     def _make_drafters(self, name: str, n: int, siblings: bool = True) -> List["_core.Drafter"]:
-        n_min, n_max = self._ngram_sizes
-        params = _core.DrafterParams(name=name, ngram_min=n_min, ngram_max=n_max)
+        params = _core.DrafterParams(name=name, **self._sizes)
         return _core.make_batch_drafters(params, self.target.native, self._draft_native, n, siblings)
 
     @property

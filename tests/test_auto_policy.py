@@ -104,6 +104,29 @@ def test_negative_control_a_cheap_draft_model_is_used():
     assert p.may_draft("model")
 
 
+def test_a_draft_model_far_behind_drafts_only_when_its_catch_up_pays_back():
+    """A draft model behind the text (a new prompt, which it never prefills before
+    the first token) catches up on up to a window first: auto drafts from it only
+    when what drafting could save over the next tokens (40 left here) exceeds the
+    catch-up, at 0.3 of a draft step per token until a catch-up is measured. A
+    draft at 0.15 of a step that drafts about two tokens a round pays in step and
+    after 16 tokens behind, not after 256 (a catch-up of 11.5 steps). Control: once a
+    catch-up is measured at a tenth of that, the same 256 tokens pay."""
+    p = calibrated_policy(CPU_STEPS)
+    p.recorded_draft_cost(0.15 * STEP)
+    p.clock = False
+    play(p, 30, accept=lambda i: i < 2, draft_step=0.15)
+    p.set_remaining(40)
+    assert p.catch_up_cost == pytest.approx(0.3 * p.draft_cost("model"))
+    assert p.next_length(16, "model", 0, 1) > 0, "in step, the draft model was not used"
+    assert p.next_length(16, "model", 0, 16) > 0, "16 tokens behind, the catch-up was judged not to pay"
+    assert p.next_length(16, "model", 0, 256) == 0, "256 tokens behind, the draft model caught up for 40 tokens"
+    # A measured catch-up (a round 256 behind that drafted 2 tokens) at 0.003 of a step per token.
+    p.observe(2, 2, 3 * 0.15 * STEP + 256 * 0.003 * STEP, 1.5 * STEP, "model", 0, 256)
+    assert p.catch_up_cost == pytest.approx(0.003 * STEP)
+    assert p.next_length(16, "model", 0, 256) > 0, "control: a cheap catch-up was still refused"
+
+
 # Rows a batch shares are dear on a CPU: two rows cost about one step, beyond that
 # each row adds half a step (cost in target steps).
 DEAR_ROWS = {1: 1.0, 2: 1.05, 4: 2.2, 8: 4.4, 16: 8.8, 32: 17.6}
@@ -113,8 +136,7 @@ def test_a_draft_model_that_pays_alone_steps_aside_in_a_large_batch():
     """Issue 34: `auto` that knows the batch. A draft model at a twentieth of a
     step per token pays alone (a 2-token decode costs about one step), but beside
     15 sequences its rows cost half a step each for 0.9 tokens at best: it may
-    not draft there, so the engine does not prefill it (may_draft is what the
-    session asks, BatchSession::draft_model_may_pay)."""
+    not draft there (may_draft: the condition probes are judged by)."""
     p = calibrated_policy(DEAR_ROWS)
     p.recorded_draft_cost(0.05 * STEP)
     p.set_batch(0, 0)

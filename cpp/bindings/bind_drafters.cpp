@@ -26,7 +26,7 @@ namespace {
 // prompt, then its proposal (its q is one-hot: no draws).
 template <class D>
 void begin(D& d, const std::vector<int32_t>& prompt) {
-    d.begin(prompt, SamplingParams{}, true);
+    d.begin(prompt, SamplingParams{});
 }
 
 template <class D>
@@ -127,6 +127,7 @@ void bind_drafters(py::module_& m) {
         .field("ngram_min", &DrafterParams::ngram_min)
         .field("ngram_max", &DrafterParams::ngram_max)
         .field("hybrid_min_match", &DrafterParams::hybrid_min_match)
+        .field("draft_window", &DrafterParams::draft_window)
         .done();
     pyspec_bind::def_catalog(m, "drafters", &drafter_catalog, "needs_draft_model", &DrafterInfo::needs_draft_model,
                              "Every drafter: name, whether it needs a draft model, a one-line summary.");

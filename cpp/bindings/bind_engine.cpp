@@ -135,6 +135,7 @@ void bind_stats(py::module_& m) {
         .field("forced_drafted", &GenerationStats::forced_drafted)
         .field("forced_accepted", &GenerationStats::forced_accepted)
         .field("grammar_cuts", &GenerationStats::grammar_cuts)
+        .field("draft_windows", &GenerationStats::draft_windows)
         .field("masks", &GenerationStats::masks)
         .field("mask_s", &GenerationStats::mask_s)
         .field("pit", &GenerationStats::pit)

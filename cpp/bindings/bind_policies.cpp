@@ -118,6 +118,10 @@ void bind_policies(py::module_& m) {
              "sequence also holding one row; [] when this policy cannot allot.")
         .def("may_draft", [](const AutoPolicy& p, const std::string& s) { return p.may_draft(parse_source(s)); },
              py::arg("source"))
+        .def("catch_up_pays", &AutoPolicy::catch_up_pays, py::arg("lag"),
+             "Whether the draft model's catch-up on `lag` tokens could pay back within the next 128 tokens.")
+        .def_property_readonly("catch_up_cost", &AutoPolicy::catch_up_cost,
+                               "The draft model's seconds per caught-up token (measured, else its prior; -1: neither).")
         // Its estimates.
         .def("verify_cost", &AutoPolicy::verify_cost, py::arg("batch"),
              "V(n): seconds of a target decode of n rows (-1: not measured).")

@@ -71,9 +71,9 @@ ConsensusDrafter::ConsensusDrafter(std::shared_ptr<ConsensusPool> pool, int32_t 
     if (!pool_ || seq < 0 || seq >= pool_->n_seq()) throw std::invalid_argument("sample index outside the pool");
 }
 
-void ConsensusDrafter::begin(const std::vector<int32_t>& prompt, const SamplingParams& sampling, bool prefill) {
+void ConsensusDrafter::begin(const std::vector<int32_t>& prompt, const SamplingParams& sampling) {
     pool_->reset(seq_, prompt);
-    own_.begin(prompt, sampling, prefill);
+    own_.begin(prompt, sampling);
     from_seq_ = from_pos_ = -1;
     forget_plan();
     sibling_drafts_ = 0;

@@ -58,7 +58,7 @@ public:
     ConsensusDrafter(std::shared_ptr<ConsensusPool> pool, int32_t seq, int32_t n_vocab, int32_t n_min = 1,
                      int32_t n_max = 16);
 
-    void begin(const std::vector<int32_t>& prompt, const SamplingParams& sampling, bool prefill) override;
+    void begin(const std::vector<int32_t>& prompt, const SamplingParams& sampling) override;
 
     // Rounds whose draft came from a sibling (the rest: the own lookup, or none).
     int32_t sibling_drafts() const { return sibling_drafts_; }

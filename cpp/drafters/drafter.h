@@ -94,9 +94,10 @@ public:
 
     // A new generation starts from `prompt`. `sampling` is the drafter's own
     // sampling setting for this generation (deterministic drafters ignore it:
-    // their q is one-hot on the proposal). With `prefill` a model drafter processes
-    // the prompt now; otherwise its first draft catches up (plan().lag says how far).
-    virtual void begin(const std::vector<int32_t>& prompt, const SamplingParams& sampling, bool prefill) = 0;
+    // their q is one-hot on the proposal). A model drafter keeps what its cache
+    // holds of the prompt and processes the rest only when it first drafts
+    // (plan().lag says how far): the first token never waits for it.
+    virtual void begin(const std::vector<int32_t>& prompt, const SamplingParams& sampling) = 0;
 
     // Propose up to max_n tokens that continue `history` (the committed sequence).
     // Writes the tokens into `tokens` and, for each, the distribution it was

@@ -48,7 +48,7 @@ std::unique_ptr<Drafter> make_drafter(const DrafterParams& params, const Model& 
                                                   params.ngram_max);
     }
     check_compatible(target, *draft);
-    auto model = std::make_unique<ModelDrafter>(*draft);
+    auto model = std::make_unique<ModelDrafter>(*draft, 0, params.draft_window);
     if (name == "model") return model;
     return std::make_unique<HybridDrafter>(std::move(model), std::make_unique<SuffixDrafter>(ngram(), n_vocab),
                                            params.hybrid_min_match);
@@ -78,9 +78,9 @@ std::vector<std::unique_ptr<Drafter>> make_batch_drafters(const DrafterParams& p
         } else if (name == "suffix") {
             out.push_back(lookup());
         } else if (name == "model") {
-            out.push_back(std::make_unique<ModelDrafter>(*draft, j));
+            out.push_back(std::make_unique<ModelDrafter>(*draft, j, params.draft_window));
         } else {
-            out.push_back(std::make_unique<HybridDrafter>(std::make_unique<ModelDrafter>(*draft, j), lookup(),
+            out.push_back(std::make_unique<HybridDrafter>(std::make_unique<ModelDrafter>(*draft, j, params.draft_window), lookup(),
                                                           params.hybrid_min_match));
         }
     }

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "drafters/drafter.h"
+#include "drafters/model_drafter.h"
 #include "model/model.h"
 
 namespace pyspec {
@@ -23,6 +24,8 @@ struct DrafterParams {
     int32_t ngram_min = 1;     // shortest n-gram match that proposes a draft
     int32_t ngram_max = 16;    // longest n-gram matched
     int32_t hybrid_min_match = 2;  // hybrid: n-gram matches at least this long win over the model
+    // A draft model catches up on at most this many tokens (model_drafter.h; 0: all).
+    int32_t draft_window = ModelDrafter::kDefaultWindow;
 };
 
 // The resolved name of `params.name` (its default when empty). Throws

@@ -36,9 +36,9 @@ public:
         // Report the n-gram plan where there is one: a plain round checks its guess for free.
         return use(lookup.match_len > 0 ? lookup : m);
     }
-    void begin(const std::vector<int32_t>& prompt, const SamplingParams& sampling, bool prefill) override {
-        model_->begin(prompt, sampling, prefill);
-        ngram_->begin(prompt, sampling, prefill);
+    void begin(const std::vector<int32_t>& prompt, const SamplingParams& sampling) override {
+        model_->begin(prompt, sampling);
+        ngram_->begin(prompt, sampling);
     }
     int32_t draft(const std::vector<int32_t>& history, int32_t max_n, Rng& rng, std::vector<int32_t>& tokens,
                   std::vector<Distribution>& q, DraftStopRule* stop) override {

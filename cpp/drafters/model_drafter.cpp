@@ -9,7 +9,8 @@
 
 namespace pyspec {
 
-ModelDrafter::ModelDrafter(Model& model, int32_t seq) : model_(model), seq_(seq) {
+ModelDrafter::ModelDrafter(Model& model, int32_t seq, int32_t window)
+    : model_(model), seq_(seq), window_(std::max(window, 0)) {
     if (seq < 0 || seq >= model.n_seq()) {
         throw std::invalid_argument("the draft model's context holds " + std::to_string(model.n_seq()) +
                                     " sequences; a drafter for sequence " + std::to_string(seq) +
@@ -17,24 +18,59 @@ ModelDrafter::ModelDrafter(Model& model, int32_t seq) : model_(model), seq_(seq)
     }
 }
 
+size_t ModelDrafter::kept(const std::vector<int32_t>& history, bool& windowed) {
+    windowed = false;
+    if (offset_ >= history.size()) offset_ = 0;  // a shorter history: start from its beginning
+    const std::vector<int32_t>& c = model_.cached(seq_);
+    const size_t n = std::min(c.size(), history.size() - offset_);
+    size_t keep = 0;
+    while (keep < n && c[keep] == history[offset_ + keep]) ++keep;
+    // Re-anchor when the catch-up would be long, or when the context is full
+    // (a window lets the draft model go on drafting there).
+    const size_t missing = history.size() - offset_ - keep;
+    const bool full = history.size() - offset_ >= static_cast<size_t>(model_.n_ctx());
+    if (window_ > 0 && window_ < model_.n_ctx() && (missing > static_cast<size_t>(window_) || full)) {
+        offset_ = history.size() - static_cast<size_t>(window_);
+        windowed = true;
+        return 0;
+    }
+    return keep;
+}
+
 DraftPlan ModelDrafter::plan(const std::vector<int32_t>& history) {
     DraftPlan p;
-    p.lag = static_cast<int32_t>(history.size() - common_prefix(model_.cached(seq_), history));
+    bool windowed = false;
+    const size_t from = offset_;
+    p.lag = static_cast<int32_t>(history.size() - offset_ - kept(history, windowed));
+    offset_ = from;  // planning only measures; the draft re-anchors
     return p;
 }
 
-void ModelDrafter::begin(const std::vector<int32_t>& prompt, const SamplingParams& sampling, bool prefill) {
+void ModelDrafter::begin(const std::vector<int32_t>& prompt, const SamplingParams& sampling) {
     sampling.validate();
     sampling_ = sampling;
     belief_sampling_ = sampling;
     belief_sampling_.temperature = 1.0;
-    // Reuse whatever prefix of the prompt the cache already holds, in this
-    // sequence or copied from another (samples of one prompt process it once).
-    const size_t keep = model_.adopt_prefix(seq_, prompt, prompt.size());
-    if (prefill && keep < prompt.size()) {
-        model_.decode(prompt.data() + keep, static_cast<int32_t>(prompt.size() - keep), static_cast<int32_t>(keep), 0,
-                      seq_);
+    // Reuse what the cache already holds of the prompt: a window of an earlier
+    // turn of this conversation (its text, found where it sits in the prompt),
+    // or a prefix, in this sequence or copied from another (samples of one
+    // prompt process it once). The first draft catches up on the rest.
+    const std::vector<int32_t>& c = model_.cached(seq_);
+    size_t best = 0, at = 0;
+    for (size_t o = 1; !c.empty() && o < prompt.size(); ++o) {
+        if (prompt[o] != c[0]) continue;
+        size_t m = 0;
+        while (m < c.size() && o + m < prompt.size() && c[m] == prompt[o + m]) ++m;
+        if (m > best) best = m, at = o;
+        if (best == c.size()) break;
     }
+    if (best > common_prefix(c, prompt)) {
+        offset_ = at;
+        model_.truncate(static_cast<int32_t>(best), seq_);
+        return;
+    }
+    offset_ = 0;
+    model_.adopt_prefix(seq_, prompt, prompt.size());
 }
 
 int32_t ModelDrafter::draft(const std::vector<int32_t>& history, int32_t max_n, Rng& rng,
@@ -89,40 +125,46 @@ int32_t draft_together(std::vector<ModelDraftJob>& jobs) {
     for (ModelDraftJob& job : jobs) {
         if (&job.drafter->model_ != &m) throw std::invalid_argument("draft_together: jobs of different models");
         job.tokens->clear();
-        // Never write past the draft's context: position of the last fed token < n_ctx.
-        job.max_n = std::min<int32_t>(job.max_n, m.n_ctx() - static_cast<int32_t>(job.history->size()));
+        job.windowed = false;
         if (job.max_n > 0 && !job.history->empty()) open.push_back(&job);
     }
     if (open.empty()) return 0;
     const auto held = m.lock();
     int32_t decodes = 0;
     // Sync each cache with its committed sequence: drop a rejected tail, then
-    // feed what is missing (usually one or two tokens), logits for the last
-    // one, all in the first decode. A long lag (a hybrid that drafted by lookup
-    // for a while) is caught up on its own first, to keep that decode small.
+    // feed what is missing (usually one or two tokens; at most a window),
+    // logits for the last one, all in the first decode. A long lag (a new
+    // prompt, a hybrid that drafted by lookup for a while) is caught up on its
+    // own first, to keep that decode small. Positions count from the offset.
     std::vector<Model::Row> rows;
     size_t total = 0;
-    std::vector<size_t> keep(open.size());
-    for (size_t j = 0; j < open.size(); ++j) {
-        const std::vector<int32_t>& h = *open[j]->history;
-        const int32_t seq = open[j]->drafter->seq_;
-        keep[j] = common_prefix(m.cached(seq), h);
-        if (keep[j] == h.size()) --keep[j];  // need logits for the last token
-        m.truncate(static_cast<int32_t>(keep[j]), seq);
-        total += h.size() - keep[j];
+    std::vector<size_t> keep;
+    std::vector<ModelDraftJob*> syncing;
+    for (ModelDraftJob* job : open) {
+        ModelDrafter& d = *job->drafter;
+        const size_t size = job->history->size();
+        size_t k = d.kept(*job->history, job->windowed);
+        if (d.offset_ + k == size) --k;  // need logits for the last token
+        m.truncate(static_cast<int32_t>(k), d.seq_);
+        // Never write past the draft's context: position of the last fed token < n_ctx.
+        job->max_n = std::min<int32_t>(job->max_n, m.n_ctx() - static_cast<int32_t>(size - d.offset_));
+        if (job->max_n <= 0) continue;
+        keep.push_back(k);
+        syncing.push_back(job);
+        total += size - d.offset_ - k;
     }
+    open.swap(syncing);
+    if (open.empty()) return decodes;
     for (size_t j = 0; j < open.size(); ++j) {
-        const std::vector<int32_t>& h = *open[j]->history;
+        const int32_t* h = open[j]->history->data() + open[j]->drafter->offset_;
+        const size_t size = open[j]->history->size() - open[j]->drafter->offset_;
         const int32_t seq = open[j]->drafter->seq_;
-        if (total > static_cast<size_t>(m.n_batch()) && h.size() - keep[j] > 1) {
-            m.decode(h.data() + keep[j], static_cast<int32_t>(h.size() - 1 - keep[j]), static_cast<int32_t>(keep[j]),
-                     0, seq);
-            keep[j] = h.size() - 1;
+        if (total > static_cast<size_t>(m.n_batch()) && size - keep[j] > 1) {
+            m.decode(h + keep[j], static_cast<int32_t>(size - 1 - keep[j]), static_cast<int32_t>(keep[j]), 0, seq);
+            keep[j] = size - 1;
             ++decodes;
         }
-        for (size_t p = keep[j]; p < h.size(); ++p) {
-            rows.push_back({seq, static_cast<int32_t>(p), h[p], p + 1 == h.size()});
-        }
+        for (size_t p = keep[j]; p < size; ++p) rows.push_back({seq, static_cast<int32_t>(p), h[p], p + 1 == size});
     }
     m.decode_rows(rows.data(), static_cast<int32_t>(rows.size()));
     ++decodes;

@@ -4,6 +4,14 @@
 // round it catches up on the missing tokens in the same decode as the next
 // draft's first position.
 //
+// A catch-up feeds at most `window` tokens: when more are missing (a new
+// conversation's prompt, a long stretch drafted by lookup) the cache starts
+// over on the history's last `window` tokens, at position 0. Drafts are guesses
+// the target checks, so a draft model that sees less of the text stays
+// lossless; it then costs a window's prefill instead of the whole prompt's
+// (~half the target's on a CPU). The cache holds history[offset_:], and is
+// content-addressed like every cache here (its tokens at positions 0..n).
+//
 // Each drafter decodes in its own sequence `seq` of the draft model's context,
 // so the sequences of a batch draft together: draft_together() runs one
 // llama_decode per draft position for all of them.
@@ -36,6 +44,8 @@ struct ModelDraftJob {
     // that follows the penalised target is accepted more often. Any q is lossless.
     const Penalties* penalties = nullptr;
     size_t n_prompt = 0;
+    // Out: whether this draft's catch-up started the cache over on a window.
+    bool windowed = false;
 };
 
 // Draft for several sequences of one draft model at once: each job as its
@@ -47,11 +57,14 @@ int32_t draft_together(std::vector<ModelDraftJob>& jobs);
 
 class ModelDrafter : public Drafter {
 public:
+    // The most tokens one catch-up feeds (0: all); DrafterParams::draft_window.
+    static constexpr int32_t kDefaultWindow = 256;
+
     // std::invalid_argument unless the model's context holds sequence `seq`.
-    explicit ModelDrafter(Model& model, int32_t seq = 0);
+    explicit ModelDrafter(Model& model, int32_t seq = 0, int32_t window = kDefaultWindow);
 
     DraftPlan plan(const std::vector<int32_t>& history) override;
-    void begin(const std::vector<int32_t>& prompt, const SamplingParams& sampling, bool prefill) override;
+    void begin(const std::vector<int32_t>& prompt, const SamplingParams& sampling) override;
     int32_t draft(const std::vector<int32_t>& history, int32_t max_n, Rng& rng, std::vector<int32_t>& tokens,
                   std::vector<Distribution>& q, DraftStopRule* stop) override;
     Model* model() const override { return &model_; }
@@ -62,9 +75,15 @@ private:
     friend int32_t draft_together(std::vector<ModelDraftJob>& jobs);
     // q for the job's next token from logits row `row`; false when its stop rule ends the draft here.
     bool next(ModelDraftJob& job, int32_t row, int32_t i);
+    // Tokens of `history` past offset_ that the cache holds; re-anchors offset_
+    // on a window (and returns 0, setting `windowed`) when more than window_
+    // are missing or the context is full.
+    size_t kept(const std::vector<int32_t>& history, bool& windowed);
 
     Model& model_;
     int32_t seq_;
+    int32_t window_;
+    size_t offset_ = 0;  // the history index at the cache's position 0
     SamplingParams sampling_;
     SamplingParams belief_sampling_;  // sampling_ at T = 1: the stop rules' view of a greedy draft
     Distribution belief_;

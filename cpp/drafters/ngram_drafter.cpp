@@ -7,7 +7,7 @@ namespace pyspec {
 NgramDrafter::NgramDrafter(int32_t n_vocab, int32_t n_min, int32_t n_max)
     : LookupDrafter(n_vocab), index_(n_min, n_max) {}
 
-void NgramDrafter::begin(const std::vector<int32_t>& prompt, const SamplingParams&, bool) {
+void NgramDrafter::begin(const std::vector<int32_t>& prompt, const SamplingParams&) {
     index_.clear();
     indexed_ = 0;
     index_up_to(prompt);
@@ -41,7 +41,7 @@ int32_t NgramDrafter::find(const std::vector<int32_t>& history, int32_t* match_l
 void NgramDrafter::follow(const std::vector<int32_t>& history) {
     const size_t size = history.size();
     if (followed_ > size) {  // a shorter history: a new sequence without begin(); start over on it
-        begin(history, SamplingParams{}, false);
+        begin(history, SamplingParams{});
         return;
     }
     // What became of the last proposal: rejected at its first token means that

@@ -29,7 +29,7 @@ class NgramDrafter : public LookupDrafter {
 public:
     NgramDrafter(int32_t n_vocab, int32_t n_min = 1, int32_t n_max = 16);
 
-    void begin(const std::vector<int32_t>& prompt, const SamplingParams& sampling, bool prefill) override;
+    void begin(const std::vector<int32_t>& prompt, const SamplingParams& sampling) override;
 
     // Position in `history` whose continuation the longest match proposes, or -1
     // (the plain lookup, without the cursor).

@@ -44,9 +44,9 @@ void SuffixDrafter::forget_memory() {
     failed_.clear();
 }
 
-void SuffixDrafter::begin(const std::vector<int32_t>& prompt, const SamplingParams& sampling, bool prefill) {
+void SuffixDrafter::begin(const std::vector<int32_t>& prompt, const SamplingParams& sampling) {
     take_pending_store();
-    local_->begin(prompt, sampling, prefill);
+    local_->begin(prompt, sampling);
     forget_memory();
     followed_ = 0;
     forget_plan();

@@ -45,7 +45,7 @@ public:
     // Thread-safe: the store is taken at the next begin() or plan(), on the thread
     // that drafts (a decoder shared by threads sets it before its engine runs).
     bool use_memory(std::shared_ptr<const SuffixStore> store) override;
-    void begin(const std::vector<int32_t>& prompt, const SamplingParams& sampling, bool prefill) override;
+    void begin(const std::vector<int32_t>& prompt, const SamplingParams& sampling) override;
 
     // Rounds since begin() whose draft came from memory.
     int32_t memory_drafts() const { return memory_drafts_; }

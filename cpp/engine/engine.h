@@ -312,10 +312,6 @@ private:
     // Waiting sequences whose prompts are in the cache start generating.
     void start_ready();
     void start(Sequence& s);
-    // Whether s's drafter should process its prompt on the draft model: not when
-    // s's policy judges that model unable to pay in the batch s joins (every
-    // other unfinished sequence, one row each), which spares that model the prompt.
-    bool draft_model_may_pay(Sequence& s);
     // Add a chunk of waiting prompts to rows_ (at most `budget` rows).
     void add_prompt_rows(int32_t budget);
     // The sequences that generate this round (ends those cancelled or out of room).

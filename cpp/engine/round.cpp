@@ -225,7 +225,10 @@ void BatchSession::draft_from_models(std::vector<Sequence*> seqs) {
         bs_.draft_decodes += draft_together(group);
         // The shared decodes' time, split among the sequences that drafted in them.
         const double share = since(t) / static_cast<double>(group.size());
-        for (Sequence* s : group_seqs) s->draft_s += share;
+        for (size_t j = 0; j < group.size(); ++j) {
+            group_seqs[j]->draft_s += share;
+            group_seqs[j]->stats().draft_windows += group[j].windowed;
+        }
         seqs.swap(rest);
     }
 }

@@ -288,17 +288,6 @@ int32_t BatchSession::n_active() const {
     return n;
 }
 
-bool BatchSession::draft_model_may_pay(Sequence& s) {
-    JointPlanner* planner = s.policy ? s.policy->as_planner() : nullptr;
-    if (!planner) return true;
-    // Rows a batch shares are dear on a CPU (16 cost ~7 steps), so a draft model
-    // that pays alone may not pay beside 15 others: the policy judges it in the
-    // batch this sequence joins, before its first round (which sets it anew).
-    const int32_t others = n_active() + n_waiting() - 1;  // s waits
-    planner->set_batch(others, others);
-    return planner->may_draft(DraftSource::kModel);
-}
-
 int32_t BatchSession::n_waiting() const {
     int32_t n = 0;
     for (const Sequence& s : seqs_) n += !s.done && !s.started;
@@ -371,7 +360,7 @@ void BatchSession::start(Sequence& s) {
     const std::vector<int32_t>& prompt = s.history;
     if (s.speculative()) {
         if (JointPlanner* planner = s.policy->as_planner()) planner->set_remaining(s.max_tokens);
-        s.drafter->begin(prompt, s.params.draft_sampling, draft_model_may_pay(s));
+        s.drafter->begin(prompt, s.params.draft_sampling);
     }
     if (s.policy) s.policy->begin_generation();
     s.stats().prompt_s = since(s.t_start);

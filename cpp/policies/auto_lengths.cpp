@@ -154,15 +154,35 @@ bool AutoPolicy::could_pay(const Bucket& b) const {
     return false;
 }
 
+double AutoPolicy::catch_up_cost() const {
+    if (catch_up_s_ >= 0) return catch_up_s_;
+    const double c = cost_of(buckets_[kModelBucket]);
+    return c < 0 ? -1.0 : kPrefillShare * c;
+}
+
+bool AutoPolicy::catch_up_pays(int32_t lag) const {
+    if (lag <= kInStepLag) return true;
+    const Bucket& b = buckets_[kModelBucket];
+    const double per_token = catch_up_cost();
+    if (per_token < 0 || v1_ <= 0) return true;  // nothing to weigh it with: the probe measures it
+    // At the acceptance expected (not a probe's optimistic one): the catch-up is paid for certain.
+    const double alpha = b.alpha();
+    const double plain = rate(b, alpha, 0);
+    double best = plain;
+    for (int32_t k = 1; k <= std::min(draft_max_, kShortCap); ++k) {
+        if (k == 1 || candidate(std::min(other_rows_ + k + 1, kMaxBatch))) best = std::max(best, rate(b, alpha, k));
+    }
+    const double horizon = std::min(remaining_, kPaybackTokens);
+    return horizon / plain - horizon / best > lag * per_token;
+}
+
 bool AutoPolicy::may_draft(DraftSource source) const {
     DraftPlan plan;
     plan.source = source;
     plan.match_len = source == DraftSource::kNgram ? 12 : 0;
     const Bucket& b = buckets_[static_cast<size_t>(bucket_of(plan))];
-    // A drafter whose cost is unknown is only used to measure it (next_length):
-    // it is not prefilled, since the probe catches it up itself. So a first
-    // answer's first token does not wait for a draft model that may not pay
-    // here, and a short answer, which never probes, never runs it.
+    // A drafter whose cost is unknown is only used to measure it (next_length),
+    // and a short answer, which never probes, never runs it.
     if (b.cost < 0) return false;
     return could_pay(b);
 }
@@ -171,6 +191,8 @@ int32_t AutoPolicy::next_length(int32_t round_max, const DraftPlan& plan) {
     Bucket& b = plan_round(plan);
     const int32_t longest = longest_for(round_max, plan);
     if (longest <= 0 || v1_ <= 0) return 0;  // a plain step measures v1 first
+    // A draft model far behind the text drafts only when its catch-up pays back.
+    if (plan.source == DraftSource::kModel && !catch_up_pays(plan.lag)) return 0;
     const bool may_explore = remaining_ >= kExploreMin;
     if (b.cost < 0) {  // the drafter's cost is unknown: one short draft measures it,
         // unless even its prior (draft_cost_prior) says it cannot pay here
@@ -285,8 +307,13 @@ void AutoPolicy::observe(const RoundReport& r) {
     ++round_;
     ++rounds_seen_;
     Bucket& b = buckets_[static_cast<size_t>(bi)];
-    // A catch-up on many tokens (after plain rounds) is not a per-token drafting cost.
-    const bool in_step = r.plan.source == DraftSource::kNgram || r.plan.lag <= 2;
+    // A catch-up on many tokens (after plain rounds) is not a per-token drafting
+    // cost: what it took beyond the draft's own steps is the catch-up's.
+    const bool in_step = r.plan.source == DraftSource::kNgram || r.plan.lag <= kInStepLag;
+    if (learn_costs_ && !in_step && r.draft_s > 0 && b.cost >= 0) {
+        const double own = (r.drafted + 1) * b.cost;
+        catch_up_s_ = ema(catch_up_s_, std::max(0.0, r.draft_s - own) / r.plan.lag, kCostRate);
+    }
     if (r.drafted == 0) {
         if (r.guess_hit >= 0) learn(b, r.guess_hit);
         // A planned draft that stopped before its first token still ran the draft

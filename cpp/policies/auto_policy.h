@@ -106,10 +106,16 @@
 // could not pay even at 90 % acceptance per position with the measured costs are
 // not probed: a draft model that cannot break even on this hardware is not kept
 // in step (and its prompt is not processed) at the target's expense. That is
-// judged in the batch a sequence joins (BatchSession::draft_model_may_pay tells
-// the policy every other unfinished sequence before asking may_draft): on a CPU
-// a draft model that pays alone cannot pay beside 15 others, whose decode
-// already costs ~7 steps, so the draft model steps aside and lookups stay.
+// judged in the batch the sequence runs in (set_batch): on a CPU a draft model
+// that pays alone cannot pay beside 15 others, whose decode already costs ~7
+// steps, so the draft model steps aside and lookups stay.
+//
+// Catch-ups: a draft model behind the text by `lag` tokens (a new prompt, which
+// is never prefilled before the first token; plain or lookup rounds since it
+// last drafted) first processes them, up to a window (model_drafter.h). It
+// drafts only when what drafting could save over the next kPaybackTokens (at
+// the acceptance expected of it) exceeds that catch-up, at
+// the measured cost per caught-up token (prior: kPrefillShare of a draft step).
 #pragma once
 
 #include <array>
@@ -141,11 +147,15 @@ public:
     JointPlanner* as_planner() override { return this; }
     Calibrated* as_calibrated() override { return this; }
 
-    // JointPlanner (policy.h). may_draft: whether drafting from `source` could
-    // pay at all (the probe condition above; true while its cost is unmeasured).
+    // JointPlanner (policy.h).
     void set_batch(int32_t other_rows, int32_t other_seqs) override;
     void set_remaining(int32_t tokens) override { remaining_ = tokens; }
-    bool may_draft(DraftSource source) const override;
+    // Whether drafting from `source` could pay at all (the probe condition
+    // above; false while the draft model's cost is unknown: it is measured by a probe).
+    bool may_draft(DraftSource source) const;
+    // Whether the draft model's catch-up on `lag` tokens could pay back (above).
+    bool catch_up_pays(int32_t lag) const;
+    double catch_up_cost() const;  // seconds per caught-up token: measured, else the prior (-1: neither)
     bool plans_jointly(bool model) const override;
     LengthBid bid(int32_t round_max, const DraftPlan& plan) const override;
     std::vector<int32_t> allot_lengths(const std::vector<LengthBid>& bids, int32_t max_rows) const override;
@@ -291,6 +301,7 @@ private:
     bool learn_costs_ = true;
     double v1_ = -1;                  // single-token step, seconds
     double draft_prior_ = -1;         // draft_cost_prior: the draft model's step in target steps
+    double catch_up_s_ = -1;          // the draft model's seconds per caught-up token; -1 = not measured
     std::vector<double> ratio_;       // r(n) = V(n) / v1, index n; -1 = not measured
     int32_t grid_max_ = 0;            // largest batch calibration_sizes() was asked for
     std::vector<std::pair<int32_t, double>> calibration_;  // timed sizes, ascending

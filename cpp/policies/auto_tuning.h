@@ -28,6 +28,12 @@ inline constexpr double kClockMinRounds = 3;
 inline constexpr double kClockCarry = 0.5;      // weight of the last generation's evidence in a new one
 inline constexpr int32_t kClockCarryRounds = 4; // longest suspension carried into a new generation
 inline constexpr int32_t kExploreMin = 32;      // tokens left below which no paid exploration starts
+// Catch-ups (auto_policy.h): a draft model's catch-up must pay back within this
+// many tokens; a caught-up token costs this share of a draft step until measured
+// (a prefill's per-token share of a single step: ~0.25 for both default models here).
+inline constexpr int32_t kPaybackTokens = 128;
+inline constexpr double kPrefillShare = 0.3;
+inline constexpr int32_t kInStepLag = 2;        // a lag this short is part of the draft's own decode
 
 // Running average: the first observation replaces the "unknown" (-1) start.
 inline double ema(double old, double x, double rate) { return old < 0 ? x : (1 - rate) * old + rate * x; }

@@ -103,9 +103,6 @@ public:
     // (max_tokens less those emitted), so that exploration a short answer
     // cannot pay back is not started.
     virtual void set_remaining(int32_t tokens) = 0;
-    // Whether this policy may draft from `source` soon; when it says no for the
-    // model, the drafter defers processing the prompt until it is asked to draft.
-    virtual bool may_draft(DraftSource source) const = 0;
     // Whether this policy's lengths may be allotted this round (`model`: the
     // sequence's drafter may draft from a draft model).
     virtual bool plans_jointly(bool model) const = 0;
