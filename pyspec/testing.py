@@ -46,7 +46,10 @@ class TestControls:
       under its target row (``stats.pit``; a server reports it in ``timings.pit``);
     - ``slot_choice``: a server's slot for each request: ``"engine"`` (the
       product: the engine's pick) or ``"lowest"`` (the lowest free slot, which
-      ignores where a conversation is cached: the prompt-cache test's control).
+      ignores where a conversation is cached: the prompt-cache test's control);
+    - ``escaped_views``: False, a server adds no JSON-escaped views of a
+      constrained request's prompt to its memory (pyspec/escaped.py; the
+      escaped-lookup test's control).
     """
 
     __test__ = False  # not a pytest test class
@@ -58,6 +61,7 @@ class TestControls:
     pit: bool = False
     penalties: str = "off"
     slot_choice: str = "engine"
+    escaped_views: bool = True
 
     def __post_init__(self) -> None:
         for name, value, allowed in (("variant", self.variant, VARIANTS), ("grammar", self.grammar, GRAMMAR_CONTROLS),
@@ -69,8 +73,9 @@ class TestControls:
     @property
     def breaks_output(self) -> bool:
         """Whether the output is no longer the target's (every field but the
-        probe, and the slot choice, which moves only cache hits)."""
-        return self.replace(pit=False, slot_choice="engine") != TestControls()
+        probe, the slot choice, which moves only cache hits, and the escaped
+        views, which move only drafts)."""
+        return self.replace(pit=False, slot_choice="engine", escaped_views=True) != TestControls()
 
     def replace(self, **changes) -> "TestControls":
         return dataclasses.replace(self, **changes)

@@ -13,6 +13,8 @@ machine's clock, and whether a round drafts at all is what is checked here.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from pyspec import models
@@ -124,3 +126,97 @@ def test_a_null_user_is_the_anonymous_user(server):
     """Some clients send "user": null: it means no user (the shared anonymous memory), not an error."""
     r = server.post("/v1/completions", dict(model="gemma", prompt=PROMPT, max_tokens=2, user=None))
     assert r.status_code == 200, r.text
+
+
+# ------------------------------------------------------------------ copies into JSON strings
+
+# A file with what JSON escapes: newlines, quotes, a backslash, a tab.
+ESCAPED_FILE = '''import json
+import sys
+
+
+def load(path):
+    """Read a JSON file; "-" reads standard input."""
+    if path == "-":
+        return json.load(sys.stdin)
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def save(path, data):
+    """Write data as indented JSON, ending with a newline."""
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=2)
+        f.write("\\n")
+'''
+WRITE_FILE = {"type": "object", "properties": {"path": {"type": "string"}, "content": {"type": "string"}},
+              "required": ["path", "content"]}
+
+
+def test_escaped_views_are_each_long_message_once(draft_path, load_model):
+    """pyspec/escaped.py: a prompt's long messages with characters JSON escapes
+    give their escaped text (json.dumps's, inside the quotes), split at the chat
+    template's control tokens (Qwen's <|im_start|>, <|im_end|>); short or plain
+    messages give none; a memory takes each view once, however often the
+    conversation is re-sent."""
+    from pyspec import Memory, escaped
+    model = load_model(draft_path, n_ctx=1024)  # the test model's template has no control tokens
+    plain = "A plain sentence without any character that JSON escapes, long enough to count."
+    prompt = model.prompt_tokens([{"role": "user", "content": ESCAPED_FILE}, {"role": "assistant", "content": "ok"},
+                                  {"role": "user", "content": plain}, {"role": "user", "content": 'a "b"\n'}])
+    views = escaped.views(model, prompt)
+    assert len(views) == 1 and json.dumps(ESCAPED_FILE)[1:-1] in views[0], views
+    memory = Memory(1)
+    assert escaped.remember(memory, model, prompt) == 1 and memory.n_documents == 1
+    assert escaped.remember(memory, model, prompt + model.tokenize(" more", add_special=False)) == 0
+    assert memory.documents()[0] == model.tokenize(views[0], add_special=False)
+
+
+READ_FILE = {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}
+
+
+@pytest.fixture(scope="module")
+def coder_servers(target_path):
+    """Qwen2.5-Coder 1.5B (tools in its template; the 0.5B does not copy the
+    file), suffix lookup with memory: the product, and the control that adds no
+    escaped views (TestControls.escaped_views)."""
+    from pyspec.testing import TestControls
+    args = ("--model", target_path, "--parallel", "1", "--n-ctx", "2048")
+    both = (ServerProcess(*args), ServerProcess(*args, "--test-controls", TestControls(escaped_views=False).to_json()))
+    yield both
+    for s in both:
+        assert s.stop() == 0
+
+
+def test_a_file_copied_into_a_tool_call_drafts_from_its_escaped_view(coder_servers):
+    """Issue 60: an agent writes a file it read as a tool call's argument, a JSON
+    string. The server adds the escaped form of the prompt's long messages to
+    the user's memory (pyspec/escaped.py), so the copy drafts through `\\n`,
+    `\\"` and `\\\\`: most of the call's tokens are drafted from memory.
+    Control: without the views the same call drafts far less from memory (the
+    copy's lookups break at every escape). Greedy, the auto policy."""
+    tools = [{"type": "function", "function": {"name": "read_file", "parameters": READ_FILE}},
+             {"type": "function", "function": {"name": "write_file", "parameters": WRITE_FILE}}]
+    read = {"id": "c1", "type": "function", "function": {"name": "read_file", "arguments": '{"path": "io.py"}'}}
+    messages = [{"role": "system", "content": "You are a coding agent. Use the tools to work on files."},
+                {"role": "user", "content": "Copy io.py to copy.py, unchanged."},
+                {"role": "assistant", "content": None, "tool_calls": [read]},
+                {"role": "tool", "tool_call_id": "c1", "content": ESCAPED_FILE}]
+    body = dict(model="x", messages=messages, temperature=0, max_tokens=300, user="agent", tools=tools,
+                tool_choice={"type": "function", "function": {"name": "write_file"}})
+    answers = []
+    for server in coder_servers:
+        r = server.post("/v1/chat/completions", body, timeout=600)
+        assert r.status_code == 200, r.text
+        answers.append(r.json())
+    views, control = answers
+    for a in answers:
+        content = json.loads(a["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"])["content"]
+        assert "def save(path, data):\n" in content and '"utf-8"' in content, content  # it copied the file
+    n = views["usage"]["completion_tokens"]
+    with_views, without = (a["timings"]["draft_memory_n"] for a in answers)
+    rates = [a["timings"]["predicted_per_second"] for a in answers]
+    print(f"call of {n} tokens: drafted from memory {with_views} with the views, {without} without; "
+          f"{rates[0]:.1f} vs {rates[1]:.1f} tok/s")
+    assert memory_rounds(views) > 0 and with_views >= n // 2, views["timings"]
+    assert without < with_views // 2, control["timings"]

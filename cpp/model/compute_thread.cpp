@@ -114,8 +114,6 @@ void run_void(const std::function<void()>& job) {
 
 void set_enabled(bool on) { g_enabled.store(on); }
 
-bool enabled() { return g_enabled.load(); }
-
 int64_t threads_that_computed() {
     std::lock_guard<std::mutex> lock(g_seen_mutex);
     return static_cast<int64_t>(g_seen.size());

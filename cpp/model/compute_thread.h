@@ -46,7 +46,6 @@ auto run(F&& f) -> decltype(f()) {
 }
 
 void set_enabled(bool on);   // process-wide; tests only
-bool enabled();
 // Distinct OS threads that have run a job (here or inline when disabled):
 // 1 when every graph was computed on the compute thread.
 int64_t threads_that_computed();

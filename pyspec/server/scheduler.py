@@ -33,7 +33,7 @@ import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Callable, Deque, Dict, List, Optional, Set, Tuple
 
-from .. import _core
+from .. import _core, escaped
 from ..fim import EditorStops
 from ..results import PositionCounts
 from ..settings import PREFILL_CHUNK
@@ -230,6 +230,8 @@ class Scheduler:
             job.memory = self.memories(job.user)  # only now: a refused request evicts nobody's memory
         for p_i, request in enumerate(job.requests):
             if job.memory is not None and request.drafting is not None:  # the user's memory (server/users.py)
+                if request.constraint is not None and self._test.escaped_views:  # copies into JSON strings
+                    escaped.remember(job.memory, self.target, request.tokens)
                 request = dataclasses.replace(request, drafting=dataclasses.replace(request.drafting,
                                                                                     memory=job.memory))
             for j in range(request.n):
