@@ -16,8 +16,9 @@ Two layouts, which differ only in where the typed part of the cursor line
     next line: the prefix and suffix stay put, so a cached prompt is reused up
     to the last keystroke and only the new characters are processed. The suffix's
     budget does not depend on the typed length for the same reason. The last
-    typed token is healed (:func:`heal`): a half-typed word continues as the
-    model would tokenize the whole word. Healing changes the law sampled
+    typed token is healed (:func:`heal`): a half-typed word, an indentation
+    or a trailing space goes on as the model would tokenize the finished
+    text. Healing changes the law sampled
     (:func:`heal` says how); ``healing=False`` (a request's ``healing``
     field) keeps the typed tokens and the plain FIM law.
 
@@ -53,7 +54,6 @@ from .constraints import Constraint
 
 LAYOUTS = ("still", "llama-server")
 _SNIPPET = "\n\n--- snippet ---\n\n"  # llama-server's chunk header when the model has no file separator
-_WORD = re.compile(r"\w$")
 
 
 class FimUnsupported(ValueError):
@@ -201,28 +201,51 @@ def split_middle(prefix: str) -> Tuple[str, str]:
     return prefix, ""
 
 
+#: What healing takes back (:func:`heal`): the typed text's last piece as the
+#: tokenizer would cut the finished text: trailing blanks, else a word with the
+#: character before it (" retur", ".app", "(sel"), else a run of punctuation
+#: with a space before it (" =", "():"). Never a line break.
+_TAIL = re.compile(r"(?:[^\S\n]+|[^\w\n]?\w+|[^\S\n]?[^\w\s]+)\Z")
+#: Most tokens healing takes back (a long identifier is written again under the mask).
+MAX_HEALED_TOKENS = 8
+
+
 def heal(model, typed_tokens: List[int]) -> Tuple[List[int], str]:
-    """Token healing at the cursor: when the typed text ends inside a word, its
-    last token is taken back and the answer must begin with that token's text,
-    so "ret" can continue as the one token "return" the model would have
-    written, not as "ret" + "urn". Returns the tokens kept and the text taken.
+    """Token healing at the cursor: the tokens of the typed text's last piece
+    (:data:`_TAIL`) are taken back and the answer must begin with their text.
+    A prompt should end where the model's tokenizer would cut the finished
+    text, and a cursor rarely is there: "retur" is " ret" + "ur", and after
+    " ret" the model does not write "urn" (" return" is one token); an
+    indentation before a word is "   " + " return", never "    " + "return" (a
+    prompt ending in the four-space token is text the model never saw go on,
+    and it answers with nothing or an extra space); "foo(" goes on as
+    "(self". Taking back the whole piece ends the prompt at such a cut.
+    Returns the tokens kept and the text taken (up to
+    :data:`MAX_HEALED_TOKENS` tokens, never one holding a line break).
 
     What is then sampled: the target's rows after the healed prompt (the typed
-    text without its last token), each masked to the tokens that keep the
+    text without those tokens), each masked to the tokens that keep the
     answer on the taken text (``InfillPrompt.constraint``) and renormalised,
     until the answer has written it. That is masking, not conditioning: it is
     not the target's law given that the answer begins with the text (which
     would weigh each first token by how likely its continuations are to match),
-    and the prompt lacks its last typed token. Under speculation it is kept
+    and the prompt lacks its last typed tokens. Under speculation it is kept
     exactly, as every constraint is. The answer shown leaves the taken text
     out (:class:`Unheal`, :meth:`InfillPrompt.visible`). ``healing=False`` keeps
     the typed tokens and samples the plain FIM law (``pyspec.request.heals``)."""
     if not typed_tokens:
         return typed_tokens, ""
-    last = model.detokenize(typed_tokens[-1:])
-    if not last or not _WORD.search(last) or "\n" in last:
+    tail = _TAIL.search(model.detokenize(typed_tokens))
+    need = len(tail.group(0)) if tail else 0
+    taken, text = 0, ""
+    while need > len(text) and taken < min(MAX_HEALED_TOKENS, len(typed_tokens)):
+        more = model.detokenize(typed_tokens[len(typed_tokens) - taken - 1:])
+        if "\n" in more or "\ufffd" in more:  # a line break, or part of a character's bytes
+            break
+        taken, text = taken + 1, more
+    if taken == 0:
         return typed_tokens, ""
-    return typed_tokens[:-1], last
+    return typed_tokens[:len(typed_tokens) - taken], text
 
 
 def build(model, prefix: str, suffix: str, *, typed: str = "", extra: Sequence[Chunk] = (),

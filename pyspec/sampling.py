@@ -73,7 +73,13 @@ class Sampling:
     by ``presence_penalty`` once. The window holds the prompt's tokens when
     ``penalize_prompt`` (llama-server, llama-cli) and only the generated ones
     otherwise (llama-cpp-python). Speculation applies them to every verified
-    row with the drafts before it, so they stay lossless."""
+    row with the drafts before it, so they stay lossless.
+
+    ``infill``: llama.cpp's ``infill`` sampler after the truncations, as editor
+    plugins ask for it (``cpp/core/infill.h``): it ends a suggestion where
+    the end is likely enough and keeps only the clearly likely tokens (those
+    sharing a prefix counted as one). It needs ``top_k`` in 1..256 and a
+    model's vocabulary (a generation attaches its target's)."""
 
     temperature: float = 0.8
     top_k: int = 40
@@ -85,6 +91,7 @@ class Sampling:
     penalty_last_n: int = 64
     penalize_prompt: bool = True
     logit_bias: Tuple[Tuple[int, float], ...] = ()
+    infill: bool = False
 
     def __post_init__(self):
         # One canonical, hashable form: sorted (token, bias) pairs, from a dict or pairs.
@@ -107,7 +114,8 @@ class Sampling:
     def native(self) -> "_core.SamplingParams":
         """The core's form; the core validates it (ValueError with the reason)."""
         top_k = self.top_k if self.top_k <= 2**31 - 1 else 0  # past any vocabulary: off (the core's is 32-bit)
-        return _core.SamplingParams(temperature=self.temperature, top_k=top_k, top_p=self.top_p, min_p=self.min_p)
+        return _core.SamplingParams(temperature=self.temperature, top_k=top_k, top_p=self.top_p, min_p=self.min_p,
+                                    infill=self.infill)
 
     @property
     def penalized(self) -> bool:
@@ -166,6 +174,7 @@ def distribution(
     top_k: int = 0,
     top_p: float = 1.0,
     min_p: float = 0.0,
+    infill=None,
 ) -> np.ndarray:
     """Return the distribution actually sampled from, given logits and settings.
 
@@ -179,6 +188,9 @@ def distribution(
         top_p: in ``(0, 1]``; keep the smallest most-probable prefix with mass ``>= top_p``
             (of the top-k survivors); 1 = off.
         min_p: in ``[0, 1]``; keep tokens with ``p >= min_p * p_max``; 0 = off.
+        infill: a model (:class:`pyspec.Model` or its core) whose vocabulary the
+            infill sampler reads (``cpp/core/infill.h``; needs ``top_k`` in
+            1..256); None: no infill step.
 
     Returns:
         A float64 array of the same length, non-negative and summing to 1 (up to
@@ -191,8 +203,9 @@ def distribution(
     # The core's top_k is 32-bit: beyond any vocabulary means off, and every
     # negative value is as wrong as -1 (the core says so).
     top_k = 0 if top_k > np.iinfo(np.int32).max else max(top_k, -1)
+    vocab = None if infill is None else getattr(infill, "native", infill).infill_vocab()
     return _core_sampling.distribution(arr, float(temperature), int(top_k), float(top_p),
-                                       float(min_p))
+                                       float(min_p), vocab)
 
 
 def apply_penalties(logits, history, settings: Sampling, n_prompt: int = 0) -> np.ndarray:

@@ -42,19 +42,21 @@ def next_row(model: pyspec.Model, tokens, **settings) -> np.ndarray:
     return row
 
 
-def target_rows(model: pyspec.Model, prompt_tokens):
+def target_rows(model: pyspec.Model, prompt_tokens, *, infill: bool = False):
     """p0 and p1(.|a) by plain evaluation, split exactly like the engine:
-    prompt[:-1] as one batch, then single tokens."""
+    prompt[:-1] as one batch, then single tokens; ``infill``: TARGET then the
+    infill sampler (cpp/core/infill.h)."""
     core = model.native
+    settings = dict(TARGET, infill=model if infill else None)
     core.truncate(0)
     core.decode(prompt_tokens[:-1], 0, 0)
     core.decode(prompt_tokens[-1:], len(prompt_tokens) - 1, 1)
-    p0 = sampling.distribution(core.logits(0), **TARGET)
+    p0 = sampling.distribution(core.logits(0), **settings)
     p1 = {}
     for a in np.flatnonzero(p0):
         core.truncate(len(prompt_tokens))
         core.decode([int(a)], len(prompt_tokens), 1)
-        p1[int(a)] = sampling.distribution(core.logits(0), **TARGET)
+        p1[int(a)] = sampling.distribution(core.logits(0), **settings)
     core.truncate(0)
     return p0, p1
 
@@ -107,10 +109,10 @@ def draft_row(draft: pyspec.Model, prompt_tokens, draft_kwargs: dict):
     return next_row(draft, prompt_tokens, **settings.truncation())
 
 
-def exact_law(target: pyspec.Model, prompt: str):
+def exact_law(target: pyspec.Model, prompt: str, *, infill: bool = False):
     """prompt tokens, p0, p1 and the exact two-token law of the target after `prompt`."""
     tokens = target.tokenize(prompt)
-    p0, p1 = target_rows(target, tokens)
+    p0, p1 = target_rows(target, tokens, infill=infill)
     return tokens, p0, p1, exact_distribution(target, p0, p1)
 
 

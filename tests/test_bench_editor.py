@@ -15,26 +15,27 @@ import tempfile
 import pytest
 
 from pyspec.bench.serve import editor as be
+from pyspec.bench.serve import editor_sites as es
 from pyspec.bench.serve.process import Backend
 
 
 def test_sites_are_deterministic_for_a_seed():
-    a, b = be.sites(5, seed=3), be.sites(5, seed=3)
+    a, b = es.sites(5, seed=3), es.sites(5, seed=3)
     assert a == b and len(a) == 5
-    assert be.sites(5, seed=4) != a
-    assert len({(s.file, s.line_no) for s in be.sites(12, seed=0)}) == 12  # no site twice
+    assert es.sites(5, seed=4) != a
+    assert len({(s.file, s.line_no) for s in es.sites(12, seed=0)}) == 12  # no site twice
     assert len({s.file for s in a}) == 5  # spread over files
 
 
 def test_sites_are_lines_of_function_bodies():
-    for s in be.sites(8, seed=1, prefix_lines=10, suffix_lines=3):
-        with open(os.path.join(be.stdlib_dir(), s.file), encoding="utf-8") as f:
+    for s in es.sites(8, seed=1, prefix_lines=10, suffix_lines=3):
+        with open(os.path.join(es.stdlib_dir(), s.file), encoding="utf-8") as f:
             text = f.read()
         lines = text.split("\n")
         assert lines[s.line_no - 1] == s.line
         assert s.before == tuple(lines[s.line_no - 11:s.line_no - 1]) and s.after == tuple(lines[s.line_no:
                                                                                                  s.line_no + 3])
-        assert s.indent > 0 and len(s.line.strip()) >= be.MIN_CHARS
+        assert s.indent > 0 and len(s.line.strip()) >= es.MIN_CHARS
         inside = [fn for fn in ast.walk(ast.parse(text)) if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
                   and fn.body[0].lineno <= s.line_no <= fn.end_lineno]
         assert inside, (s.file, s.line_no, s.line)
@@ -56,12 +57,41 @@ def test_candidates_leave_out_docstrings_module_code_and_long_statements():
         "    def m(self):",
         "        return self.attribute_of_a_class",
     ])
-    assert be.candidates(source) == [5, 8, 9, 13]
+    assert es.candidates(source) == [5, 8, 9, 13]
+
+
+def test_fresh_sites_are_any_statements_first_line_typed_from_its_indentation():
+    source = "\n".join([
+        "TOP_LEVEL = 1",                      # 1: module level, 8+ characters
+        "def f(a, b):",                       # 2: a def line
+        "    '''A docstring line.'''",        # 3: no
+        "    total = 1",                      # 4: short, but 8+ characters after all
+        "    spread = call(a,",               # 5: a statement's first line
+        "                  b)",               # 6: its second line: no
+        "    x = 1",                          # 7: under 8 characters: no
+    ])
+    assert es.candidates(source, fresh=True) == [1, 2, 4, 5]
+    assert es.candidates(source) == []  # the default sites: 20+ characters, single-line, in a body
+    s = es.Site("x.py", 1, "    " + "x" * 20, (), (), fresh=True)
+    assert es.cuts(s, 4) == [4, 9, 14, 19, 24]  # the bare indentation first
+    fresh = es.sites(6, seed=0, fresh=True)
+    assert all(x.fresh for x in fresh) and es.site_requests(fresh[0], 3)[0]["body"]["prompt"].strip() == ""
+
+
+@pytest.mark.parametrize("content, rest, whole", [
+    ("foo(a, b)", "foo(a, b)", True),
+    ("foo(a, b)\n", "foo(a, b)", True),                   # trailing whitespace aside
+    ("foo(a, b)\n    return x", "foo(a, b)", False),      # runs on into lines that are already there
+    ("foo(", "foo(a, b)", False),                          # right, but not whole
+    ("", "", True),                                        # at the line's end: nothing
+])
+def test_whole_rule(content, rest, whole):
+    assert es.is_whole(content, rest) is whole
 
 
 def test_typed_steps_only_append_and_the_prefetch_follows_the_line():
-    site = be.sites(1, seed=2)[0]
-    reqs = be.site_requests(site, 4, n_predict=16)
+    site = es.sites(1, seed=2)[0]
+    reqs = es.site_requests(site, 4, n_predict=16)
     typed, (prefetch,) = reqs[:-1], reqs[-1:]
     assert [r["kind"] for r in typed] == ["typed"] * 4 and prefetch["kind"] == "prefetch"
     prompts = [r["body"]["prompt"] for r in typed]
@@ -81,16 +111,16 @@ def test_typed_steps_only_append_and_the_prefetch_follows_the_line():
     assert body["input_suffix"] == typed[0]["body"]["input_suffix"]
     assert body["t_max_predict_ms"] == 1000 and body["n_indent"] == 0 and prefetch["rest"] is None
     # The plugin's own sampling, untouched, when no temperature is sent.
-    sampled = be.site_requests(site, 2, temperature=None)[0]["body"]
+    sampled = es.site_requests(site, 2, temperature=None)[0]["body"]
     assert "temperature" not in sampled and sampled["samplers"] == ["top_k", "top_p", "infill"]
     assert (sampled["top_k"], sampled["top_p"]) == (40, 0.90)
 
 
 def test_cuts_spread_over_the_line():
-    s = be.Site("x.py", 1, "    " + "x" * 20, (), ())
-    assert be.cuts(s, 4) == [9, 14, 19, 24]
-    assert be.cuts(s, 1) == [24]
-    assert be.cuts(be.Site("x.py", 1, "  ab", (), ()), 4) == [3, 4]  # no empty step
+    s = es.Site("x.py", 1, "    " + "x" * 20, (), ())
+    assert es.cuts(s, 4) == [9, 14, 19, 24]
+    assert es.cuts(s, 1) == [24]
+    assert es.cuts(es.Site("x.py", 1, "  ab", (), ()), 4) == [3, 4]  # no empty step
 
 
 @pytest.mark.parametrize("content, rest, right", [
@@ -104,7 +134,7 @@ def test_cuts_spread_over_the_line():
     ("x", "", False),
 ])
 def test_right_rule(content, rest, right):
-    assert be.is_right(content, rest) is right
+    assert es.is_right(content, rest) is right
 
 
 def test_tokens_within_a_budget():
@@ -140,7 +170,7 @@ def test_run_and_summary_on_fake_servers():
     names = ["one", "two"]
     backends = [be.EditorBackend(n, FakeBackend(n, [str(i + 1)]), {"layout": "still"} if i == 0 else {})
                 for i, n in enumerate(names)]
-    sites = be.sites(4, seed=0)
+    sites = es.sites(4, seed=0)
     wanted = {}
 
     def send(port, body):
@@ -270,7 +300,7 @@ def test_edits_are_deterministic_renames_of_windows():
     assert ee.edits(6, seed=1) != a
     spans = {}
     for e in a:
-        with open(os.path.join(be.stdlib_dir(), e.file), encoding="utf-8") as f:
+        with open(os.path.join(es.stdlib_dir(), e.file), encoding="utf-8") as f:
             lines = f.read().split("\n")
         assert 60 <= e.n_lines <= 150
         assert e.original == "".join(x + "\n" for x in lines[e.start - 1:e.start - 1 + e.n_lines])

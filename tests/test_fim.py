@@ -73,8 +73,36 @@ def test_healing_takes_back_a_half_typed_word(coder):
     p = fim.build(coder, PREFIX, SUFFIX, typed="    ret")
     assert p.heal == " ret" and p.constraint() is not None
     assert p.visible(" return x") == "urn x"
-    assert fim.build(coder, PREFIX, SUFFIX, typed="    x = ").heal == ""  # no word to heal
     assert fim.build(coder, PREFIX, SUFFIX, typed="    ret", healing=False).heal == ""
+
+
+@pytest.mark.parametrize("typed, heal", [
+    ("    x = ", " "),                 # a trailing space: " 1" is one token
+    ("    ", "    "),                 # a bare indentation: "   " + " return" in the model's text
+    ("    retur", " retur"),          # a word split as no finished text is (" ret" + "ur"): all of it
+    ("    os.path.jo", ".jo"),        # a word with the character before it
+    ("    open(", "("),               # punctuation: "(" goes on as "(path"
+    ("    if x:\n        ", "        "),  # never across a line break
+])
+def test_healing_ends_the_prompt_where_the_tokenizer_would_cut(coder, typed, heal):
+    """The typed text's last piece is taken back whole (fim.heal), so that the
+    prompt ends at a cut of the finished text's tokens; the kept tokens and the
+    taken text make up the typed text again."""
+    p = fim.build(coder, PREFIX, SUFFIX, typed=typed)
+    assert p.heal == heal
+    plain = fim.build(coder, PREFIX, SUFFIX, typed=typed, healing=False)
+    assert coder.detokenize(p.tokens[-8:]) + heal == coder.detokenize(plain.tokens[-8 - (len(plain.tokens)
+                                                                                          - len(p.tokens)):])
+
+
+def test_healing_writes_a_fresh_line_and_a_split_word_as_the_model_would(coder):
+    """Where the cursor ends a prompt in the middle of the model's tokens, the
+    healed answer is the line; without healing (the control) it is not."""
+    prefix = PREFIX + "    with open(path) as f:\n"
+    healed = coder.infill(prefix + "        ", SUFFIX, max_tokens=6, temperature=0)
+    plain = coder.infill(prefix + "        ", SUFFIX, max_tokens=6, temperature=0, healing=False)
+    assert healed.text.startswith("return f.read()"), healed.text
+    assert not plain.text.startswith("return"), plain.text
     out = coder.infill(PREFIX + "    ret", SUFFIX, max_tokens=8, temperature=0)
     assert not out.text.startswith(" ret") and out.text.startswith("urn"), out.text
 

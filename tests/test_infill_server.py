@@ -83,6 +83,7 @@ def test_n_cmpl_answers_an_array_and_a_warm_up_an_empty_object(server):
     assert isinstance(answers, list) and [a["index"] for a in answers] == [0, 1, 2]
     for a in answers:  # what llama.vscode's status bar reads
         assert isinstance(a["content"], str) and a["generation_settings"]["n_ctx"] == 4096
+        assert a["generation_settings"]["samplers"] == ["top_k", "top_p", "infill"]  # all three applied
         assert {"prompt_n", "prompt_ms", "predicted_n", "predicted_ms"} <= set(a["timings"])
     warm = server.post("/infill", {"id_slot": 0, "input_prefix": "", "input_suffix": "",
                                    "input_extra": [{"text": "x = 1\n", "filename": "a.py"}], "prompt": "",
@@ -95,7 +96,8 @@ def test_n_cmpl_answers_an_array_and_a_warm_up_an_empty_object(server):
 # n_cmpl > 1 (llama.vscode asks for 3): the choices are sampled in one batch,
 # each from its own random stream (the seed's j-th, _core.sequence_seed).
 CHOICES = {"input_prefix": PREFIX + "def mean(values):\n", "input_suffix": SUFFIX, "prompt": "    ",
-           "samplers": ["top_k", "temperature"], "top_k": 3, "temperature": 1.0, "cache_prompt": True}
+           "samplers": ["top_k", "temperature"], "top_k": 3, "temperature": 1.0, "cache_prompt": True,
+           "healing": False}  # healed, a one-token answer would be the indentation again: "" shown
 N_PAIRS = 60  # pairs of first tokens: under one shared stream every pair agrees, and chi-square says so at once
 
 
@@ -200,6 +202,7 @@ def test_refusals_name_the_field(server):
              ({"input_prefix": "a", "input_suffix": "b", "repeat_penalty": 1.3, "samplers": "kt"}, "repeat_penalty"),
              ({"input_prefix": "a", "input_suffix": "b", "samplers": ["mirostat"]}, "mirostat"),
              ({"input_prefix": "a", "input_suffix": "b", "n_cmpl": 9}, "n_cmpl"),
+             ({"input_prefix": "a", "input_suffix": "b", "samplers": ["top_k", "infill"], "top_k": 0}, "top_k"),
              # The OpenAI routes' cap on draft lengths holds here too (issue 58: it was uncapped).
              ({"input_prefix": "a", "input_suffix": "b", "draft_max": 999}, "draft_max")]
     for body, word in cases:

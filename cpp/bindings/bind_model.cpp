@@ -95,6 +95,8 @@ void bind_model(py::module_& m) {
         .def("is_eog", &Model::is_eog, py::arg("token"))
         .def("token_text", &Model::token_text, py::arg("token"))
         .def("token_attr", &Model::token_attr, py::arg("token"))
+        .def("infill_vocab", [](const Model& m) { return std::const_pointer_cast<pyspec::InfillVocab>(m.infill_vocab()); },
+             "the vocabulary as the infill sampler reads it (built on first use; sampling.distribution(infill=))")
         .def_property_readonly(
             "fim_tokens",
             [](const Model& m) {

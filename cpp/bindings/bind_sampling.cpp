@@ -32,12 +32,18 @@ using F32Array = py::array_t<float, py::array::c_style | py::array::forcecast>;
 using F64Array = py::array_t<double, py::array::c_style | py::array::forcecast>;
 using I32Array = py::array_t<int32_t, py::array::c_style | py::array::forcecast>;
 
-SamplingParams make_params(double temperature, int32_t top_k, double top_p, double min_p) {
+// pybind11 holds no shared_ptr<const T>: Python sees the vocabulary through this one, read-only (no setters).
+using InfillVocabPtr = std::shared_ptr<pyspec::InfillVocab>;
+
+SamplingParams make_params(double temperature, int32_t top_k, double top_p, double min_p,
+                           InfillVocabPtr infill = nullptr) {
     SamplingParams params;
     params.temperature = temperature;
     params.top_k = top_k;
     params.top_p = top_p;
     params.min_p = min_p;
+    params.infill = infill != nullptr;
+    params.infill_vocab = std::move(infill);
     params.validate();
     return params;
 }
@@ -76,10 +82,10 @@ py::array_t<double> to_numpy(const Distribution& d) {
 }
 
 Distribution from_logits(const F32Array& logits, double temperature, int32_t top_k, double top_p,
-                         double min_p) {
+                         double min_p, InfillVocabPtr infill = nullptr) {
     if (logits.ndim() != 1) throw std::invalid_argument("logits must be 1-D");
     const int32_t n_vocab = checked_vocab(logits.shape(0));
-    const SamplingParams params = make_params(temperature, top_k, top_p, min_p);
+    const SamplingParams params = make_params(temperature, top_k, top_p, min_p, std::move(infill));
     Distribution d;
     SamplingWorkspace ws;
     {
@@ -204,10 +210,16 @@ void bind_sampling(py::module_& m) {
         "Sampling core (C++): logits -> distribution, and lossless speculative verification. "
         "Use pyspec.sampling for the documented Python API.");
 
+    py::class_<pyspec::InfillVocab, InfillVocabPtr>(
+        sm, "InfillVocab", "A vocabulary as the infill sampler reads it (Model.infill_vocab(); core/infill.h).")
+        .def_property_readonly("n_vocab", [](const pyspec::InfillVocab& v) { return v.pieces.size(); })
+        .def_readonly("end", &pyspec::InfillVocab::end);
+
     py::class_<Distribution>(sm, "Distribution",
                              "A probability vector over a vocabulary (sparse or dense storage).")
         .def_static("from_logits", &from_logits, py::arg("logits"), py::arg("temperature") = 1.0,
-                    py::arg("top_k") = 0, py::arg("top_p") = 1.0, py::arg("min_p") = 0.0)
+                    py::arg("top_k") = 0, py::arg("top_p") = 1.0, py::arg("min_p") = 0.0,
+                    py::arg("infill") = nullptr)
         .def_static(
             "from_probs",
             [](const F64Array& p, const std::string& storage) {
@@ -239,11 +251,12 @@ void bind_sampling(py::module_& m) {
 
     sm.def(
         "distribution",
-        [](const F32Array& logits, double temperature, int32_t top_k, double top_p, double min_p) {
-            return to_numpy(from_logits(logits, temperature, top_k, top_p, min_p));
+        [](const F32Array& logits, double temperature, int32_t top_k, double top_p, double min_p,
+           InfillVocabPtr infill) {
+            return to_numpy(from_logits(logits, temperature, top_k, top_p, min_p, std::move(infill)));
         },
         py::arg("logits"), py::arg("temperature") = 1.0, py::arg("top_k") = 0,
-        py::arg("top_p") = 1.0, py::arg("min_p") = 0.0);
+        py::arg("top_p") = 1.0, py::arg("min_p") = 0.0, py::arg("infill") = nullptr);
 
     sm.def(
         "penalize",

@@ -81,6 +81,7 @@ PYBIND11_MODULE(_core, m) {
         .field("top_k", &SamplingParams::top_k)
         .field("top_p", &SamplingParams::top_p)
         .field("min_p", &SamplingParams::min_p)
+        .field("infill", &SamplingParams::infill)
         .done([](const SamplingParams& p) { p.validate(); });
     Struct<Penalties>(m, "Penalties", "Logit biases and repetition penalties, applied before the sampling settings "
                                       "(core/penalties.h).")

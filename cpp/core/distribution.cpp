@@ -62,6 +62,10 @@ void SamplingParams::validate() const {
     if (std::isnan(min_p) || !(min_p >= 0.0 && min_p <= 1.0)) {
         throw std::invalid_argument("min_p must be in [0, 1] (0 = off), got " + std::to_string(min_p));
     }
+    if (infill && !(top_k >= 1 && top_k <= kInfillMaxCandidates)) {
+        throw std::invalid_argument("the infill sampler needs top_k in 1.." + std::to_string(kInfillMaxCandidates) +
+                                    " (editor plugins send 40), got " + std::to_string(top_k));
+    }
 }
 
 // ---------------------------------------------------------------- Distribution

@@ -232,8 +232,14 @@ void compute_distribution(const float* logits, int32_t n_vocab, const SamplingPa
     const float mxf = scan.max;
     const double mx = static_cast<double>(mxf);
 
+    const InfillVocab* infill = params.infill ? params.infill_vocab.get() : nullptr;
+    if (params.infill && (infill == nullptr || infill->pieces.size() < static_cast<size_t>(n_vocab) ||
+                          infill->eog.size() < static_cast<size_t>(n_vocab))) {
+        throw std::invalid_argument("the infill sampler needs the model's vocabulary (infill_vocab)");
+    }
+
     // Step 1: greedy. The first logit equal to the max is the lowest-id argmax.
-    if (params.greedy()) {
+    if (params.greedy() && infill == nullptr) {
         int32_t amax = 0;
         while (logits[amax] != mxf) ++amax;
         out.set_one_hot(amax, n_vocab);
@@ -345,12 +351,32 @@ void compute_distribution(const float* logits, int32_t n_vocab, const SamplingPa
     }
 
     const size_t ratio = static_cast<size_t>(Distribution::kSparseRatio);
-    if (all_finite &&
-        static_cast<size_t>(scan.n_finite) * ratio <= static_cast<size_t>(n_vocab)) {
+    if (all_finite && (infill != nullptr ||
+                       static_cast<size_t>(scan.n_finite) * ratio <= static_cast<size_t>(n_vocab))) {
         for (int32_t i = 0; i < n_vocab; ++i) {
             if (logits[i] != kNegInf) cand.push_back({logits[i], i});
         }
         all_finite = false;
+    }
+
+    // Step 5b: infill, then a greedy row's argmax among its survivors.
+    if (infill != nullptr) {
+        infill_truncate(cand, *infill, ws.mass_);
+        if (cand.empty()) {
+            if (infill->end < 0 || infill->end >= n_vocab) {
+                throw std::invalid_argument("the infill sampler ended the answer, but the vocabulary has no end token");
+            }
+            out.set_one_hot(infill->end, n_vocab);
+            return;
+        }
+        if (params.greedy()) {
+            const Candidate* best = &cand.front();
+            for (const Candidate& c : cand) {
+                if (better(c.logit, c.id, best->logit, best->id)) best = &c;
+            }
+            out.set_one_hot(best->id, n_vocab);
+            return;
+        }
     }
 
     // Step 6: temperature on the survivors, normalised in double.

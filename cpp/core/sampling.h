@@ -8,10 +8,12 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "core/infill.h"
 #include "core/rng.h"
 
 // ============================ Order of settings ============================
@@ -34,6 +36,10 @@
 //  5. min-p (> 0): keep tokens with p >= min_p * p_max, i.e. exp(l - l_max) >= min_p,
 //     evaluated in double (the ratio does not depend on the normalisation, so applying it
 //     after top-p is the same as intersecting both prefixes).
+//  5b. infill (editor plugins' chains): the rule of core/infill.h on the survivors; it
+//     may end the answer (its end token alone) or leave only end-of-generation tokens.
+//     It needs top-k (1..256: it compares every pair) and applies to greedy rows too,
+//     which then take the argmax of its survivors, not of the whole row.
 //  6. Temperature T > 0 on the surviving logits: p(x) = exp((l_x - l_max) / T) / Z over
 //     the survivors, computed in double with the max subtracted. A token whose value
 //     underflows to 0 (tiny T) leaves the support.
@@ -65,11 +71,14 @@ struct SamplingParams {
     int32_t top_k = 0;         // 0 = off
     double top_p = 1.0;        // in (0, 1]; 1 = off
     double min_p = 0.0;        // in [0, 1]; 0 = off
+    bool infill = false;       // step 5b; needs infill_vocab when a row is computed
+    // The vocabulary step 5b reads: the engine attaches its target's (Model::infill_vocab).
+    std::shared_ptr<const InfillVocab> infill_vocab;
 
     bool greedy() const { return temperature == 0.0; }
     // Throws std::invalid_argument with a clear message for out-of-range settings:
     // temperature NaN, negative or infinite; top_k < 0; top_p NaN or outside (0, 1];
-    // min_p NaN or outside [0, 1].
+    // min_p NaN or outside [0, 1]; infill without top_k in 1..kInfillMaxCandidates.
     void validate() const;
 };
 
@@ -157,10 +166,7 @@ private:
     friend void compute_distribution(const float*, int32_t, const SamplingParams&, Distribution&,
                                      SamplingWorkspace&);
 public:  // the types are public so logits.cpp's helpers can name them
-    struct Candidate {
-        float logit;
-        int32_t id;
-    };
+    using Candidate = InfillCandidate;  // a logit and its token
     struct Weighted {
         double e;  // exp(logit - max logit)
         float logit;
@@ -171,6 +177,7 @@ private:
     std::vector<Candidate> cand_;     // top-k heap / survivors
     std::vector<double> e_;           // T = 1 relative probabilities (top-p without top-k)
     std::vector<Weighted> weighted_;  // boundary bucket of top-p without top-k
+    std::vector<double> mass_;        // the infill step's scratch
 };
 
 // logits: n_vocab floats. -inf marks a forbidden token; NaN or +inf logits, or all

@@ -233,6 +233,9 @@ int32_t BatchSession::add(const SequenceSpec& spec) {
     const int32_t handle = next_handle_++;
     seqs_.emplace_back(spec, session_.test, handle, slot);
     Sequence& s = seqs_.back();
+    for (SamplingParams* sp : {&s.params.sampling, &s.params.draft_sampling}) {
+        if (sp->infill && !sp->infill_vocab) sp->infill_vocab = target_.infill_vocab();
+    }
     slot_owner_[static_cast<size_t>(slot)] = handle;
     slot_used_[static_cast<size_t>(slot)] = ++tick_;
     GenerationStats& st = s.stats();

@@ -353,6 +353,21 @@ int32_t Model::token_attr(int32_t token) const {
     return static_cast<int32_t>(llama_vocab_get_attr(vocab_, token));
 }
 
+std::shared_ptr<const InfillVocab> Model::infill_vocab() const {
+    std::call_once(infill_once_, [this] {
+        auto v = std::make_shared<InfillVocab>();
+        v->pieces.reserve(static_cast<size_t>(n_vocab_));
+        v->eog.reserve(static_cast<size_t>(n_vocab_));
+        for (int32_t t = 0; t < n_vocab_; ++t) {
+            v->pieces.push_back(token_to_piece(t, false));
+            v->eog.push_back(is_eog(t) ? 1 : 0);
+        }
+        v->end = eot() >= 0 ? eot() : eos();
+        infill_vocab_ = std::move(v);
+    });
+    return infill_vocab_;
+}
+
 std::string Model::token_text(int32_t token) const {
     check_token(token);
     const char* t = llama_vocab_get_text(vocab_, token);

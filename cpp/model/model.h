@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/infill.h"
 #include "model/cpu_kernels.h"
 
 struct llama_model;
@@ -117,6 +118,8 @@ public:
     FimTokens fim_tokens() const;
     std::string token_text(int32_t token) const;
     int32_t token_attr(int32_t token) const;
+    // The vocabulary as the infill sampler reads it (core/infill.h): built on first use, then shared.
+    std::shared_ptr<const InfillVocab> infill_vocab() const;
 
     // The context's lock. llama_decode and the KV record are not thread-safe, so
     // everything that uses this context holds it: decode/truncate/pos_max take it
@@ -254,6 +257,8 @@ private:
     double sim_latency_s_ = 0;                   // simulate_async (TEST-ONLY); 0: off
     bool sim_synced_ = true;
     mutable std::chrono::steady_clock::time_point sim_done_{};  // when the queued simulated work ends
+    mutable std::once_flag infill_once_;
+    mutable std::shared_ptr<const InfillVocab> infill_vocab_;
 };
 
 }  // namespace pyspec

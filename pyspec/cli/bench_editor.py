@@ -100,6 +100,9 @@ def editor_backends(path: str, draft_path: str, *, layouts, threads: int, n_ctx:
               help="Lines typed, each at a site of its own in the standard library's code.")
 @click.option("--steps", default=4, show_default=True, type=click.IntRange(min=1),
               help="Requests while typing each line (the cursor after 1/N ... N/N of it), then one prefetch.")
+@click.option("--fresh", is_flag=True,
+              help="Fresh lines: any statement's first line (module level, def, class and control-flow lines "
+                   "too), typed from its bare indentation, as just after Enter (one more request per line).")
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed of the sites, the edits and the intervals.")
 @click.option("--prefix-lines", default=64, show_default=True, type=click.IntRange(min=0),
               help="Lines before the cursor sent (llama.vim sends 256).")
@@ -135,8 +138,8 @@ def editor_backends(path: str, draft_path: str, *, layouts, threads: int, n_ctx:
                    "to FILE.")
 @click.option("--plot", "plot_path", default=None, type=click.Path(dir_okay=False),
               help="Draw each backend's latency distribution to FILE.png (needs matplotlib: the `plot` extra).")
-def bench_editor(workload, model, draft, no_draft, n_sites, steps, seed, prefix_lines, suffix_lines, n_predict,
-                 greedy, temperature, layouts, llama_server, llama_variant, n_edits, edit_lines, edit_max_tokens,
+def bench_editor(workload, model, draft, no_draft, n_sites, steps, fresh, seed, prefix_lines, suffix_lines,
+                 n_predict, greedy, temperature, layouts, llama_server, llama_variant, n_edits, edit_lines, edit_max_tokens,
                  threads, n_ctx, device, json_path, plot_path) -> None:
     """Code-editor traffic against pyspec serve and, given --llama-server
     PATH or $PYSPEC_LLAMA_SERVER, llama.cpp's llama-server.
@@ -147,9 +150,10 @@ def bench_editor(workload, model, draft, no_draft, n_sites, steps, seed, prefix_
     of the next line; all servers run at once (one slot each), every site on
     each in turn. Prints per backend the latency of a suggestion (p50, p90,
     with 95 % intervals), the prompt tokens each request processed, the
-    tokens a suggestion gets within 250 ms and 1 s, and how often the first
-    line of a suggestion is what the user goes on to type; with several
-    backends, the ratio of p50 latencies on the same requests.
+    tokens a suggestion gets within 250 ms and 1 s, how often the first line
+    of a suggestion is what the user goes on to type (right), how often all
+    of it is (whole) and how often it is blank where more follows (empty);
+    with several backends, the ratio of p50 latencies on the same requests.
 
     Edits (--workload edits): --edits windows of --edit-lines lines of the
     same files, each with a local variable to rename, asked in chat
@@ -165,6 +169,7 @@ def bench_editor(workload, model, draft, no_draft, n_sites, steps, seed, prefix_
     """
     from ..bench.serve import editor as be
     from ..bench.serve import editor_edits as ee
+    from ..bench.serve import editor_sites as es
     from ..errors import PyspecError
     from ..model import resolve_path
 
@@ -206,7 +211,7 @@ def bench_editor(workload, model, draft, no_draft, n_sites, steps, seed, prefix_
                                    llama_server=llama_server, variants=variants, device=device)
         sent_temperature = 0.0 if greedy else temperature
         if typing:
-            sites = be.sites(n_sites, seed, prefix_lines=prefix_lines, suffix_lines=suffix_lines)
+            sites = es.sites(n_sites, seed, prefix_lines=prefix_lines, suffix_lines=suffix_lines, fresh=fresh)
             records = be.run(backends, sites, steps=steps, n_predict=n_predict, temperature=sent_temperature,
                              progress=say)
             summary = be.summarize(records, seed=seed)
@@ -225,17 +230,18 @@ def bench_editor(workload, model, draft, no_draft, n_sites, steps, seed, prefix_
             edit_summary = ee.summarize(edit_records, [v.name for v in edit_variants], seed=seed)
     result = {"workload": workload, "model": path, "draft": draft_path or None, "threads": threads, "n_ctx": n_ctx,
               "n_gpu_layers": device["n_gpu_layers"], "seed": seed, "python": sys.version.split()[0],
-              "stdlib": be.stdlib_dir(),
+              "stdlib": es.stdlib_dir(),
               "backends": [{"name": b.name, "command": b.server.command, "fields": b.fields} for b in backends],
               "skipped": skipped}
     tables, heads = [], []
     if typing:
-        result.update({"steps": steps, "n_predict": n_predict, "prefix_lines": prefix_lines,
+        result.update({"steps": steps, "fresh": fresh, "n_predict": n_predict, "prefix_lines": prefix_lines,
                        "suffix_lines": suffix_lines, "temperature": sent_temperature,
                        "sites": [{"file": s.file, "line": s.line_no, "text": s.line} for s in sites],
                        "summary": summary, "requests": records})
         tables.append(be.format_summary(summary))
-        heads.append(f"{len(sites)} sites x {steps} steps + prefetch, {n_predict} tokens at most, "
+        heads.append(f"{len(sites)} {'fresh lines' if fresh else 'sites'} x {steps + fresh} steps + prefetch, "
+                     f"{n_predict} tokens at most, "
                      f"{'greedy' if greedy else 'sampled'}")
     if editing:
         result["edits"] = {

@@ -12,10 +12,10 @@ default on, fim.heal) whether a half-typed last word is healed. Fields that only
 are off at their defaults ...) are accepted; one that would change the answer
 and that pyspec does not implement is a 400 naming it.
 
-The ``infill`` sampler is not applied: the answer follows the target's
-distribution under top-k/top-p/min-p and temperature (docs/editor.md says
-why). A chain without ``temperature`` samples at temperature 1, as
-llama-server's does (its chain ends in a draw at the logits' scale).
+The ``infill`` sampler is applied as llama.cpp's (cpp/core/infill.h; it
+needs top_k in 1..256). A chain without ``temperature`` samples at
+temperature 1, as llama-server's does (its chain ends in a draw at the
+logits' scale).
 
 The answer (:class:`InfillAnswer`) is llama-server's native object on one line
 (``"content":"..."``: llama.vim reads it with a pattern that allows no space),

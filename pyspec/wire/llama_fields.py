@@ -25,12 +25,12 @@ NEUTRAL_SAMPLERS = {
     "typ_p": {"typical_p": (1, 1.0), "typ_p": (1, 1.0)},
     "xtc": {"xtc_probability": (0, 0.0)},
 }
-#: The samplers pyspec applies (``infill`` is accepted and not applied: docs/editor.md).
-APPLIED = ("penalties", "top_k", "top_p", "min_p", "temperature")
+#: The samplers pyspec applies (in its own order: cpp/core/sampling.h).
+APPLIED = ("penalties", "top_k", "top_p", "min_p", "infill", "temperature")
 #: The penalties' fields (OpenAI's two, llama-server's two more) and their neutral values.
 PENALTY_FIELDS = {"repeat_penalty": (1, 1.0), "presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0),
                   "repeat_last_n": ()}
-_ACCEPTED = set(APPLIED) | {"infill"}
+_ACCEPTED = set(APPLIED)
 _CHAR_NAMES = {"e": "penalties", "d": "dry", "s": "top_n_sigma", "k": "top_k", "y": "typ_p", "p": "top_p",
                "m": "min_p", "x": "xtc", "t": "temperature", "i": "infill"}
 
@@ -121,16 +121,21 @@ def logit_bias(body: Dict[str, Any]) -> Dict[int, float]:
 def chain_sampling(body: Dict[str, Any], chain: List[str], defaults: Sampling) -> Sampling:
     """The sampling a chain asks for: each applied sampler's field (``defaults``
     where the body has none), the others off; no ``temperature`` in the chain
-    samples at temperature 1, as llama-server's final draw does."""
+    samples at temperature 1, as llama-server's final draw does; ``infill``
+    needs top-k (1..256)."""
     sampling = Sampling(
         temperature=number(body, "temperature", 0.0, 100.0, defaults.temperature) if "temperature" in chain else 1.0,
         top_k=integer(body, "top_k", 0, default=defaults.top_k) if "top_k" in chain else 0,
         top_p=number(body, "top_p", 0.0, 1.0, defaults.top_p) if "top_p" in chain else 1.0,
         min_p=number(body, "min_p", 0.0, 1.0, defaults.min_p) if "min_p" in chain else 0.0,
+        infill="infill" in chain,
         **penalties(body, chain),
     )
     if sampling.top_p == 0:
         raise APIError(400, "'top_p' must be > 0", param="top_p")
+    if sampling.infill and not 1 <= sampling.top_k <= 256:
+        raise APIError(400, "the 'infill' sampler needs 'top_k' in 1..256 in the chain (editor plugins send 40), "
+                            f"got {sampling.top_k}", param="top_k")
     return sampling
 
 

@@ -6,31 +6,29 @@ resends nearly the same long prompt (the file around the cursor) with a few
 more typed characters, under a time limit; what matters is the latency of
 every suggestion and how little of the prompt a server processes again.
 
-Workload (deterministic for a seed, on code this project did not write): files
-of the running interpreter's standard library (:data:`FILES`). A site is a
-single-line statement of a function body, indented, with at least
-:data:`MIN_CHARS` characters after its indentation. The user types that line
-in ``steps`` steps, the cursor cut after 1/steps, 2/steps ... of the
-characters after the indentation; one request per step, shaped as llama.vim
-sends it: ``input_prefix`` the ``prefix_lines`` lines before the site, each
-with its "\\n"; ``prompt`` the line up to the cursor; ``input_suffix`` "" (the
-rest of the line: typing at its end) + "\\n" + the next ``suffix_lines`` lines
-+ "\\n"; ``n_indent`` the typed part's leading whitespace; top_k 40, top_p
-0.90, samplers top_k, top_p, infill; slot 0, cache_prompt; no extra context;
-``t_max_predict_ms`` 250. After the last step, the prefetch (llama.vim asks for
-the state after its suggestion is accepted, before the user wants it): the
-whole site line appended to the prefix, an empty prompt, 1000 ms.
+Workload (deterministic for a seed, on code this project did not write:
+editor_sites.py): lines of the interpreter's standard library, each typed
+again in ``steps`` steps (fresh lines: from their bare indentation), one
+request per step, shaped as llama.vim sends it: ``input_prefix`` the
+``prefix_lines`` lines before the site, each with its "\\n"; ``prompt`` the
+line up to the cursor; ``input_suffix`` "" (the rest of the line: typing at
+its end) + "\\n" + the next ``suffix_lines`` lines + "\\n"; ``n_indent`` the
+typed part's leading whitespace; top_k 40, top_p 0.90, samplers top_k, top_p,
+infill; slot 0, cache_prompt; no extra context; ``t_max_predict_ms`` 250.
+After the last step, the prefetch (llama.vim asks for the state after its
+suggestion is accepted, before the user wants it): the whole site line
+appended to the prefix, an empty prompt, 1000 ms.
 
 Sampling: plugins sample at random, which would make the "right" share a
 coin. By default (greedy) requests also carry ``temperature`` 0, and since
 llama.cpp applies a temperature only where ``samplers`` names it, "temperature"
-is appended to the plugin's chain: the most likely token after the infill
-sampler's merging (pyspec serve leaves the infill sampler out: server/infill.py
-says why; so greedy texts may differ between pyspec and llama-server).
+is appended to the plugin's chain: the most likely token among those the
+infill sampler keeps (both servers apply it).
 
 Right: a typed step's suggestion is right when its first line (up to the first
 "\\n") is a non-empty prefix of what the user goes on to type on that line, or
-equals it (at the line's end: nothing more on it).
+equals it (at the line's end: nothing more on it); whole: when all of it is
+that rest of the line and nothing more; empty: blank where more follows.
 
 Backends run at once (each its own process, its own prompt cache), sites
 interleaved: site i runs on every backend in ``stats.run_order`` (AB, BA, BA,
@@ -40,54 +38,27 @@ time) p50 and p90, nearest rank, with 95 % bootstrap intervals over sites (a
 site's requests are resampled together: they share a cache); mean prompt
 tokens processed (``timings.prompt_n``); suggestion tokens within 250 ms and
 1 s of generation, approximated from ``predicted_n`` and ``predicted_ms`` as
-if tokens came at an even pace (:func:`within`); the typed steps' right share.
+if tokens came at an even pace (:func:`within`); the typed steps' right,
+whole and empty counts.
 Ratios of p50 latency (the first backend over each other), same requests.
 """
 
 from __future__ import annotations
 
-import ast
 import math
-import os
 import random
-import sysconfig
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..stats import run_order
 from .concurrent import percentile
+from .editor_sites import Site, is_right, is_whole, site_requests
 from .process import Backend, request
 
-#: Standard-library files the sites come from (those the interpreter lacks are skipped).
-FILES = ("argparse.py", "calendar.py", "configparser.py", "csv.py", "dataclasses.py", "difflib.py", "fractions.py",
-         "heapq.py", "json/decoder.py", "json/encoder.py", "shlex.py", "statistics.py", "string.py", "textwrap.py",
-         "tokenize.py")
-MIN_CHARS = 20
-SAMPLERS = ("top_k", "top_p", "infill")
-TYPED_MS, PREFETCH_MS = 250, 1000
 BUDGETS_MS = (250, 1000)
 KINDS = ("typed", "prefetch")
-RESPONSE_FIELDS = ("content", "tokens_predicted", "tokens_evaluated", "tokens_cached", "truncated", "stop_type",
-                   "timings/prompt_n", "timings/prompt_ms", "timings/cache_n", "timings/predicted_n",
-                   "timings/predicted_ms", "timings/draft_n", "timings/draft_n_accepted")
 WARM_UP = {"input_prefix": "def add(a, b):\n", "input_suffix": "\n", "prompt": "    return", "n_predict": 4}
-
-
-@dataclass(frozen=True)
-class Site:
-    """A line to type: ``file`` (relative to the stdlib), ``line_no`` (1-based), the lines around it."""
-
-    file: str
-    line_no: int
-    line: str
-    before: Tuple[str, ...]
-    after: Tuple[str, ...]
-
-    @property
-    def indent(self) -> int:
-        return len(self.line) - len(self.line.lstrip())
-
 
 @dataclass(frozen=True)
 class EditorBackend:
@@ -96,108 +67,6 @@ class EditorBackend:
     name: str
     server: Backend
     fields: Dict[str, object] = field(default_factory=dict)
-
-
-def stdlib_dir() -> str:
-    return sysconfig.get_paths()["stdlib"]
-
-
-def candidates(source: str) -> List[int]:
-    """1-based numbers of the lines a site may be: a single-line statement that
-    starts its line, inside a function body, indented, :data:`MIN_CHARS` long,
-    not a docstring."""
-    lines = source.split("\n")
-    out = set()
-    for fn in ast.walk(ast.parse(source)):
-        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            continue
-        for node in ast.walk(fn):
-            if node is fn or not isinstance(node, ast.stmt) or node.lineno != node.end_lineno:
-                continue
-            if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value,
-                                                                                                   str):
-                continue
-            text = lines[node.lineno - 1]
-            indent = len(text) - len(text.lstrip())
-            if node.col_offset == indent > 0 and len(text.strip()) >= MIN_CHARS and node.lineno > fn.lineno:
-                out.add(node.lineno)
-    return sorted(out)
-
-
-def stdlib_texts(root: str, files: Sequence[str]) -> Dict[str, str]:
-    """The text of each of ``files`` under ``root`` that exists (none: ValueError)."""
-    out = {}
-    for f in files:
-        path = os.path.join(root, f)
-        if os.path.isfile(path):
-            with open(path, encoding="utf-8") as fh:
-                out[f] = fh.read().replace("\r\n", "\n")
-    if not out:
-        raise ValueError(f"none of the standard library's files {', '.join(files)} are in {root}")
-    return out
-
-
-def sites(n: int, seed: int = 0, *, prefix_lines: int = 64, suffix_lines: int = 16, root: Optional[str] = None,
-          files: Sequence[str] = FILES) -> List[Site]:
-    """``n`` sites, the same for the same seed (and interpreter): files taken
-    in a seeded order, round robin, one seeded line of each at a time."""
-    texts = stdlib_texts(root or stdlib_dir(), files)
-    rng = random.Random(seed)
-    order = sorted(texts)
-    rng.shuffle(order)
-    pools = {f: candidates(texts[f]) for f in order}
-    order = [f for f in order if pools[f]]
-    out: List[Site] = []
-    while len(out) < n and any(pools[f] for f in order):
-        for f in order:
-            if len(out) == n or not pools[f]:
-                continue
-            k = pools[f].pop(rng.randrange(len(pools[f])))
-            lines = texts[f].split("\n")
-            out.append(Site(f, k, lines[k - 1], tuple(lines[max(0, k - 1 - prefix_lines):k - 1]),
-                            tuple(lines[k:k + suffix_lines])))
-    return out
-
-
-def cuts(site: Site, steps: int) -> List[int]:
-    """Cursor positions of the typed steps: after 1/steps ... steps/steps of the
-    characters after the indentation (strictly growing; the last is the line's end)."""
-    body = len(site.line) - site.indent
-    return list(dict.fromkeys(site.indent + max(1, math.ceil(body * j / steps)) for j in range(1, steps + 1)))
-
-
-def infill_body(prefix: str, prompt: str, suffix: str, *, n_predict: int, t_max_ms: int,
-                temperature: Optional[float] = 0.0) -> dict:
-    """One /infill request as llama.vim sends it; ``temperature`` None: not sent."""
-    body = {"input_prefix": prefix, "input_suffix": suffix, "prompt": prompt, "input_extra": [],
-            "n_predict": n_predict, "n_indent": len(prompt) - len(prompt.lstrip()), "t_max_predict_ms": t_max_ms,
-            "top_k": 40, "top_p": 0.90, "samplers": list(SAMPLERS), "stream": False, "cache_prompt": True,
-            "id_slot": 0, "response_fields": list(RESPONSE_FIELDS)}
-    if temperature is not None:
-        body["temperature"] = temperature
-        body["samplers"].append("temperature")
-    return body
-
-
-def site_requests(site: Site, steps: int, *, n_predict: int = 32, temperature: Optional[float] = 0.0) -> List[dict]:
-    """The typed steps, then the prefetch: ``{"kind", "step", "cut", "rest", "body"}``
-    (``rest``: what the user goes on to type on the line; None for the prefetch)."""
-    prefix = "".join(x + "\n" for x in site.before)
-    suffix = "\n" + "".join(x + "\n" for x in site.after)
-    out = [{"kind": "typed", "step": j, "cut": c, "rest": site.line[c:],
-            "body": infill_body(prefix, site.line[:c], suffix, n_predict=n_predict, t_max_ms=TYPED_MS,
-                                temperature=temperature)}
-           for j, c in enumerate(cuts(site, steps))]
-    out.append({"kind": "prefetch", "step": len(out), "cut": 0, "rest": None,
-                "body": infill_body(prefix + site.line + "\n", "", suffix, n_predict=n_predict, t_max_ms=PREFETCH_MS,
-                                    temperature=temperature)})
-    return out
-
-
-def is_right(content: str, rest: str) -> bool:
-    """The suggestion's first line is a non-empty prefix of ``rest``, or equals it."""
-    first = content.split("\n", 1)[0]
-    return first == rest or (first != "" and rest.startswith(first))
 
 
 def within(predicted_n: int, predicted_ms: float, budget_ms: float) -> float:
@@ -233,8 +102,9 @@ def infill(port: int, body: dict) -> Tuple[float, dict]:
 def record(site_index: int, backend: str, req: dict, wall: float, resp: dict) -> dict:
     content = _get(resp, "content", "") or ""
     rec = {"site": site_index, "backend": backend, "kind": req["kind"], "step": req["step"], "cut": req["cut"],
-           "latency_s": wall, "content": content,
-           "right": is_right(content, req["rest"]) if req["rest"] is not None else None}
+           "latency_s": wall, "content": content, "rest": req["rest"],
+           "right": is_right(content, req["rest"]) if req["rest"] is not None else None,
+           "whole": is_whole(content, req["rest"]) if req["rest"] is not None else None}
     for key in ("tokens_predicted", "tokens_cached", "stop_type", "truncated"):
         rec[key] = _get(resp, key)
     for key in ("prompt_n", "prompt_ms", "cache_n", "predicted_n", "predicted_ms", "draft_n", "draft_n_accepted"):
@@ -318,6 +188,8 @@ def figures(records: Sequence[dict], backend: str, kind: str, seed: int = 0) -> 
     if kind == "typed":
         out["right"] = sum(bool(r["right"]) for r in rs)
         out["right_share"] = out["right"] / len(rs) if rs else float("nan")
+        out["whole"] = sum(bool(r.get("whole")) for r in rs)
+        out["empty"] = sum(not r["content"].strip() and bool(r["rest"].strip()) for r in rs)
     return out
 
 
@@ -359,14 +231,16 @@ def format_summary(summary: dict) -> str:
     lines = ["latency: request wall time, nearest-rank percentiles [95 % bootstrap interval over sites], seconds; "
              "prompt: tokens processed (timings.prompt_n), mean; tok@250ms, tok@1s: suggestion tokens within that "
              "much generation time (an even pace assumed), mean; right: typed suggestions whose first line is what "
-             "the user goes on to type",
+             "the user goes on to type; whole: whose whole text is (nothing more); empty: blank where more follows",
              f"  {'backend':<28} {'kind':<8} {'n':>4} {'p50 latency':>24} {'p90 latency':>24} {'prompt':>7} "
-             f"{'tok@250ms':>9} {'tok@1s':>7} {'right':>12}"]
+             f"{'tok@250ms':>9} {'tok@1s':>7} {'right':>12} {'whole':>5} {'empty':>5}"]
     for f in summary["figures"]:
-        right = f"{f['right']}/{f['n']} ({f['right_share']:.0%})" if f["kind"] == "typed" and f["n"] else ""
+        typed = f["kind"] == "typed" and f["n"]
+        right = f"{f['right']}/{f['n']} ({f['right_share']:.0%})" if typed else ""
         lines.append(f"  {f['backend']:<28} {f['kind']:<8} {f['n']:>4} {_p(f, 50):>24} {_p(f, 90):>24} "
                      f"{_num(f['prompt_n_mean']):>7} {_num(f['tokens_250ms_mean']):>9} "
-                     f"{_num(f['tokens_1000ms_mean']):>7} {right:>12}")
+                     f"{_num(f['tokens_1000ms_mean']):>7} {right:>12} {f['whole'] if typed else '':>5} "
+                     f"{f['empty'] if typed else '':>5}")
     if summary["ratios"]:
         lines.append("p50 latency ratios on the same requests [95 % bootstrap interval over sites]; < 1: the first "
                      "backend answers sooner")

@@ -3,7 +3,7 @@ change asked of a 60-150-line file, the original as the prediction (OpenAI's
 Predicted Outputs), as an editor's "apply this edit" command asks it.
 
 Workload (deterministic for a seed, on the standard-library files the typing
-workload reads: editor.py's FILES). A window starts at a top-level ``def`` or
+workload reads: editor_sites.py's FILES). A window starts at a top-level ``def`` or
 ``class`` (at its first decorator) and ends with the last top-level statement
 that keeps it within ``max_lines`` lines, if that makes ``min_lines`` or more;
 else at the last line within ``max_lines`` that ends any statement (it may cut
@@ -56,7 +56,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from ..stats import bootstrap_interval, geo_mean, run_order
-from .editor import FILES, stdlib_dir, stdlib_texts
+from .editor_sites import FILES, stdlib_dir, stdlib_texts
 from .process import Backend, request
 
 SYSTEM = "You are a code editor. Reply with the whole file after the change, and nothing else."
