@@ -237,9 +237,13 @@ def heal(model, typed_tokens: List[int]) -> Tuple[List[int], str]:
         return typed_tokens, ""
     tail = _TAIL.search(model.detokenize(typed_tokens))
     need = len(tail.group(0)) if tail else 0
-    taken, text = 0, ""
+    native = getattr(model, "native", model)
+    taken, text, raw = 0, "", b""
     while need > len(text) and taken < min(MAX_HEALED_TOKENS, len(typed_tokens)):
-        more = model.detokenize(typed_tokens[len(typed_tokens) - taken - 1:])
+        # The tokens' own bytes: detokenizing a tail would drop a SentencePiece
+        # vocabulary's leading space, which the answer must write again.
+        raw = native.token_to_piece(typed_tokens[len(typed_tokens) - taken - 1]) + raw
+        more = raw.decode("utf-8", errors="replace")
         if "\n" in more or "\ufffd" in more:  # a line break, or part of a character's bytes
             break
         taken, text = taken + 1, more

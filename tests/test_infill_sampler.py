@@ -45,8 +45,15 @@ def reference(model, logits, *, top_k: int, top_p: float = 1.0, temperature: flo
     here: top-k, top-p, then steps a-d, then temperature on the survivors."""
     order = sorted(np.flatnonzero(np.isfinite(logits)), key=lambda t: (-logits[t], t))[:top_k]
     e = np.exp(logits[order].astype(np.float64) - logits[order[0]])
-    cum = np.cumsum(e / e.sum())
-    cand = order[:int(np.searchsorted(cum, top_p - 1e-12) + 1)] if top_p < 1 else order
+    cand = order
+    if top_p < 1:  # the smallest prefix whose mass reaches top_p (sampling.h, step 4)
+        cum, keep = 0.0, len(order)
+        for j, x in enumerate(e):
+            cum += x
+            if cum >= top_p * e.sum():
+                keep = j + 1
+                break
+        cand = order[:keep]
     p = np.exp(logits[cand].astype(np.float64) - logits[cand[0]])
     p /= p.sum()
     eog = np.array([model.native.is_eog(int(t)) for t in cand])
@@ -54,16 +61,16 @@ def reference(model, logits, *, top_k: int, top_p: float = 1.0, temperature: flo
     if 3 * p[eog].sum() * len(cand) > p[~eog].sum():
         keep = list(np.flatnonzero(eog))
     else:
-        mass = p.copy()
+        mass, gone = p.copy(), [False] * len(cand)
         for i0 in range(len(cand)):
             for i1 in range(len(cand)):
-                if mass[i0] <= 0:
+                if gone[i0]:
                     break
-                if i1 == i0 or mass[i1] <= 0 or not pieces[i0] or not pieces[i1].startswith(pieces[i0]):
+                if i1 == i0 or gone[i1] or not pieces[i0] or not pieces[i1].startswith(pieces[i0]):
                     continue
-                dst, src = (i1, i0) if mass[i1] > mass[i0] else (i0, i1)
-                mass[dst] += mass[src]
-                mass[src] = 0.0
+                keep, drop = (i1, i0) if mass[i1] > mass[i0] else (i0, i1)  # ties: the earlier stays
+                mass[keep] += mass[drop]
+                mass[drop], gone[drop] = 0.0, True
         keep = [i for i in range(len(cand)) if eog[i] or mass[i] >= 0.2]
         n_text = sum(not eog[i] for i in keep)
         out = np.zeros(len(logits))
@@ -104,12 +111,32 @@ def test_a_likely_end_ends_and_nothing_likely_ends_too(coder):
     # Greedy takes the argmax of what is left, not of the row.
     assert np.flatnonzero(sampling.distribution(row(coder, {eot: 0.15, a: 0.45, b: 0.40}), temperature=0,
                                                 top_k=40, infill=coder)).tolist() == [eot]
+    end = coder.native.infill_vocab().end
     flat = {one_token(coder, t): 1 / 6 for t in (" a", " b", " c", " d", " e", " f")}
-    assert np.flatnonzero(sampling.distribution(row(coder, flat), top_k=40, infill=coder)).tolist() == [
-        coder.native.infill_vocab().end]
-    second = sampling.distribution(row(coder, {a: 0.55, b: 0.24, one_token(coder, " c"): 0.21}), top_k=40,
-                                   infill=coder)
+    flat[end] = 0.001  # the end allowed, unlikely: 3 * 0.001 * 7 is no end branch; no text reaches 0.2
+    assert np.flatnonzero(sampling.distribution(row(coder, flat), top_k=40, infill=coder)).tolist() == [end]
+    c = one_token(coder, " c")
+    second = sampling.distribution(row(coder, {a: 0.55, b: 0.24, c: 0.21}), top_k=40, infill=coder)
     assert np.flatnonzero(second).tolist() == [a]  # all pass 0.2; then 1/(3 + 1) keeps 0.55 only
+    # 1/(n + 1), not 1/n: 0.28 stays (>= 1/4); a floor of 1/3 would keep 0.40 alone.
+    three = sampling.distribution(row(coder, {a: 0.40, b: 0.32, c: 0.28}), top_k=40, infill=coder)
+    assert np.flatnonzero(three).tolist() == sorted([a, b, c])
+
+
+def test_a_forbidden_end_leaves_the_row_and_a_tiny_temperature_weighs_the_survivors(coder):
+    """Where nothing is likely enough but the row forbids the end token (a
+    constraint's mask: -inf), the step leaves the candidates as they came; and
+    when it removes the row's max (the end branch), a tiny temperature still
+    gives a distribution over what is left, not an underflow."""
+    flat = {one_token(coder, t): 1 / 6 for t in (" a", " b", " c", " d", " e", " f")}
+    lg = row(coder, flat)
+    assert lg[coder.native.infill_vocab().end] == NEG
+    kept = sampling.distribution(lg, top_k=40, infill=coder)
+    assert sorted(np.flatnonzero(kept).tolist()) == sorted(flat)
+    a, eot = one_token(coder, " a"), coder.native.eot
+    lg = row(coder, {a: 0.80, eot: 0.20})  # 3 * 0.20 * 2 > 0.80: the end branch removes " a", the max
+    cold = sampling.distribution(lg, temperature=0.001, top_k=40, infill=coder)
+    assert np.flatnonzero(cold).tolist() == [eot] and cold.sum() == pytest.approx(1.0)
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.0, 0.7])

@@ -203,6 +203,7 @@ def test_refusals_name_the_field(server):
              ({"input_prefix": "a", "input_suffix": "b", "samplers": ["mirostat"]}, "mirostat"),
              ({"input_prefix": "a", "input_suffix": "b", "n_cmpl": 9}, "n_cmpl"),
              ({"input_prefix": "a", "input_suffix": "b", "samplers": ["top_k", "infill"], "top_k": 0}, "top_k"),
+             ({"input_prefix": "a", "input_suffix": "b", "samplers": ["top_k", "temperature", "infill"]}, "samplers"),
              # The OpenAI routes' cap on draft lengths holds here too (issue 58: it was uncapped).
              ({"input_prefix": "a", "input_suffix": "b", "draft_max": 999}, "draft_max")]
     for body, word in cases:

@@ -14,7 +14,8 @@ bool is_prefix(const std::string& a, const std::string& b) {
 
 }  // namespace
 
-void infill_truncate(std::vector<InfillCandidate>& cand, const InfillVocab& vocab, std::vector<double>& mass) {
+void infill_truncate(std::vector<InfillCandidate>& cand, const InfillVocab& vocab, std::vector<double>& mass,
+                     bool end_allowed) {
     std::sort(cand.begin(), cand.end(), [](const InfillCandidate& a, const InfillCandidate& b) {
         return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
     });
@@ -58,18 +59,18 @@ void infill_truncate(std::vector<InfillCandidate>& cand, const InfillVocab& voca
             mass[src] = 0.0;
         }
     }
-    // c. Likely enough, else the end.
-    keep_if([&](size_t i) { return eog(i) || mass[i] >= 0.2; });
+    // c. Likely enough, else the end (if the row allows it; else the row as it came:
+    //    the merge only moved masses, every candidate is still in `cand`).
+    auto likely = [&](size_t i) { return eog(i) || mass[i] >= 0.2; };
     size_t n_text = 0;
-    double sum = 0.0;
-    for (size_t i = 0; i < cand.size(); ++i) {
-        n_text += !eog(i);
-        sum += mass[i];
-    }
+    for (size_t i = 0; i < n; ++i) n_text += !eog(i) && likely(i);
     if (n_text == 0) {
-        cand.clear();
+        if (end_allowed) cand.clear();
         return;
     }
+    keep_if(likely);
+    double sum = 0.0;
+    for (size_t i = 0; i < cand.size(); ++i) sum += mass[i];
     // d. Against the number of choices left.
     const double floor = 1.0 / static_cast<double>(n_text + 1);
     keep_if([&](size_t i) { return eog(i) || mass[i] / sum >= floor; });

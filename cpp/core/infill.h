@@ -10,12 +10,16 @@
 //      end-of-generation candidates are kept (the suggestion stops).
 //   b. Merge: candidates in order (p descending, id ascending); for each token i0 and
 //      each other token i1 still in, when i0's bytes are a non-empty prefix of i1's,
-//      the less likely of the two (i0 on ties) gives its mass to the other and leaves;
+//      the less likely of the two (i1 on ties) gives its mass to the other and leaves;
 //      once i0 has left, the next i0. ("ret" and "return" count as one choice.)
 //   c. Text tokens whose (merged) mass is below 0.2 leave; end-of-generation tokens
-//      stay. If no text token is left, the answer ends: InfillVocab::end alone.
+//      stay. If no text token is left, the answer ends: InfillVocab::end alone. Where
+//      the row forbids that token (a constraint's mask: healing, a grammar), the
+//      step leaves the row's candidates as they came instead.
 //   d. The masses of those kept are renormalised; text tokens below 1 / (n_text + 1)
 //      leave.
+// n counts the candidates with a finite logit (llama.cpp's top-k also keeps -inf
+// entries when a row has fewer than k finite ones: only masked rows do).
 // The survivors keep their own logits: temperature and the final softmax (step 6)
 // act on them as on any truncation. So merged mass decides who stays, not how
 // likely each is, as in llama.cpp, whose final draw recomputes a softmax over the
@@ -47,7 +51,8 @@ struct InfillCandidate {
 
 // Steps a-d on `cand` (sorted or not, ids < vocab.pieces.size(), logits finite).
 // Returns the survivors in `cand`, or an empty `cand` when the answer ends with
-// vocab.end alone (step c). `mass` is scratch.
-void infill_truncate(std::vector<InfillCandidate>& cand, const InfillVocab& vocab, std::vector<double>& mass);
+// vocab.end alone (step c; only if `end_allowed`). `mass` is scratch.
+void infill_truncate(std::vector<InfillCandidate>& cand, const InfillVocab& vocab, std::vector<double>& mass,
+                     bool end_allowed);
 
 }  // namespace pyspec

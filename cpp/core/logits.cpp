@@ -359,9 +359,12 @@ void compute_distribution(const float* logits, int32_t n_vocab, const SamplingPa
         all_finite = false;
     }
 
-    // Step 5b: infill, then a greedy row's argmax among its survivors.
+    // Step 5b: infill, then a greedy row's argmax among its survivors. It may
+    // remove the row's max, so step 6 weighs from the survivors' own max.
+    double top = mx;
     if (infill != nullptr) {
-        infill_truncate(cand, *infill, ws.mass_);
+        const bool end_allowed = infill->end >= 0 && infill->end < n_vocab && logits[infill->end] != kNegInf;
+        infill_truncate(cand, *infill, ws.mass_, end_allowed);
         if (cand.empty()) {
             if (infill->end < 0 || infill->end >= n_vocab) {
                 throw std::invalid_argument("the infill sampler ended the answer, but the vocabulary has no end token");
@@ -377,13 +380,15 @@ void compute_distribution(const float* logits, int32_t n_vocab, const SamplingPa
             out.set_one_hot(best->id, n_vocab);
             return;
         }
+        top = -std::numeric_limits<double>::infinity();
+        for (const Candidate& c : cand) top = std::max(top, static_cast<double>(c.logit));
     }
 
     // Step 6: temperature on the survivors, normalised in double.
     const double temp = params.temperature;
-    auto weight = [mx, temp](float l) {
-        return temp == 1.0 ? std::exp(static_cast<double>(l) - mx)
-                           : std::exp((static_cast<double>(l) - mx) / temp);
+    auto weight = [top, temp](float l) {
+        return temp == 1.0 ? std::exp(static_cast<double>(l) - top)
+                           : std::exp((static_cast<double>(l) - top) / temp);
     };
     out.n_vocab_ = n_vocab;
     if (all_finite) {

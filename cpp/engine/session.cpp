@@ -233,8 +233,13 @@ int32_t BatchSession::add(const SequenceSpec& spec) {
     const int32_t handle = next_handle_++;
     seqs_.emplace_back(spec, session_.test, handle, slot);
     Sequence& s = seqs_.back();
-    for (SamplingParams* sp : {&s.params.sampling, &s.params.draft_sampling}) {
-        if (sp->infill && !sp->infill_vocab) sp->infill_vocab = target_.infill_vocab();
+    // The infill sampler reads each model's own vocabulary (a draft's may be padded larger).
+    if (s.params.sampling.infill && !s.params.sampling.infill_vocab) {
+        s.params.sampling.infill_vocab = target_.infill_vocab();
+    }
+    if (s.params.draft_sampling.infill && !s.params.draft_sampling.infill_vocab) {
+        const Model* dm = s.drafter ? s.drafter->model() : nullptr;
+        s.params.draft_sampling.infill_vocab = (dm ? dm : &target_)->infill_vocab();
     }
     slot_owner_[static_cast<size_t>(slot)] = handle;
     slot_used_[static_cast<size_t>(slot)] = ++tick_;

@@ -103,6 +103,12 @@ AgreementRows agreement(Model& ref, Model& cand, const std::vector<int32_t>& tok
     std::vector<double> lp, lq, pp, pq;
     std::vector<double> dp(static_cast<size_t>(std::max(vp, vq))), dq(dp.size());
     const bool plain = untouched(sampling);
+    // The infill sampler reads each model's own vocabulary.
+    SamplingParams sp = sampling, sq = sampling;
+    if (sampling.infill) {
+        sp.infill_vocab = ref.infill_vocab();
+        sq.infill_vocab = cand.infill_vocab();
+    }
     Distribution p, q;
     SamplingWorkspace ws;
     const double inf = std::numeric_limits<double>::infinity();
@@ -142,8 +148,8 @@ AgreementRows agreement(Model& ref, Model& cand, const std::vector<int32_t>& tok
                 const std::vector<double>* a = &pp;
                 const std::vector<double>* b = &pq;
                 if (!plain) {
-                    compute_distribution(rp, vp, sampling, p, ws);
-                    compute_distribution(rq, vq, sampling, q, ws);
+                    compute_distribution(rp, vp, sp, p, ws);
+                    compute_distribution(rq, vq, sq, q, ws);
                     std::fill(dp.begin(), dp.end(), 0.0);
                     std::fill(dq.begin(), dq.end(), 0.0);
                     p.to_dense(dp.data());

@@ -122,7 +122,8 @@ def chain_sampling(body: Dict[str, Any], chain: List[str], defaults: Sampling) -
     """The sampling a chain asks for: each applied sampler's field (``defaults``
     where the body has none), the others off; no ``temperature`` in the chain
     samples at temperature 1, as llama-server's final draw does; ``infill``
-    needs top-k (1..256)."""
+    needs top-k (1..256) and its place in pyspec's order (after the
+    truncations, before temperature)."""
     sampling = Sampling(
         temperature=number(body, "temperature", 0.0, 100.0, defaults.temperature) if "temperature" in chain else 1.0,
         top_k=integer(body, "top_k", 0, default=defaults.top_k) if "top_k" in chain else 0,
@@ -133,9 +134,14 @@ def chain_sampling(body: Dict[str, Any], chain: List[str], defaults: Sampling) -
     )
     if sampling.top_p == 0:
         raise APIError(400, "'top_p' must be > 0", param="top_p")
-    if sampling.infill and not 1 <= sampling.top_k <= 256:
-        raise APIError(400, "the 'infill' sampler needs 'top_k' in 1..256 in the chain (editor plugins send 40), "
-                            f"got {sampling.top_k}", param="top_k")
+    if sampling.infill:
+        if not 1 <= sampling.top_k <= 256:
+            raise APIError(400, "the 'infill' sampler needs 'top_k' in 1..256 in the chain (editor plugins send "
+                                f"40), got {sampling.top_k}", param="top_k")
+        at = chain.index("infill")
+        if any(name in chain[at:] for name in ("top_k", "top_p", "min_p")) or "temperature" in chain[:at]:
+            raise APIError(400, "pyspec applies 'infill' after top_k, top_p and min_p and before temperature "
+                                "(editor plugins' order); this chain puts it elsewhere", param="samplers")
     return sampling
 
 
