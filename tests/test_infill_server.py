@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import random
+import threading
+import time
 
 import httpx
 import pytest
@@ -322,3 +324,117 @@ def test_llama_vims_instruct_requests_on_chat(server):
     assert picked == {"usage/completion_tokens": 2, "model": picked["model"]}
     bad = server.post("/v1/chat/completions", {"messages": messages, "samplers": ["mirostat"]})
     assert bad.status_code == 400 and "mirostat" in bad.text
+
+
+def test_a_chat_warm_up_caches_the_prompt(server):
+    """issue 61: n_predict 0 on chat (llama.vim's instruct warm-up) prefills and
+    caches the prompt and answers no tokens; the next request finds it cached.
+    Control: a request of another conversation finds only the template's start."""
+    chat = "/v1/chat/completions"
+    messages = [{"role": "user", "content": "Explain what these functions do:\n" + PREFIX}]
+    warm = server.post(chat, {"messages": messages, "n_predict": 0}).json()
+    n = warm["usage"]["prompt_tokens"]
+    assert warm["usage"]["completion_tokens"] == 0 and warm["choices"][0]["message"]["content"] == "", warm
+    assert warm["choices"][0]["finish_reason"] == "length" and n > 100, warm
+    after = server.post(chat, {"messages": messages, "n_predict": 1, "temperature": 0}).json()
+    assert after["usage"]["prompt_tokens_details"]["cached_tokens"] >= n - 1, after["usage"]
+    other = [{"role": "user", "content": "Summarize these functions:\n" + PREFIX}]
+    control = server.post(chat, {"messages": other, "n_predict": 1, "temperature": 0}).json()
+    assert control["usage"]["prompt_tokens_details"]["cached_tokens"] < n // 2, control["usage"]
+
+
+# A long answer to cut short: counting on, greedy (the model does not stop by itself within 200 tokens).
+COUNTING = {"input_prefix": "# the numbers from 1 to 1000, one per line\n" + "".join(f"{i}\n" for i in range(1, 21)),
+            "input_suffix": "", "prompt": "", "n_predict": 200, "temperature": 0, "samplers": ["top_k"],
+            "top_k": 1, "stream": True, "healing": False}
+
+
+def _metrics(server) -> dict:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {s.name: s.value for fam in text_string_to_metric_families(httpx.get(server.url("/metrics")).text)
+            for s in fam.samples}
+
+
+def _counting_then(server, send):
+    """Client "editor-a" streams a long answer; once tokens flow, ``send()``
+    sends a second request. Returns (the stream's last object, send's response,
+    /metrics' change, the stream's end and the response's, time.monotonic())."""
+    before, events, flowing, ended = _metrics(server), [], threading.Event(), []
+
+    def listen():
+        with httpx.stream("POST", server.url("/infill"), json=COUNTING, headers={"X-Client-Id": "editor-a"},
+                          timeout=120) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    events.append(json.loads(line[len("data: "):]))
+                    if len(events) >= 3:
+                        flowing.set()
+                    if events[-1].get("stop"):
+                        ended.append(time.monotonic())  # the whole object: the answer's end
+        flowing.set()
+
+    t = threading.Thread(target=listen)
+    t.start()
+    assert flowing.wait(60), "the long answer never streamed"
+    second = send()
+    answered = time.monotonic()
+    t.join(120)
+    server.wait_idle()
+    after = _metrics(server)
+    change = {k: after[k] - before.get(k, 0) for k in after if k.startswith(("pyspec:requests_", "pyspec:abandoned"))}
+    return events[-1], second, change, ended[0], answered
+
+
+def _keystroke(server, client: str):
+    return lambda: server.post("/infill", vim_body("    total = "), headers={"X-Client-Id": client})
+
+
+def test_a_clients_newer_request_cancels_its_older_one(server):
+    """issue 61: the newest request of a client wins; the older one ends at once,
+    and /metrics counts what it cost. Control: the same traffic from two clients
+    (X-Client-Id) leaves the first request running to its end."""
+    last, keystroke, change, _, _ = _counting_then(server, _keystroke(server, "editor-a"))
+    assert keystroke.status_code == 200 and keystroke.json()["content"], keystroke.text
+    assert last["stop"] is True and last["stop_type"] == "limit" and last["tokens_predicted"] < 100, last
+    assert change["pyspec:requests_superseded_total"] == 1 and change["pyspec:requests_abandoned_total"] == 1, change
+    assert change["pyspec:abandoned_seconds_total"] > 0 and change["pyspec:abandoned_tokens_total"] > 3, change
+
+    last, keystroke, change, _, _ = _counting_then(server, _keystroke(server, "editor-b"))
+    assert keystroke.status_code == 200, keystroke.text
+    assert last["tokens_predicted"] == COUNTING["n_predict"], last
+    assert change["pyspec:requests_superseded_total"] == 0 and change["pyspec:requests_abandoned_total"] == 0, change
+
+
+def test_a_warm_up_waits_for_the_real_requests(server):
+    """issue 61: a warm-up (n_predict 0, here another client's instruct warm-up
+    on chat) is admitted only once no real request runs, so it never slows one.
+    Control: a real request of that client is answered while the first runs."""
+    messages = [{"role": "user", "content": "Read this:\n" + PREFIX}]
+    chat = "/v1/chat/completions"
+    last, warm, _, ended, answered = _counting_then(
+        server, lambda: server.post(chat, {"messages": messages, "n_predict": 0}, headers={"X-Client-Id": "vim"}))
+    assert warm.status_code == 200 and last["tokens_predicted"] == COUNTING["n_predict"], (warm.text, last)
+    assert answered >= ended, f"the warm-up was answered {ended - answered:.2f} s before the real request ended"
+    last, real, _, ended, answered = _counting_then(
+        server, lambda: server.post(chat, {"messages": messages, "n_predict": 1}, headers={"X-Client-Id": "vim"}))
+    assert real.status_code == 200 and answered < ended, "the control: a real request runs beside the first"
+
+
+def test_a_warm_up_never_cancels_a_real_request():
+    """A warm-up (n_predict 0) of the same client leaves its running request
+    alone; a real request cancels a warm-up (the unit: server/newest.py)."""
+    from pyspec.server.jobs import Job
+    from pyspec.server.newest import NewestWins
+
+    def job():
+        return Job([], loop=None)
+
+    wins, client = NewestWins(), ("127.0.0.1", "", "curl", "")
+    real, warm, warm2 = job(), job(), job()
+    assert wins.claim(client, real, warm_up=False) == 0
+    assert wins.claim(client, warm, warm_up=True) == 0 and not real.cancelled
+    assert wins.claim(client, warm2, warm_up=True) == 1 and warm.why == "superseded" and not real.cancelled
+    newest = job()
+    assert wins.claim(client, newest, warm_up=False) == 2 and real.cancelled and warm2.cancelled
+    assert wins.claim(("127.0.0.1", "", "curl", "other"), job(), warm_up=False) == 0 and not newest.cancelled

@@ -254,7 +254,6 @@ int32_t BatchSession::add(const SequenceSpec& spec) {
     // prompt token, which the first round evaluates with the first drafts).
     const size_t keep = std::min(common_prefix(target_.cached(slot), s.history), s.history.size() - 1);
     target_.truncate(static_cast<int32_t>(keep), slot);
-    if (s.max_tokens == 0) finish(s, "max_tokens");
     return handle;
 }
 
@@ -377,6 +376,9 @@ void BatchSession::start(Sequence& s) {
     // What this session has timed already; the rest is timed between rounds.
     if (Calibrated* c = s.policy ? s.policy->as_calibrated() : nullptr) offer_timings(s, *c);
     s.started = true;
+    // max_tokens 0 is a client's warm-up: the prompt is now cached (all but its last
+    // token, which a round evaluates with the first drafts), and nothing is sampled.
+    if (s.max_tokens == 0) finish(s, "max_tokens");
 }
 
 }  // namespace pyspec

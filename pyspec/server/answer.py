@@ -254,7 +254,7 @@ async def job_events(job: Job, request: Request, clock: RequestClock, n_choices:
             yield event
     finally:
         if remaining:
-            job.cancel()
+            job.cancel("left")
 
 
 def _finish_with_calls(finish: str) -> str:

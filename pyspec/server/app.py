@@ -5,7 +5,8 @@ handlers (:class:`Handlers`) check a request (intake.py: the API key, the
 body, the wire format of pyspec/wire/, the prompts' tokens, the constraint),
 hand it to the :class:`~.scheduler.Scheduler` as a :class:`~.jobs.Job` and
 answer from its events (answer.py: one JSON response or an SSE stream). A
-client that disconnects has its sequences cancelled; every refusal is
+client that disconnects has its sequences cancelled, and so has an editor's
+``/infill`` once the same client sends a newer one (newest.py); every refusal is
 OpenAI's error object with a 4xx (503 with ``Retry-After`` when the queue is
 full), never a 500 for bad input.
 """
@@ -33,6 +34,7 @@ from . import doors, infill
 from .intake import Intake, authorized, read_body
 from .jobs import Job, SchedulerError
 from .metrics import Metrics
+from .newest import NewestWins, client_of
 from .api_error import APIError
 from .scheduler import DEFAULT_CACHE_RAM_MB, MAX_DRAFT, Scheduler
 from .users import UserMemories
@@ -100,6 +102,7 @@ class Handlers:
         self.target, self.model_name, self.parallel, self.api_key = target, model_name, parallel, api_key
         self.intake = intake
         self.scheduler: Optional[Scheduler] = None
+        self.editors = NewestWins()  # /infill: a client's newest request wins
         self.metrics = Metrics(lambda: self.scheduler, model_name=model_name, n_ctx=target.n_ctx)
         self.created = int(time.time())
 
@@ -118,7 +121,8 @@ class Handlers:
                                        type="authentication_error", code="invalid_api_key"))
         try:
             parsed, requests = await self.intake.read(request, kind)
-            job = Job(requests, asyncio.get_running_loop(), user=parsed.user or "")
+            job = Job(requests, asyncio.get_running_loop(), user=parsed.user or "",
+                      warm_up=parsed.settings.max_tokens == 0)
             self.scheduler.submit(job)
         except SchedulerError as e:
             return self.error(http_error(e))
@@ -141,8 +145,14 @@ class Handlers:
                                      n_batch=self.target.native.n_batch, max_draft=self.intake.max_draft)
             self.intake.check_model(req.parsed.model)
             job = Job([self.intake.request(req.parsed.settings, req.fill.tokens, req.fill)],
-                      asyncio.get_running_loop(), editor=req.editor)
-            self.scheduler.submit(job)
+                      asyncio.get_running_loop(), editor=req.editor, warm_up=req.n_predict == 0)
+            # Before submitting: the stale jobs it cancels leave the queue's count at the next round.
+            self.editors.claim(client_of(request), job, warm_up=job.warm_up)
+            try:
+                self.scheduler.submit(job)
+            except SchedulerError:
+                job.ended = True  # refused: never live
+                raise
         except SchedulerError as e:
             return self.error(http_error(e))
         except APIError as e:

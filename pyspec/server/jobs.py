@@ -72,6 +72,9 @@ class Job:
     events: "asyncio.Queue[Tuple]" = field(default_factory=asyncio.Queue)
     choices: List[Choice] = field(default_factory=list)
     cancelled: bool = False
+    why: str = ""                      # why it was cancelled: "left" (the client), "superseded" (newest.py)
+    ended: bool = False                # the scheduler is done with it (answered, refused or dropped)
+    warm_up: bool = False              # a client caching a prompt (no tokens asked): admitted after real jobs
     user: str = ""                     # OpenAI's end-user id ("" for one local user): memory and policy follow it
     memory: Optional["Memory"] = None  # the user's, set once admitted: drafts copy from it, answers join it
     admitted: float = 0.0              # time.monotonic() when it left the queue (0: not yet)
@@ -92,8 +95,12 @@ class Job:
         """Sequence slots it takes: one per choice."""
         return len(self.requests) * self.requests[0].n
 
-    def cancel(self) -> None:
-        """The client is gone: its sequences end at the next round (thread-safe)."""
+    def cancel(self, why: str = "") -> None:
+        """End its sequences at the next round (thread-safe). ``why``: "left"
+        (the client is gone) or "superseded" (a newer request of the client's:
+        server/newest.py) count it as abandoned work in /metrics."""
+        if not self.cancelled:
+            self.why = why
         self.cancelled = True
 
     def send(self, event: Tuple) -> None:

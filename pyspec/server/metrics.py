@@ -58,6 +58,14 @@ _COUNTERS = (
      "Prompt tokens found in the prompt cache instead of prefilled (slots, shared prefixes, host memory)", None),
     ("prompt_cache_evictions", "cache_evictions",
      "Finished conversations' caches the context gave up (for room, or a slot reused)", None),
+    ("requests_abandoned", "requests_abandoned",
+     "Requests cancelled because their client left or sent a newer one (server/newest.py)", None),
+    ("requests_superseded", "requests_superseded",
+     "Of those, editor requests cancelled by a newer request of the same client", None),
+    ("abandoned_seconds", "abandoned_seconds",
+     "Seconds abandoned requests held the batch, from admission to their end", None),
+    ("abandoned_tokens", "abandoned_tokens",
+     "Tokens abandoned requests cost: prompt tokens prefilled and tokens generated", None),
 )
 # The prompt cache's host-memory tier (--cache-ram): (name, its key in HostCache.stats, help).
 _CACHE_RAM_COUNTERS = (

@@ -195,21 +195,36 @@ class Scheduler:
             with self._lock:
                 self._stopping = True
                 for job in list(self._waiting) + self._running:
+                    job.ended = True
                     job.send(("error", err))
                 self._waiting.clear()
                 self._running.clear()
 
+    def _next_waiting(self) -> Optional[Job]:
+        """The job to admit next: the first cancelled or real one; a warm-up only
+        while no real job runs or waits, so that it never delays one (lock held)."""
+        warm = None
+        for job in self._waiting:
+            if job.cancelled or not job.warm_up:
+                return job
+            warm = warm or job
+        return None if any(not j.warm_up for j in self._running) else warm
+
     def _admit(self) -> None:
         """Waiting jobs join the batch in order while their choices all fit (lock held)."""
         while self._waiting:
-            job = self._waiting[0]
+            job = self._next_waiting()
+            if job is None:
+                return
             if job.cancelled:
-                self._waiting.popleft()
+                self._waiting.remove(job)
+                self._abandoned(job)
+                job.ended = True
                 job.send(("error", JobCancelled("cancelled")))
                 continue
             if job.need > self._n_free or job.need > self._session.free_slots:
                 return
-            self._waiting.popleft()
+            self._waiting.remove(job)
             job.admitted = time.monotonic()
             try:
                 self._start(job)
@@ -220,6 +235,7 @@ class Scheduler:
                 job.send(("error", JobRefused(str(e))))
                 job.cancel()  # choices already added end at the next round and free their slots
                 if not job.choices:
+                    job.ended = True
                     continue
             self._running.append(job)
 
@@ -298,6 +314,8 @@ class Scheduler:
                     self.positions.add(st.drafted_at, st.accepted_at)
                 self.policies.release(handle)
                 self._release(c)
+                if job.why:  # what the abandoned work cost: its prompt's new tokens and its answer's
+                    self.counters["abandoned_tokens"] += len(c.prompt) - st.n_cached_tokens + st.n_generated
                 writes = self.decoder.record(c.setup, st, defer=True)
                 if writes is not None:
                     self._after.submit(writes).add_done_callback(_said_if_failed)
@@ -309,6 +327,7 @@ class Scheduler:
                     with self._lock:
                         self._end(job)
                         self._running.remove(job)
+                    self._abandoned(job)
         bs = self._session.stats
         self.counters["rounds"], self.counters["batch_rows"] = bs.rounds, bs.rows
         self.counters["prompt_tokens_cached"] = bs.cached_tokens
@@ -319,6 +338,17 @@ class Scheduler:
     def _end(self, job: Job) -> None:
         for c in job.choices:
             self._release(c)
+        job.ended = True
+
+    def _abandoned(self, job: Job) -> None:
+        """Count a job its client gave up (left, or sent a newer one) and the
+        time it held the batch for nothing (/metrics: abandoned_*)."""
+        if not job.why:
+            return
+        self.counters["requests_abandoned"] += 1
+        self.counters["requests_superseded"] += job.why == "superseded"
+        if job.admitted:
+            self.counters["abandoned_seconds"] += time.monotonic() - job.admitted
 
     def _release(self, c: Choice) -> None:
         """c's slot is free again (its cache stays: the next turn finds it)."""

@@ -86,7 +86,8 @@ class Door:
             parsed, requests = await h.intake.of_body(body, kind)
         except APIError as e:
             raise renamed(e, params) from None
-        job = Job(requests, asyncio.get_running_loop(), user=user or parsed.user or "")
+        job = Job(requests, asyncio.get_running_loop(), user=user or parsed.user or "",
+                  warm_up=parsed.settings.max_tokens == 0)
         try:
             h.scheduler.submit(job)
         except SchedulerError as e:
