@@ -145,7 +145,7 @@ class Handlers:
                                      n_batch=self.target.native.n_batch, max_draft=self.intake.max_draft)
             self.intake.check_model(req.parsed.model)
             job = Job([self.intake.request(req.parsed.settings, req.fill.tokens, req.fill)],
-                      asyncio.get_running_loop(), editor=req.editor, warm_up=req.n_predict == 0)
+                      asyncio.get_running_loop(), editor=req.editor, warm_up=req.warm_up)
             # Before submitting: the stale jobs it cancels leave the queue's count at the next round.
             self.editors.claim(client_of(request), job, warm_up=job.warm_up)
             try:

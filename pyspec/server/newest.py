@@ -1,7 +1,9 @@
 """Editors' stale requests: a client's newest ``/infill`` wins.
 
 An editor plugin sends a request per keystroke, and llama.vim also sends a
-warm-up of its ring of chunks every second (``n_predict: 0``). Once the user
+warm-up of its ring of chunks every second while the user pauses (``n_predict:
+0``, or in older versions a request with only ``input_extra``: both are
+warm-ups, wire/llama_server.py). Once the user
 has typed past a request its answer is thrown away, but on a 2-core machine
 it still holds the engine, and the requests queue behind each other (issue
 61: 6 s per ``/infill`` with the plugin's own traffic). llama.vim cancels by

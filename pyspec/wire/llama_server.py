@@ -48,6 +48,9 @@ class InfillRequest:
     response_fields: Optional[List[str]] = None
     samplers: List[str] = field(default_factory=list)
     n_predict: int = -1
+    #: A client caching a prompt, not asking for a suggestion: ``n_predict`` 0, or
+    #: no text around a cursor at all (llama.vim's ring update: only ``input_extra``).
+    warm_up: bool = False
 
 
 def _extra(value: Any) -> List[fim.Chunk]:
@@ -119,7 +122,8 @@ def parse(body: Any, target, *, max_n: int, n_batch: int, max_draft: int) -> Inf
     parsed = ParsedRequest("completion", body.get("model"), [fill.tokens], settings, stream=stream)
     editor = {"n_indent": fields.integer(body, "n_indent", 0, default=0),
               "t_max_predict_ms": float(fields.integer(body, "t_max_predict_ms", -1, default=-1))}
-    return InfillRequest(parsed, fill, editor, picked, chain, n_predict)
+    warm_up = n_predict == 0 or not (prefix or suffix or typed)
+    return InfillRequest(parsed, fill, editor, picked, chain, n_predict, warm_up)
 
 
 # ------------------------------------------------------------------ /completion

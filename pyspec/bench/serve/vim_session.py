@@ -1,0 +1,171 @@
+"""`pyspec bench vim`'s session over backends, and its figures (vim.py states
+the method): sites picked, each backend's server, proxy and Vim started,
+sites typed on each in turn, the pauses and the proxy's logs summed up."""
+
+from __future__ import annotations
+
+import math
+import random
+import shutil
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+from ..stats import run_order
+from . import editor_sites as es
+from .concurrent import percentile
+from .editor import bootstrap
+from .vim import Pause, Vim, exchanges, open_files, settle, type_site
+from .vim_proxy import Proxy
+
+
+def pick(n: int, seed: int, root: Optional[str] = None) -> Tuple[str, str, List[es.Site]]:
+    """(the file typed in, the file visited first, ``n`` fresh-line sites of the
+    first in file order), from editor_sites' files, seeded."""
+    texts = es.stdlib_texts(root or es.stdlib_dir(), es.FILES)
+    rng = random.Random(seed)
+    names = sorted(texts)
+    rng.shuffle(names)
+    main, other = names[0], names[1 % len(names)]
+    lines = texts[main].split("\n")
+    picked = sorted(rng.sample(es.candidates(texts[main], fresh=True), n))
+    return main, other, [es.Site(main, k, lines[k - 1], (), (), True) for k in picked]
+
+
+def quiet(log: Sequence, idle: float = 1.5, limit: float = 30.0) -> None:
+    """Wait until the proxy has had no request in flight for ``idle`` seconds
+    (the plugin's warm-ups done), so that one backend's work never runs beside
+    the next one's typing."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        busy = any(not ex.t_out for ex in log)
+        last = max([ex.t_out or ex.t_in for ex in log], default=0.0)
+        if not busy and time.monotonic() - last >= idle:
+            return
+        time.sleep(0.1)
+
+
+def run(backends: Sequence, runtime: Path, *, n_sites: int, steps: int, pace: float, timeout: float, seed: int,
+        progress: Callable[[str], None] = lambda s: None, root: Optional[str] = None) -> dict:
+    """Type the same sites on every backend (EditorBackend: bench_editor.py); the records."""
+    main, other, sites = pick(n_sites, seed, root)
+    src = Path(root or es.stdlib_dir())
+    work = Path(tempfile.mkdtemp(prefix="pyspec-bench-vim-"))
+    started: List[tuple] = []
+    pauses: List[Pause] = []
+    try:
+        for i, b in enumerate(backends):
+            progress(f"starting {b.name}")
+            folder = work / str(i)
+            folder.mkdir()
+            for name in (main, other):
+                shutil.copy(src / name, folder / Path(name).name)
+            server = b.server.start()
+            proxy = Proxy(server.port)
+            started.append((b.name, server, proxy, None))
+            vim = Vim(runtime, folder / Path(main).name, proxy.url("/infill"))
+            started[-1] = (b.name, server, proxy, vim)
+            open_files(vim, folder / Path(other).name, folder / Path(main).name)
+            settle(vim, 3)
+            quiet(proxy.log)
+        rng = random.Random(seed)
+        for i, site in enumerate(sites):
+            for name, _, proxy, vim in run_order(started, i):
+                got = type_site(vim, proxy.log, site, i, name, steps=steps, pace=pace, timeout=timeout, rng=rng)
+                pauses += got
+                quiet(proxy.log)
+                waits = ", ".join("-" if p.wait_s is None else f"{p.wait_s:.2f}" for p in got)
+                progress(f"site {i + 1}/{len(sites)} {site.file}:{site.line_no} {name}: {waits} s")
+        logs = {name: exchanges(proxy.log) for name, _, proxy, _ in started}
+    finally:
+        for _, server, proxy, vim in started:
+            if vim is not None:
+                vim.close()
+            proxy.close()
+            server.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    return {"file": main, "visited": other,
+            "sites": [{"file": s.file, "line": s.line_no, "text": s.line} for s in sites],
+            "pauses": [asdict(p) for p in pauses], "requests": logs}
+
+
+def _wait(p: dict) -> float:
+    return math.inf if p["wait_s"] is None else p["wait_s"]
+
+
+def figures(record: dict, backend: str, timeout: float, seed: int = 0) -> dict:
+    ps = [p for p in record["pauses"] if p["backend"] == backend]
+    by_site: Dict[int, List[float]] = {}
+    for p in ps:
+        by_site.setdefault(p["site"], []).append(_wait(p))
+    waits = [w for g in by_site.values() for w in g]
+    out: Dict[str, object] = {"backend": backend, "pauses": len(ps), "sites": len(by_site)}
+    for q in (50, 90):
+        out[f"wait_p{q}_s"] = percentile(waits, q)
+        out[f"wait_p{q}_interval"] = bootstrap(list(by_site.values()), lambda xs, q=q: percentile(xs, q), seed=seed)
+    out["no_hint"] = sum(p["wait_s"] is None for p in ps)
+    out["empty"] = sum(p["wait_s"] is not None and not any(p["hint"]) for p in ps)
+    tried = [p for p in ps if p["accepted"] is not None]
+    out["accepted"], out["accepts"] = sum(bool(p["accepted"]) for p in tried), len(tried)
+    reqs = record["requests"][backend]
+    fims = [r for r in reqs if r["kind"] == "fim"]
+    out["fim_requests"], out["warm_ups"] = len(fims), sum(r["kind"] == "warm-up" for r in reqs)
+    out["given_up"] = sum(r["cancelled"] for r in fims)
+    out["given_up_share"] = out["given_up"] / len(fims) if fims else math.nan
+    out["fim_wall_p50_s"] = percentile([r["wall_s"] for r in fims if not r["cancelled"] and r["wall_s"]], 50)
+    return out
+
+
+def wait_ratio(record: dict, numerator: str, denominator: str, timeout: float, seed: int = 0) -> dict:
+    """p50 keystroke-to-hint of ``numerator`` over ``denominator``'s on the same
+    pauses (site and typed text), interval by resampling sites."""
+    theirs = {(p["site"], p["typed"]): _wait(p) for p in record["pauses"] if p["backend"] == denominator}
+    groups: Dict[int, list] = {}
+    for p in record["pauses"]:
+        if p["backend"] == numerator and (p["site"], p["typed"]) in theirs:
+            groups.setdefault(p["site"], []).append((_wait(p), theirs[(p["site"], p["typed"])]))
+
+    def stat(pairs: list) -> float:
+        return percentile([x for x, _ in pairs], 50) / percentile([y for _, y in pairs], 50)
+
+    pooled = [x for g in groups.values() for x in g]
+    return {"numerator": numerator, "denominator": denominator, "pairs": len(pooled),
+            "ratio": stat(pooled) if pooled else math.nan,
+            "interval": bootstrap(list(groups.values()), stat, seed=seed)}
+
+
+def summarize(record: dict, timeout: float, seed: int = 0) -> dict:
+    names = list(record["requests"])
+    return {"backends": names, "figures": [figures(record, n, timeout, seed) for n in names],
+            "ratios": [wait_ratio(record, names[0], n, timeout, seed) for n in names[1:]]}
+
+
+def _s(x: float) -> str:
+    return "-" if x is None or math.isnan(x) else (">timeout" if math.isinf(x) else f"{x:.2f}")
+
+
+def format_summary(summary: dict) -> str:
+    lines = ["wait: last keystroke to the plugin's answer on screen, nearest-rank percentiles [95 % bootstrap "
+             "interval over sites], seconds (a hint that never came counts as endless); no hint: none within the "
+             "timeout; empty: an answer with nothing to show; accepted: Tab inserted exactly what was shown; "
+             "requests: suggestions / warm-ups the plugin sent; given up: suggestions whose connection it closed "
+             "first; /infill p50: wall time of the answered ones",
+             f"  {'backend':<24} {'n':>3} {'p50 wait':>22} {'p90 wait':>22} {'no hint':>7} {'empty':>5} "
+             f"{'accepted':>8} {'requests':>9} {'given up':>9} {'/infill p50':>11}"]
+    for f in summary["figures"]:
+        cells = []
+        for q in (50, 90):
+            lo, hi = f[f"wait_p{q}_interval"]
+            cells.append(f"{_s(f[f'wait_p{q}_s'])} [{_s(lo)}, {_s(hi)}]")
+        lines.append(f"  {f['backend']:<24} {f['pauses']:>3} {cells[0]:>22} {cells[1]:>22} {f['no_hint']:>7} "
+                     f"{f['empty']:>5} {str(f['accepted']) + '/' + str(f['accepts']):>8} "
+                     f"{str(f['fim_requests']) + ' / ' + str(f['warm_ups']):>9} "
+                     f"{f['given_up']:>4} {'(' + format(f['given_up_share'], '.0%') + ')' if f['fim_requests'] else '':>4} "
+                     f"{_s(f['fim_wall_p50_s']):>11}")
+    for r in summary["ratios"]:
+        lo, hi = r["interval"]
+        lines.append(f"p50 wait {r['numerator']} / {r['denominator']}: {_s(r['ratio'])}x [{_s(lo)}, {_s(hi)}] "
+                     f"({r['pairs']} pauses)")
+    return "\n".join(lines)
