@@ -88,14 +88,24 @@ def editor_backends(path: str, draft_path: str, *, layouts, threads: int, n_ctx:
     return out
 
 
+def editor_models(command):
+    """--model, --draft and --no-draft of the editor benchmarks (editor, vim)."""
+    for option in reversed((
+            click.option("--model", "-m", default=DEFAULT_MODEL, show_default=True,
+                         help="Target model (path or default name); it needs FIM tokens (a coder model)."),
+            click.option("--draft", "-d", default=DEFAULT_DRAFT, show_default=True,
+                         help="Draft model of pyspec serve."),
+            click.option("--no-draft", is_flag=True,
+                         help="pyspec serve --no-draft (and no llama-server draft variant)."))):
+        command = option(command)
+    return command
+
+
 @click.command("editor")
 @click.option("--workload", type=click.Choice(WORKLOADS), default="typing", show_default=True,
               help="typing: /infill requests while a line is typed; edits: a rename asked in chat of a file, the "
                    "file as the prediction (pyspec serve's plain, default and prediction variants); both.")
-@click.option("--model", "-m", default=DEFAULT_MODEL, show_default=True,
-              help="Target model (path or default name); it needs FIM tokens (a coder model).")
-@click.option("--draft", "-d", default=DEFAULT_DRAFT, show_default=True, help="Draft model of pyspec serve.")
-@click.option("--no-draft", is_flag=True, help="pyspec serve --no-draft (and no llama-server draft variant).")
+@editor_models
 @click.option("--sites", "n_sites", default=6, show_default=True, type=click.IntRange(min=1),
               help="Lines typed, each at a site of its own in the standard library's code.")
 @click.option("--steps", default=4, show_default=True, type=click.IntRange(min=1),

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import click
 
-from .bench_editor import editor_backends, llama_variants
-from .options import DEFAULT_DRAFT, DEFAULT_MODEL, check_device, command_errors, device_options
+from .bench_editor import editor_backends, editor_models, llama_variants
+from .options import check_device, command_errors, device_options
 
 
 def cache_root() -> Path:
@@ -20,10 +20,7 @@ def cache_root() -> Path:
 
 
 @click.command("vim")
-@click.option("--model", "-m", default=DEFAULT_MODEL, show_default=True,
-              help="Target model (path or default name); it needs FIM tokens (a coder model).")
-@click.option("--draft", "-d", default=DEFAULT_DRAFT, show_default=True, help="Draft model of pyspec serve.")
-@click.option("--no-draft", is_flag=True, help="pyspec serve --no-draft (and no llama-server draft variant).")
+@editor_models
 @click.option("--sites", "n_sites", default=10, show_default=True, type=click.IntRange(min=1),
               help="Lines typed again, each a statement's first line of one file of the standard library.")
 @click.option("--steps", default=3, show_default=True, type=click.IntRange(min=1),
