@@ -65,7 +65,7 @@ _COUNTERS = (
     ("abandoned_seconds", "abandoned_seconds",
      "Seconds abandoned requests held the batch, from admission to their end", None),
     ("abandoned_tokens", "abandoned_tokens",
-     "Tokens abandoned requests cost: prompt tokens prefilled and tokens generated", None),
+     "Tokens abandoned requests cost: their prompt tokens not found cached, and the tokens they generated", None),
 )
 # The prompt cache's host-memory tier (--cache-ram): (name, its key in HostCache.stats, help).
 _CACHE_RAM_COUNTERS = (

@@ -123,8 +123,11 @@ class Vim:
             raise RuntimeError("no vim on PATH (Debian: apt install vim; it needs +job +channel +timers +textprop)")
         env = dict(os.environ, TERM="xterm-256color", HOME=str(self.dir), LINES="40", COLUMNS="200")
         self.pid, self.fd = pty.fork()
-        if self.pid == 0:  # the child: Vim on the pty
-            os.execve(vim, [vim, "-N", "-u", str(vimrc), "-i", "NONE", str(path)], env)
+        if self.pid == 0:  # the child: Vim on the pty (never back into this program's code)
+            try:
+                os.execve(vim, [vim, "-N", "-u", str(vimrc), "-i", "NONE", str(path)], env)
+            finally:
+                os._exit(127)
         threading.Thread(target=self._drain, daemon=True).start()
         listener.settimeout(30)
         try:
@@ -152,7 +155,10 @@ class Vim:
             buf += data
             while b"\n" in buf:
                 line, buf = buf.split(b"\n", 1)
-                s = _state(time.monotonic(), json.loads(line))
+                try:
+                    s = _state(time.monotonic(), json.loads(line))
+                except (ValueError, TypeError):
+                    continue  # not a state line (a Vim message on the channel)
                 with self._changed:
                     self.states.append(s)
                     self._changed.notify_all()

@@ -95,6 +95,7 @@ class Proxy:
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         up_writer: Optional[asyncio.StreamWriter] = None
+        ex: Optional[Exchange] = None
         try:
             head = await reader.readuntil(b"\r\n\r\n")
             lines = head.decode("latin-1").split("\r\n")
@@ -132,6 +133,8 @@ class Proxy:
         except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError):
             pass
         finally:
+            if ex is not None and not ex.t_out:  # the server could not be reached or broke off: done too
+                ex.t_out = time.monotonic()
             for w in (up_writer, writer):
                 if w is not None:
                     w.close()
