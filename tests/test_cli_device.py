@@ -20,7 +20,7 @@ from cli_helpers import pyspec_cmd
 
 #: The commands that load a model, or start a `pyspec serve` that does.
 DEVICE_COMMANDS = {"generate", "chat", "serve", "agree", "bench paired", "bench simulate", "bench parallel",
-                   "bench multiturn", "bench serve", "bench editor", "bench soak"}
+                   "bench multiturn", "bench serve", "bench editor", "bench vim", "bench soak"}
 
 #: Commands that take a model but run nothing on it: nothing to offload.
 # Commands that take a model but no device flags, and why.
@@ -127,6 +127,7 @@ STRICT_ARGS = {
     "bench serve": ["-m", "{m}", "--turns", "2"],
     "bench soak": ["--model", "{m}", "--minutes", "0.01"],
     "bench editor": ["-m", "{m}", "--sites", "1"],
+    "bench vim": ["-m", "{m}", "--sites", "1"],
     "chat": ["-m", "{m}"],
 }
 
