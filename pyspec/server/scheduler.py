@@ -322,8 +322,11 @@ class Scheduler:
                 if job.memory is not None:
                     self._after.submit(job.memory.add, c.prompt + list(result.tokens)).add_done_callback(
                         _said_if_failed)
+                last = all(x.done for x in job.choices)
+                if last:
+                    job.ended = True  # before its last event: the client may send its next request at once
                 job.send(("done", c.index, result, c.seed))
-                if all(x.done for x in job.choices):
+                if last:
                     with self._lock:
                         self._end(job)
                         self._running.remove(job)
