@@ -12,6 +12,12 @@ from pathlib import Path
 from typing import BinaryIO, Iterator
 
 
+def cache_root() -> Path:
+    """pyspec's own cache folder: ``$PYSPEC_CACHE``, else ``~/.cache/pyspec``
+    (calibration, CPU verdicts, the editor plugin; models have theirs: models/fetch.py)."""
+    return Path(os.environ.get("PYSPEC_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "pyspec"))
+
+
 def fsync_dir(folder: Path) -> None:
     """Put a rename in ``folder`` on disk (where directories can be opened; where
     they cannot, the rename is atomic all the same)."""

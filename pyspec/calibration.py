@@ -42,13 +42,12 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from . import _core
-from ._durable import replacing
+from ._durable import cache_root, replacing
 from ._locks import CacheLock, Timeout
 
 
 def cache_file() -> Path:
-    root = os.environ.get("PYSPEC_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "pyspec")
-    return Path(root) / "calibration.json"
+    return cache_root() / "calibration.json"
 
 
 def machine_key(core_model) -> str:

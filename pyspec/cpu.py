@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import List, Optional, Tuple
 
 from . import _core
-from ._durable import replacing
+from ._durable import cache_root, replacing
 from ._platform import package_version
 from ._locks import CacheLock
 from ._platform import physical_cores
@@ -155,9 +155,8 @@ def _record_file(name: str) -> Path:
     except OSError:
         build = lib
     key = "|".join([name, model, flags, platform.release(), build, _core.llama_system_info().strip()])
-    root = os.environ.get("PYSPEC_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "pyspec")
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-    return Path(root) / "cpu" / f"{name.lower()}-{digest}.json"
+    return cache_root() / "cpu" / f"{name.lower()}-{digest}.json"
 
 
 def _absent_reason(name: str) -> str:

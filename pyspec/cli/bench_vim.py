@@ -6,17 +6,12 @@ from __future__ import annotations
 import json
 import os
 import sys
-from pathlib import Path
 
 import click
 
+from .._durable import cache_root
 from .bench_editor import editor_backends, editor_models, llama_variants
 from .options import check_device, command_errors, device_options
-
-
-def cache_root() -> Path:
-    """``$PYSPEC_CACHE`` (default ``~/.cache/pyspec``): the plugin goes under plugins/."""
-    return Path(os.environ.get("PYSPEC_CACHE") or Path.home() / ".cache" / "pyspec")
 
 
 @click.command("vim")
@@ -82,7 +77,7 @@ def bench_vim(model, draft, no_draft, n_sites, steps, pace, timeout, seed, llama
             say(f"llama-server: skipped ({llama_server} is not a file)")
         else:
             variants = llama_variants(list(llama_variant) or ["plain="], draft_path, llama_server)
-        runtime = vim_plugin.fetch(cache_root(), progress=say)
+        runtime = vim_plugin.fetch(cache_root(), progress=say)  # $PYSPEC_CACHE/plugins
         backends = editor_backends(path, draft_path, layouts=["still"], threads=threads, n_ctx=n_ctx,
                                    llama_server=llama_server, variants=variants, device=device)
         record = vim_session.run(backends, runtime, n_sites=n_sites, steps=steps, pace=pace, timeout=timeout,
