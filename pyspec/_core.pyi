@@ -45,6 +45,7 @@ class TestControls:  # TEST-ONLY negative controls, a session's (pyspec.testing.
     grammar: str  # GRAMMAR_CONTROLS: "unmasked" or "stale": the target's rows under a wrong grammar mask
     pit: bool  # probe, not a control: record each decided token's PIT under its target row in stats.pit
     penalties: str  # PENALTY_CONTROLS: "stale" or "last_draft": a row's penalty window leaves out drafts before it
+    timing_scale: float  # pin, > 0: a batch timed between rounds reports this times the fastest round
     def __init__(self, **fields: Any) -> None: ...
     def to_dict(self) -> Dict[str, Any]: ...
 

@@ -49,7 +49,11 @@ class TestControls:
       ignores where a conversation is cached: the prompt-cache test's control);
     - ``escaped_views``: False, a server adds no JSON-escaped views of a
       constrained request's prompt to its memory (pyspec/escaped.py; the
-      escaped-lookup test's control).
+      escaped-lookup test's control);
+    - ``timing_scale`` > 0: a pin, not a control: a batch size timed between
+      rounds reports this many times the fastest round instead of its clock
+      (the decode still runs and is dropped), so that a test of that path does
+      not hang on whether a loaded machine's clock made drafting look dear.
     """
 
     __test__ = False  # not a pytest test class
@@ -62,6 +66,7 @@ class TestControls:
     penalties: str = "off"
     slot_choice: str = "engine"
     escaped_views: bool = True
+    timing_scale: float = 0.0
 
     def __post_init__(self) -> None:
         for name, value, allowed in (("variant", self.variant, VARIANTS), ("grammar", self.grammar, GRAMMAR_CONTROLS),
@@ -74,8 +79,8 @@ class TestControls:
     def breaks_output(self) -> bool:
         """Whether the output is no longer the target's (every field but the
         probe, the slot choice, which moves only cache hits, and the escaped
-        views, which move only drafts)."""
-        return self.replace(pit=False, slot_choice="engine", escaped_views=True) != TestControls()
+        views and timing pin, which move only drafts)."""
+        return self.replace(pit=False, slot_choice="engine", escaped_views=True, timing_scale=0.0) != TestControls()
 
     def replace(self, **changes) -> "TestControls":
         return dataclasses.replace(self, **changes)
@@ -84,7 +89,7 @@ class TestControls:
         """The core's part (a session's: engine.h, SessionParams.test)."""
         return _core.TestControls(variant=self.variant, discard_below=self.discard_below,
                                   shared_stream=self.shared_stream, grammar=self.grammar, pit=self.pit,
-                                  penalties=self.penalties)
+                                  penalties=self.penalties, timing_scale=self.timing_scale)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))

@@ -165,6 +165,7 @@ void bind_engine(py::module_& m) {
         .property("penalties",
                   [](const TestControls& t) { return penalty_control_names()[static_cast<size_t>(t.penalties)]; },
                   [](TestControls& t, const std::string& v) { t.penalties = parse_penalty_control(v); })
+        .field("timing_scale", &TestControls::timing_scale)
         .done();
     m.attr("GRAMMAR_CONTROLS") = py::tuple(py::cast(grammar_control_names()));
     m.attr("PENALTY_CONTROLS") = py::tuple(py::cast(penalty_control_names()));

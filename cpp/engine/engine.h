@@ -90,6 +90,11 @@ PenaltyControl parse_penalty_control(const std::string& name);
 //                  the target row it was decided by (Distribution::pit), in
 //                  stats.pit: uniform exactly when the output follows the rows the
 //                  target computed, on any backend, bit-exact or not (its own random stream).
+// And one pin (no control either: it changes what a policy believes, never a law):
+//   timing_scale   > 0: a batch timed between rounds (calibrate.cpp) still decodes
+//                  and is dropped, but reports this many times the session's fastest
+//                  round instead of its clock, so that whether auto drafts next does
+//                  not hang on a loaded machine's clock.
 struct TestControls {
     AcceptVariant variant = AcceptVariant::kCorrect;
     double discard_below = 0;
@@ -99,6 +104,7 @@ struct TestControls {
     // WRONG: a verification row's penalty window leaves out drafts before the row
     // (PenaltyControl, core/penalties.h): the χ² tests must catch it.
     PenaltyControl penalties = PenaltyControl::kOff;
+    double timing_scale = 0;
 };
 
 // What one sequence generates, and how it samples: a server's requests differ
