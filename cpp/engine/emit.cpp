@@ -66,7 +66,12 @@ void BatchSession::finish(Sequence& s, const char* reason) {
         st.masks = s.grammar->masks();
         st.mask_s = s.grammar->mask_s();
     }
-    if (!s.started) st.prompt_s = since(s.t_start);
+    if (!s.started) {
+        // Ended before its prompt was in (cancelled, superseded, no room): what the
+        // target did not decode for it was never reached, and is not its work.
+        st.prompt_s = since(s.t_start);
+        st.n_cached_tokens = std::max(0, static_cast<int32_t>(s.history.size()) - s.prompt_decoded);
+    }
     if (st.n_generated > 0) {
         st.decode_s = since(s.t_first);
         if (st.n_generated > 1 && st.decode_s > 0) st.decode_tok_s = (st.n_generated - 1) / st.decode_s;
