@@ -16,6 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from pyspec.bench.serve.vim import shown_lines
+from pyspec.bench.serve.vim_instruct import user_text
 from pyspec.bench.serve.vim_proxy import Proxy, kind_of
 
 
@@ -87,6 +88,13 @@ def test_the_proxy_passes_answers_on_and_notes_a_client_that_gives_up(upstream):
         proxy.close()
 
 
+def test_an_instruction_warm_up_holds_all_but_the_instruction():
+    lines = [f"line {k}" for k in range(1, 200)]
+    warm, real = (user_text(lines, 100, "ring", i) for i in ("", "Add type hints."))
+    assert real.startswith(warm) and real[len(warm):] == "Add type hints."
+    assert "100: line 100" in warm and "60: line 60" in warm and "59: line 59" not in warm
+
+
 def test_what_the_plugin_shows():
     assert shown_lines("ar:\n    x = 1\n\n", 2) == ["ar:", "    x = 1"]
     assert shown_lines("\n    x = 1\n", 1) == ["", "    x = 1"]  # an empty first line has no property of its own
@@ -105,7 +113,8 @@ def test_llama_vim_in_vim_against_pyspec_serve(draft_path, tmp_path):
     inserts what was shown, and the plugin's given-up requests are counted."""
     out = tmp_path / "vim.json"
     run = subprocess.run([sys.executable, "-m", "pyspec.cli", "bench", "vim", "-m", draft_path, "--no-draft",
-                          "--sites", "2", "--steps", "2", "--n-ctx", "4096", "--timeout", "30", "--json", str(out)],
+                          "--sites", "2", "--steps", "2", "--n-ctx", "4096", "--timeout", "30", "--instruct", "2",
+                          "--json", str(out)],
                          capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.loads(out.read_text())
@@ -114,3 +123,7 @@ def test_llama_vim_in_vim_against_pyspec_serve(draft_path, tmp_path):
     assert f["accepts"] >= 1 and f["accepted"] == f["accepts"], result["table"]
     assert f["fim_requests"] >= 4 and 0 <= f["given_up"] <= f["fim_requests"], result["table"]
     assert all(p["wait_s"] > 0 for p in result["pauses"])
+    # The instruction edits: the warm-up cached the prompt, so only the
+    # instruction and the template's tail were processed after Enter.
+    assert len(result["edits"]) == 2 and all(e["ttft_s"] > 0 for e in result["edits"]), result["edits"]
+    assert all(e["prompt_n"] is not None and e["prompt_n"] <= 24 for e in result["edits"]), result["edits"]

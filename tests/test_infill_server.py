@@ -356,22 +356,51 @@ def _metrics(server) -> dict:
             for s in fam.samples}
 
 
-def _counting_then(server, send):
-    """Client "editor-a" streams a long answer; once tokens flow, ``send()``
-    sends a second request. Returns (the stream's last object, send's response,
-    /metrics' change, the stream's end and the response's, time.monotonic())."""
-    before, events, flowing, ended = _metrics(server), [], threading.Event(), []
+COUNT_PREFIX = COUNTING["input_prefix"]
+# Each fill-in-the-middle route (issue 61: the newest wins on every one): the
+# long answer's body, its last streamed object's tokens (None before it), and
+# a keystroke's body.
+FIM_ROUTES = {
+    "/infill": (COUNTING, lambda o: o["tokens_predicted"] if o.get("stop") else None,
+                lambda: vim_body("    total = ")),
+    "/v1/completions": ({"prompt": COUNT_PREFIX, "suffix": "", "max_tokens": 200, "temperature": 0, "stream": True,
+                         "healing": False, "stream_options": {"include_usage": True}},
+                        lambda o: o["usage"]["completion_tokens"] if o.get("usage") else None,
+                        lambda: {"prompt": PREFIX + "def mean(values):\n    total = ", "suffix": SUFFIX,
+                                 "max_tokens": 8, "temperature": 0}),
+    "/api/generate": ({"model": "", "prompt": COUNT_PREFIX, "suffix": "", "stream": True,
+                       "options": {"num_predict": 200, "temperature": 0}},
+                      lambda o: o["eval_count"] if o.get("done") else None,
+                      lambda: {"model": "", "prompt": PREFIX + "def mean(values):\n    total = ", "suffix": SUFFIX,
+                               "stream": False, "options": {"num_predict": 8, "temperature": 0}}),
+}
+
+
+def _objects(lines):
+    """A stream's objects: SSE ``data:`` lines, or ollama's NDJSON."""
+    for line in lines:
+        data = line[len("data: "):] if line.startswith("data: ") else line
+        if data.startswith("{"):
+            yield json.loads(data)
+
+
+def _counting_then(server, send, route="/infill"):
+    """Client "editor-a" streams a long answer on ``route``; once tokens flow,
+    ``send()`` sends a second request. Returns (the tokens the long answer
+    predicted, send's response, /metrics' change, the stream's end and the
+    response's, time.monotonic())."""
+    body, predicted = FIM_ROUTES[route][:2]
+    before, seen, flowing, ended = _metrics(server), [], threading.Event(), []
 
     def listen():
-        with httpx.stream("POST", server.url("/infill"), json=COUNTING, headers={"X-Client-Id": "editor-a"},
+        with httpx.stream("POST", server.url(route), json=body, headers={"X-Client-Id": "editor-a"},
                           timeout=120) as r:
-            for line in r.iter_lines():
-                if line.startswith("data: "):
-                    events.append(json.loads(line[len("data: "):]))
-                    if len(events) >= 3:
-                        flowing.set()
-                    if events[-1].get("stop"):
-                        ended.append(time.monotonic())  # the whole object: the answer's end
+            for obj in _objects(r.iter_lines()):
+                seen.append(obj)
+                if len(seen) >= 3:
+                    flowing.set()
+                if predicted(obj) is not None:
+                    ended.append((predicted(obj), time.monotonic()))  # the answer's end
         flowing.set()
 
     t = threading.Thread(target=listen)
@@ -383,27 +412,50 @@ def _counting_then(server, send):
     server.wait_idle()
     after = _metrics(server)
     change = {k: after[k] - before.get(k, 0) for k in after if k.startswith(("pyspec:requests_", "pyspec:abandoned"))}
-    return events[-1], second, change, ended[0], answered
+    assert ended, f"the long answer on {route} never ended: {seen[-2:]}"
+    return ended[0][0], second, change, ended[0][1], answered
 
 
-def _keystroke(server, client: str):
-    return lambda: server.post("/infill", vim_body("    total = "), headers={"X-Client-Id": client})
+@pytest.mark.parametrize("route", list(FIM_ROUTES))
+def test_a_clients_newer_request_cancels_its_older_one(server, route):
+    """issue 61: the newest fill-in-the-middle request of a client wins on each
+    route; the older one ends at once, and /metrics counts what it cost.
+    Control: the same traffic from two clients (X-Client-Id) leaves the first
+    request running to its end."""
+    keystroke = FIM_ROUTES[route][2]
 
+    def send(client):
+        return lambda: server.post(route, keystroke(), headers={"X-Client-Id": client})
 
-def test_a_clients_newer_request_cancels_its_older_one(server):
-    """issue 61: the newest request of a client wins; the older one ends at once,
-    and /metrics counts what it cost. Control: the same traffic from two clients
-    (X-Client-Id) leaves the first request running to its end."""
-    last, keystroke, change, _, _ = _counting_then(server, _keystroke(server, "editor-a"))
-    assert keystroke.status_code == 200 and keystroke.json()["content"], keystroke.text
-    assert last["stop"] is True and last["stop_type"] == "limit" and last["tokens_predicted"] < 100, last
+    n, second, change, _, _ = _counting_then(server, send("editor-a"), route)
+    assert second.status_code == 200, second.text
+    assert n < 100, f"the older answer ran on to {n} tokens"
     assert change["pyspec:requests_superseded_total"] == 1 and change["pyspec:requests_abandoned_total"] == 1, change
     assert change["pyspec:abandoned_seconds_total"] > 0 and change["pyspec:abandoned_tokens_total"] > 3, change
 
-    last, keystroke, change, _, _ = _counting_then(server, _keystroke(server, "editor-b"))
-    assert keystroke.status_code == 200, keystroke.text
-    assert last["tokens_predicted"] == COUNTING["n_predict"], last
+    n, second, change, _, _ = _counting_then(server, send("editor-b"), route)
+    assert second.status_code == 200, second.text
+    assert n == 200, f"the control's answer ended at {n} tokens"
     assert change["pyspec:requests_superseded_total"] == 0 and change["pyspec:requests_abandoned_total"] == 0, change
+
+
+def test_a_superseded_infill_ends_as_a_limit(server):
+    """What llama.vim reads of the answer it was cut from: stop_type "limit"."""
+    seen = []
+
+    def listen():
+        with httpx.stream("POST", server.url("/infill"), json=COUNTING, headers={"X-Client-Id": "editor-c"},
+                          timeout=120) as r:
+            seen.extend(_objects(r.iter_lines()))
+
+    t = threading.Thread(target=listen)
+    t.start()
+    deadline = time.monotonic() + 60
+    while len(seen) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    server.post("/infill", vim_body("    total = "), headers={"X-Client-Id": "editor-c"})
+    t.join(120)
+    assert seen and seen[-1]["stop"] is True and seen[-1]["stop_type"] == "limit", seen[-1:]
 
 
 def test_a_warm_up_waits_for_the_real_requests(server):
@@ -412,11 +464,11 @@ def test_a_warm_up_waits_for_the_real_requests(server):
     Control: a real request of that client is answered while the first runs."""
     messages = [{"role": "user", "content": "Read this:\n" + PREFIX}]
     chat = "/v1/chat/completions"
-    last, warm, _, ended, answered = _counting_then(
+    n, warm, _, ended, answered = _counting_then(
         server, lambda: server.post(chat, {"messages": messages, "n_predict": 0}, headers={"X-Client-Id": "vim"}))
-    assert warm.status_code == 200 and last["tokens_predicted"] == COUNTING["n_predict"], (warm.text, last)
+    assert warm.status_code == 200 and n == COUNTING["n_predict"], (warm.text, n)
     assert answered >= ended, f"the warm-up was answered {ended - answered:.2f} s before the real request ended"
-    last, real, _, ended, answered = _counting_then(
+    _, real, _, ended, answered = _counting_then(
         server, lambda: server.post(chat, {"messages": messages, "n_predict": 1}, headers={"X-Client-Id": "vim"}))
     assert real.status_code == 200 and answered < ended, "the control: a real request runs beside the first"
 
@@ -430,11 +482,11 @@ def test_a_warm_up_never_cancels_a_real_request():
     def job():
         return Job([], loop=None)
 
-    wins, client = NewestWins(), ("127.0.0.1", "", "curl", "")
+    wins, client = NewestWins(), ("127.0.0.1", "", "curl", "", "/infill")
     real, warm, warm2 = job(), job(), job()
     assert wins.claim(client, real, warm_up=False) == 0
     assert wins.claim(client, warm, warm_up=True) == 0 and not real.cancelled
     assert wins.claim(client, warm2, warm_up=True) == 1 and warm.why == "superseded" and not real.cancelled
     newest = job()
     assert wins.claim(client, newest, warm_up=False) == 2 and real.cancelled and warm2.cancelled
-    assert wins.claim(("127.0.0.1", "", "curl", "other"), job(), warm_up=False) == 0 and not newest.cancelled
+    assert wins.claim(("127.0.0.1", "", "curl", "other", "/infill"), job(), warm_up=False) == 0 and not newest.cancelled

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstring>
 
+#include "core/sampling_internal.h"
+
 namespace pyspec {
 
 namespace {
@@ -17,19 +19,19 @@ bool is_prefix(const std::string& a, const std::string& b) {
 void infill_truncate(std::vector<InfillCandidate>& cand, const InfillVocab& vocab, std::vector<double>& mass,
                      bool end_allowed) {
     std::sort(cand.begin(), cand.end(), [](const InfillCandidate& a, const InfillCandidate& b) {
-        return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
+        return detail::better(a.logit, a.id, b.logit, b.id);
     });
     const size_t n = cand.size();
     const double mx = static_cast<double>(cand.front().logit);
     mass.resize(n);
     double z = 0.0;
-    for (size_t i = 0; i < n; ++i) z += mass[i] = std::exp(static_cast<double>(cand[i].logit) - mx);
+    for (size_t i = 0; i < n; ++i) z += mass[i] = detail::rel(cand[i].logit, mx);
+    auto eog = [&](size_t i) { return vocab.eog[static_cast<size_t>(cand[i].id)] != 0; };
     double p_eog = 0.0, p_txt = 0.0;
     for (size_t i = 0; i < n; ++i) {
         mass[i] /= z;
-        (vocab.eog[static_cast<size_t>(cand[i].id)] ? p_eog : p_txt) += mass[i];
+        (eog(i) ? p_eog : p_txt) += mass[i];
     }
-    auto eog = [&](size_t i) { return vocab.eog[static_cast<size_t>(cand[i].id)] != 0; };
     auto keep_if = [&](auto&& keep) {
         size_t kept = 0;
         for (size_t i = 0; i < cand.size(); ++i) {

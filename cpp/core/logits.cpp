@@ -17,18 +17,12 @@ namespace pyspec {
 
 namespace {
 
+using detail::better;
 using detail::check_n_vocab;
+using detail::rel;
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr float kPosInf = std::numeric_limits<float>::infinity();
-
-// Candidate order: higher logit first, then lower id.
-inline bool better(float la, int32_t ia, float lb, int32_t ib) {
-    return la > lb || (la == lb && ia < ib);
-}
-
-// T = 1 probability relative to the max: p(x) / p_max = exp(l_x - l_max).
-inline double rel(float l, double mx) { return std::exp(static_cast<double>(l) - mx); }
 
 [[noreturn]] void throw_bad_logit(const float* logits, int32_t n_vocab) {
     for (int32_t i = 0; i < n_vocab; ++i) {

@@ -25,6 +25,9 @@ from .options import check_device, command_errors, device_options
               help="Seconds between keystrokes (each ±30 %, seeded).")
 @click.option("--timeout", default=60.0, show_default=True, type=click.FloatRange(min=1),
               help="Longest wait for a suggestion at a pause (seconds).")
+@click.option("--instruct", default=4, show_default=True, type=click.IntRange(min=0),
+              help="Instruction edits after the typing (the newer plugin's :LlamaInstruct, replayed in its request "
+                   "shape): first token after Enter, its warm-up sent while the instruction is typed; 0: none.")
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed of the files, the sites and the pace.")
 @click.option("--llama-server", "llama_server", default=None, envvar="PYSPEC_LLAMA_SERVER", show_envvar=True,
               type=click.Path(dir_okay=False), help="Also run llama.cpp's llama-server binary, per --llama-variant.")
@@ -39,8 +42,8 @@ from .options import check_device, command_errors, device_options
               type=click.Path(dir_okay=False, allow_dash=True),
               help="Print one JSON object (every pause and request, the summary) instead of the table; --json "
                    "FILE writes it to FILE.")
-def bench_vim(model, draft, no_draft, n_sites, steps, pace, timeout, seed, llama_server, llama_variant, threads,
-              n_ctx, device, json_path) -> None:
+def bench_vim(model, draft, no_draft, n_sites, steps, pace, instruct, timeout, seed, llama_server, llama_variant,
+              threads, n_ctx, device, json_path) -> None:
     """llama.vim, the plugin itself, in Vim, against pyspec serve and, given
     --llama-server PATH or $PYSPEC_LLAMA_SERVER, llama.cpp's llama-server.
 
@@ -54,7 +57,8 @@ def bench_vim(model, draft, no_draft, n_sites, steps, pace, timeout, seed, llama
     Prints per server: the wait from the last keystroke to the suggestion on
     screen (p50, p90, 95 % intervals), pauses without one, empty ones,
     accepts that inserted what was shown, requests sent and given up, and
-    the ratio of p50 waits on the same pauses. Progress goes to stderr.
+    the ratio of p50 waits on the same pauses; then, for --instruct edits,
+    the first token's wait and its ratio. Progress goes to stderr.
     """
     from ..bench.serve import vim_plugin, vim_session
     from ..errors import PyspecError
@@ -81,7 +85,7 @@ def bench_vim(model, draft, no_draft, n_sites, steps, pace, timeout, seed, llama
         backends = editor_backends(path, draft_path, layouts=["still"], threads=threads, n_ctx=n_ctx,
                                    llama_server=llama_server, variants=variants, device=device)
         record = vim_session.run(backends, runtime, n_sites=n_sites, steps=steps, pace=pace, timeout=timeout,
-                                 seed=seed, progress=say)
+                                 seed=seed, instruct=instruct, progress=say)
     summary = vim_session.summarize(record, timeout, seed)
     table = vim_session.format_summary(summary)
     result = {"model": path, "draft": draft_path or None, "threads": threads, "n_ctx": n_ctx, "seed": seed,

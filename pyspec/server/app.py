@@ -102,7 +102,7 @@ class Handlers:
         self.target, self.model_name, self.parallel, self.api_key = target, model_name, parallel, api_key
         self.intake = intake
         self.scheduler: Optional[Scheduler] = None
-        self.editors = NewestWins()  # /infill: a client's newest request wins
+        self.editors = NewestWins()  # fill-in-the-middle: a client's newest request wins
         self.metrics = Metrics(lambda: self.scheduler, model_name=model_name, n_ctx=target.n_ctx)
         self.created = int(time.time())
 
@@ -110,6 +110,18 @@ class Handlers:
         """Refuse new requests; end the running ones at the next round (app.state.shutdown)."""
         if self.scheduler is not None:
             self.scheduler.shutdown()
+
+    def submit(self, job: Job, request: Request, fim: bool) -> None:
+        """Queue a job. An editor's (fill-in-the-middle: /infill, a completion
+        with a suffix, ollama's generate with one) first cancels the same
+        client's older ones (newest.py), before the queue counts them."""
+        if fim:
+            self.editors.claim(client_of(request), job, warm_up=job.warm_up)
+        try:
+            self.scheduler.submit(job)
+        except SchedulerError:
+            job.ended = True  # refused: never live
+            raise
 
     def error(self, e: APIError) -> JSONResponse:
         return error_response(e, self.metrics)
@@ -123,7 +135,7 @@ class Handlers:
             parsed, requests = await self.intake.read(request, kind)
             job = Job(requests, asyncio.get_running_loop(), user=parsed.user or "",
                       warm_up=parsed.settings.max_tokens == 0)
-            self.scheduler.submit(job)
+            self.submit(job, request, fim=parsed.suffix is not None)
         except SchedulerError as e:
             return self.error(http_error(e))
         except APIError as e:
@@ -146,13 +158,7 @@ class Handlers:
             self.intake.check_model(req.parsed.model)
             job = Job([self.intake.request(req.parsed.settings, req.fill.tokens, req.fill)],
                       asyncio.get_running_loop(), editor=req.editor, warm_up=req.warm_up)
-            # Before submitting: the stale jobs it cancels leave the queue's count at the next round.
-            self.editors.claim(client_of(request), job, warm_up=job.warm_up)
-            try:
-                self.scheduler.submit(job)
-            except SchedulerError:
-                job.ended = True  # refused: never live
-                raise
+            self.submit(job, request, fim=True)
         except SchedulerError as e:
             return self.error(http_error(e))
         except APIError as e:

@@ -1,4 +1,6 @@
-"""Editors' stale requests: a client's newest ``/infill`` wins.
+"""Editors' stale requests: a client's newest fill-in-the-middle request wins
+(``/infill``, ``/v1/completions`` with a ``suffix``, ollama's ``/api/generate``
+with one), per route.
 
 An editor plugin sends a request per keystroke, and llama.vim also sends a
 warm-up of its ring of chunks every second while the user pauses (``n_predict:
@@ -16,7 +18,7 @@ second); other clients just send the next request. So here:
   request.
 
 A client is the peer's address with its API key, ``User-Agent`` and
-``X-Client-Id`` header: two editors on one machine that send the same headers
+``X-Client-Id`` header, on one route: two editors on one machine that send the same headers
 set different ids to keep each other's requests (docs/editor.md). The
 registry lives on the event loop's thread (no lock); the scheduler counts
 what cancelled jobs had cost (server/metrics.py: ``requests_superseded``,
@@ -31,14 +33,14 @@ from starlette.requests import Request
 
 from .jobs import Job
 
-Client = Tuple[str, str, str, str]
+Client = Tuple[str, str, str, str, str]
 
 
 def client_of(request: Request) -> Client:
     """Who sent ``request``, as far as stale requests go (module docstring)."""
     h = request.headers
     host = request.client.host if request.client is not None else ""
-    return host, h.get("authorization", ""), h.get("user-agent", ""), h.get("x-client-id", "")
+    return host, h.get("authorization", ""), h.get("user-agent", ""), h.get("x-client-id", ""), request.url.path
 
 
 class NewestWins:

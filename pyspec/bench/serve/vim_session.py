@@ -17,6 +17,7 @@ from ..stats import run_order
 from . import editor_sites as es
 from .concurrent import percentile
 from .editor import bootstrap
+from . import vim_instruct
 from .vim import Pause, Vim, exchanges, open_files, settle, type_site
 from .vim_proxy import Proxy
 
@@ -48,8 +49,9 @@ def quiet(log: Sequence, idle: float = 1.5, limit: float = 30.0) -> None:
 
 
 def run(backends: Sequence, runtime: Path, *, n_sites: int, steps: int, pace: float, timeout: float, seed: int,
-        progress: Callable[[str], None] = lambda s: None, root: Optional[str] = None) -> dict:
-    """Type the same sites on every backend (EditorBackend: bench_editor.py); the records."""
+        instruct: int = 0, progress: Callable[[str], None] = lambda s: None, root: Optional[str] = None) -> dict:
+    """Type the same sites on every backend (EditorBackend: bench_editor.py),
+    then make ``instruct`` instruction edits on each (vim_instruct.py); the records."""
     main, other, sites = pick(n_sites, seed, root)
     src = Path(root or es.stdlib_dir())
     work = Path(tempfile.mkdtemp(prefix="pyspec-bench-vim-"))
@@ -79,6 +81,7 @@ def run(backends: Sequence, runtime: Path, *, n_sites: int, steps: int, pace: fl
                 waits = ", ".join("-" if p.wait_s is None else f"{p.wait_s:.2f}" for p in got)
                 progress(f"site {i + 1}/{len(sites)} {site.file}:{site.line_no} {name}: {waits} s")
         logs = {name: exchanges(proxy.log) for name, _, proxy, _ in started}
+        edits = instruction_edits(started, src / main, src / other, instruct, pace, seed, progress)
     finally:
         for _, server, proxy, vim in started:
             if vim is not None:
@@ -88,7 +91,33 @@ def run(backends: Sequence, runtime: Path, *, n_sites: int, steps: int, pace: fl
         shutil.rmtree(work, ignore_errors=True)
     return {"file": main, "visited": other,
             "sites": [{"file": s.file, "line": s.line_no, "text": s.line} for s in sites],
-            "pauses": [asdict(p) for p in pauses], "requests": logs}
+            "pauses": [asdict(p) for p in pauses], "requests": logs, "edits": edits}
+
+
+def instruction_edits(started: List[tuple], main: Path, other: Path, n: int, pace: float, seed: int,
+                      progress: Callable[[str], None]) -> List[dict]:
+    """``n`` instruction edits of blocks of ``main`` on each started backend,
+    in run order, the Vims closed first (their ring warm-ups would interleave)."""
+    if n <= 0:
+        return []
+    for k, (name, server, proxy, vim) in enumerate(started):
+        if vim is not None:
+            vim.close()
+        started[k] = (name, server, proxy, None)
+    lines = main.read_text(encoding="utf-8").split("\n")
+    ring = "\n".join(other.read_text(encoding="utf-8").split("\n")[:vim_instruct.BLOCK * 8])
+    rng = random.Random(seed + 1)
+    first, last = vim_instruct.AROUND + 1, max(vim_instruct.AROUND + 1, len(lines) - vim_instruct.BLOCK)
+    edits = []
+    for j in range(n):
+        start = rng.randint(first, last)
+        instruction = vim_instruct.INSTRUCTIONS[j % len(vim_instruct.INSTRUCTIONS)]
+        for name, server, _, _ in run_order(started, j):
+            e = vim_instruct.edit(server.port, lines, start, ring, instruction, pace)
+            edits.append({"selection": j, "backend": name, "start": start, "instruction": instruction, **e})
+            progress(f"instruction {j + 1}/{n} at line {start} {name}: first token {e['ttft_s']:.2f} s "
+                     f"({e['prompt_n']} prompt tokens; warm-up {e['warm_up_s']:.2f} s)")
+    return edits
 
 
 def _wait(p: dict) -> float:
@@ -138,8 +167,11 @@ def wait_ratio(record: dict, numerator: str, denominator: str, timeout: float, s
 
 def summarize(record: dict, timeout: float, seed: int = 0) -> dict:
     names = list(record["requests"])
+    edits = record.get("edits") or []
     return {"backends": names, "figures": [figures(record, n, timeout, seed) for n in names],
-            "ratios": [wait_ratio(record, names[0], n, timeout, seed) for n in names[1:]]}
+            "ratios": [wait_ratio(record, names[0], n, timeout, seed) for n in names[1:]],
+            "instruct": [vim_instruct.figures(edits, n, seed) for n in names] if edits else [],
+            "instruct_ratios": [vim_instruct.ttft_ratio(edits, names[0], n, seed) for n in names[1:]] if edits else []}
 
 
 def _s(x: float) -> str:
@@ -168,4 +200,16 @@ def format_summary(summary: dict) -> str:
         lo, hi = r["interval"]
         lines.append(f"p50 wait {r['numerator']} / {r['denominator']}: {_s(r['ratio'])}x [{_s(lo)}, {_s(hi)}] "
                      f"({r['pairs']} pauses)")
+    if summary.get("instruct"):
+        lines.append("instruction edits (the newer plugin's request shape): first token after Enter, its warm-up "
+                     "(n_predict 0) answered while the instruction was typed; prompt tokens then processed")
+        for f in summary["instruct"]:
+            lo, hi = f["ttft_p50_interval"]
+            lines.append(f"  {f['backend']:<24} {f['edits']:>3} first token p50 {_s(f['ttft_p50_s'])} s "
+                         f"[{_s(lo)}, {_s(hi)}]; warm-up p50 {_s(f['warm_up_p50_s'])} s; "
+                         f"prompt tokens p50 {_s(f['prompt_n_p50'])}")
+        for r in summary["instruct_ratios"]:
+            lo, hi = r["interval"]
+            lines.append(f"p50 first token {r['numerator']} / {r['denominator']}: {_s(r['ratio'])}x "
+                         f"[{_s(lo)}, {_s(hi)}] ({r['pairs']} edits)")
     return "\n".join(lines)

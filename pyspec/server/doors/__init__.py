@@ -75,11 +75,11 @@ class Door:
         self.check_key(request)
         return await read_body(request)
 
-    async def start(self, body: Dict[str, Any], kind: str, params: Mapping[str, str], endpoint: str,
-                    user: str = "") -> Tuple[Any, Turn]:
+    async def start(self, request: Request, body: Dict[str, Any], kind: str, params: Mapping[str, str],
+                    endpoint: str, user: str = "") -> Tuple[Any, Turn]:
         """Submit an OpenAI body (``kind`` "chat" or "completion") of one prompt
-        and one answer: its parsed form and the :class:`Turn` that reads it.
-        Errors name the dialect's fields (``params``)."""
+        and one answer, from ``request``'s client: its parsed form and the
+        :class:`Turn` that reads it. Errors name the dialect's fields (``params``)."""
         h = self.h
         clock = h.metrics.clock()
         try:
@@ -89,7 +89,7 @@ class Door:
         job = Job(requests, asyncio.get_running_loop(), user=user or parsed.user or "",
                   warm_up=parsed.settings.max_tokens == 0)
         try:
-            h.scheduler.submit(job)
+            h.submit(job, request, fim=parsed.suffix is not None)
         except SchedulerError as e:
             raise http_error(e) from None
         h.metrics.request_started(endpoint)

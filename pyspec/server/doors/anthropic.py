@@ -29,7 +29,7 @@ class Messages(Door):
     async def create(self, request: Request) -> Response:
         try:
             chat = wire.to_chat(await self.body(request))
-            parsed, turn = await self.start(chat, "chat", wire.PARAMS, "messages")
+            parsed, turn = await self.start(request, chat, "chat", wire.PARAMS, "messages")
         except APIError as e:
             return self.refuse(e)
         model, msg_id = self.h.model_name, wire.new_id()

@@ -67,7 +67,7 @@ class LlamaServer(Door):
             body = await self.body(request)
             converted = wire.completion_body(
                 body, lambda text, first: self.target.tokenize(text, add_special=first, parse_special=True))
-            parsed, turn = await self.start(converted, "completion", {}, "completion")
+            parsed, turn = await self.start(request, converted, "completion", {}, "completion")
         except APIError as e:
             return self.refuse(e)
         st = parsed.settings

@@ -99,7 +99,7 @@ class Ollama(Door):
             if isinstance(body, dict) and body.get("messages") == []:  # ollama's way of loading a model
                 return self._loaded(chat=True)
             chat = wire.chat_body(body)
-            parsed, turn = await self.start(chat, "chat", wire.PARAMS, "ollama_chat")
+            parsed, turn = await self.start(request, chat, "chat", wire.PARAMS, "ollama_chat")
         except APIError as e:
             return self.refuse(e)
         return await self._answer(request, parsed, turn, arrival, chat=True)
@@ -111,7 +111,7 @@ class Ollama(Door):
             if read is None:  # ollama's way of loading a model: it is loaded
                 return self._loaded(chat=False)
             kind, body = read
-            parsed, turn = await self.start(body, kind, wire.PARAMS, "ollama_generate")
+            parsed, turn = await self.start(request, body, kind, wire.PARAMS, "ollama_generate")
         except APIError as e:
             return self.refuse(e)
         return await self._answer(request, parsed, turn, arrival, chat=False)

@@ -90,7 +90,7 @@ class Responses(Door):
             body = wire.check_fields(await self.body(request))
             history = self.history(body)
             chat = wire.to_chat(body, history)
-            parsed, turn = await self.start(chat, "chat", wire.PARAMS, "responses")
+            parsed, turn = await self.start(request, chat, "chat", wire.PARAMS, "responses")
         except APIError as e:
             return self.refuse(e)
         # The conversation a later turn continues: without this turn's instructions (OpenAI's rule).
