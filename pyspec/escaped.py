@@ -56,21 +56,31 @@ def messages(model, prompt: Sequence[int]) -> Iterator[str]:
             start = i + 1
 
 
-def views(model, prompt: Sequence[int]) -> List[str]:
-    """The escaped form (inside the quotes) of each long message with characters JSON escapes."""
-    return [json.dumps(text, ensure_ascii=False)[1:-1] for text in messages(model, prompt)
+def worth_a_view(model, prompt: Sequence[int]) -> List[str]:
+    """The long messages with characters JSON escapes."""
+    return [text for text in messages(model, prompt)
             if len(text) >= MIN_CHARS and sum(text.count(c) for c in ESCAPED) >= MIN_ESCAPES]
+
+
+def escape(text: str) -> str:
+    """A text's escaped form, inside the quotes."""
+    return json.dumps(text, ensure_ascii=False)[1:-1]
+
+
+def views(model, prompt: Sequence[int]) -> List[str]:
+    """The escaped form of each long message with characters JSON escapes."""
+    return [escape(text) for text in worth_a_view(model, prompt)]
 
 
 def remember(memory, model, prompt: Sequence[int]) -> int:
     """Add the prompt's escaped views that ``memory`` does not hold yet; returns how many."""
     seen = _seen.setdefault(memory, {})
     added = 0
-    for view in views(model, prompt):
-        key = hash(view)
+    for text in worth_a_view(model, prompt):  # a message seen before is not escaped nor tokenized again
+        key = hash(text)
         if key in seen:
             continue
-        memory.add(model.tokenize(view, add_special=False))
+        memory.add(model.tokenize(escape(text), add_special=False))
         seen[key] = True
         added += 1
         while len(seen) > SEEN_MAX:
