@@ -19,6 +19,15 @@ inline size_t common_prefix(const std::vector<int32_t>& a, const std::vector<int
     return i;
 }
 
+// Length of the common prefix of a and b's tail from index `from` (0 past its end).
+inline size_t common_prefix_at(const std::vector<int32_t>& a, const std::vector<int32_t>& b, size_t from) {
+    if (from >= b.size()) return 0;
+    const size_t n = std::min(a.size(), b.size() - from);
+    size_t i = 0;
+    while (i < n && a[i] == b[from + i]) ++i;
+    return i;
+}
+
 // Hash of the n tokens at `tokens` (FNV-1a over the ids): the key of the
 // n-gram indexes (prompt lookup, consensus). Matches are confirmed by comparing
 // the tokens, so a collision costs a lookup, never a wrong draft.

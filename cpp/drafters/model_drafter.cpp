@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include "core/errors.h"
+#include "core/tokens.h"
 
 namespace pyspec {
 
@@ -21,10 +22,7 @@ ModelDrafter::ModelDrafter(Model& model, int32_t seq, int32_t window)
 size_t ModelDrafter::kept(const std::vector<int32_t>& history, bool& windowed) {
     windowed = false;
     if (offset_ >= history.size()) offset_ = 0;  // a shorter history: start from its beginning
-    const std::vector<int32_t>& c = model_.cached(seq_);
-    const size_t n = std::min(c.size(), history.size() - offset_);
-    size_t keep = 0;
-    while (keep < n && c[keep] == history[offset_ + keep]) ++keep;
+    const size_t keep = common_prefix_at(model_.cached(seq_), history, offset_);
     // Re-anchor when the catch-up would be long, or when the context is full
     // (a window lets the draft model go on drafting there).
     const size_t missing = history.size() - offset_ - keep;
@@ -59,8 +57,7 @@ void ModelDrafter::begin(const std::vector<int32_t>& prompt, const SamplingParam
     size_t best = 0, at = 0;
     for (size_t o = 1; !c.empty() && o < prompt.size(); ++o) {
         if (prompt[o] != c[0]) continue;
-        size_t m = 0;
-        while (m < c.size() && o + m < prompt.size() && c[m] == prompt[o + m]) ++m;
+        const size_t m = common_prefix_at(c, prompt, o);
         if (m > best) best = m, at = o;
         if (best == c.size()) break;
     }
