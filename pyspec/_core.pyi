@@ -105,6 +105,7 @@ class GenerationStats:
     FIELDS: ClassVar[Tuple[str, ...]]
     n_prompt_tokens: int
     n_cached_tokens: int
+    n_prompt_decoded: int  # prompt tokens decoded for it (n_prompt_tokens - n_cached_tokens unless it ended first)
     n_generated: int
     prompt_s: float
     ttft_s: float

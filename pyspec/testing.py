@@ -74,6 +74,8 @@ class TestControls:
                                      ("slot_choice", self.slot_choice, SLOT_CHOICES)):
             if value not in allowed:
                 raise ValueError(f"TestControls.{name} = {value!r}: one of {', '.join(allowed)}")
+        if not self.timing_scale >= 0:  # NaN too
+            raise ValueError(f"TestControls.timing_scale = {self.timing_scale!r}: >= 0 (0: the clock)")
 
     @property
     def breaks_output(self) -> bool:

@@ -357,18 +357,19 @@ def _metrics(server) -> dict:
 
 
 COUNT_PREFIX = COUNTING["input_prefix"]
+COUNT_SUFFIX = "999\n1000\n"  # the routes below take an empty suffix as none (no fill-in-the-middle)
 # Each fill-in-the-middle route (issue 61: the newest wins on every one): the
 # long answer's body, its last streamed object's tokens (None before it), and
 # a keystroke's body.
 FIM_ROUTES = {
     "/infill": (COUNTING, lambda o: o["tokens_predicted"] if o.get("stop") else None,
                 lambda: vim_body("    total = ")),
-    "/v1/completions": ({"prompt": COUNT_PREFIX, "suffix": "", "max_tokens": 200, "temperature": 0, "stream": True,
-                         "healing": False, "stream_options": {"include_usage": True}},
+    "/v1/completions": ({"prompt": COUNT_PREFIX, "suffix": COUNT_SUFFIX, "max_tokens": 200, "temperature": 0,
+                         "stream": True, "healing": False, "stream_options": {"include_usage": True}},
                         lambda o: o["usage"]["completion_tokens"] if o.get("usage") else None,
                         lambda: {"prompt": PREFIX + "def mean(values):\n    total = ", "suffix": SUFFIX,
                                  "max_tokens": 8, "temperature": 0}),
-    "/api/generate": ({"model": "", "prompt": COUNT_PREFIX, "suffix": "", "stream": True,
+    "/api/generate": ({"model": "", "prompt": COUNT_PREFIX, "suffix": COUNT_SUFFIX, "stream": True,
                        "options": {"num_predict": 200, "temperature": 0}},
                       lambda o: o["eval_count"] if o.get("done") else None,
                       lambda: {"model": "", "prompt": PREFIX + "def mean(values):\n    total = ", "suffix": SUFFIX,
@@ -471,6 +472,26 @@ def test_a_warm_up_waits_for_the_real_requests(server):
     _, real, _, ended, answered = _counting_then(
         server, lambda: server.post(chat, {"messages": messages, "n_predict": 1}, headers={"X-Client-Id": "vim"}))
     assert real.status_code == 200 and answered < ended, "the control: a real request runs beside the first"
+
+
+def test_only_an_editors_requests_on_general_routes_make_older_ones_stale():
+    """/v1/completions and /api/generate: a fill-in-the-middle request streamed
+    or with an X-Client-Id is an editor's; a script's parallel ones, not
+    streamed, never cut each other short."""
+    from types import SimpleNamespace
+
+    from pyspec.server.newest import editor_like
+
+    def req(**headers):
+        return SimpleNamespace(headers={k.lower().replace("_", "-"): v for k, v in headers.items()})
+
+    def parsed(suffix, stream):
+        return SimpleNamespace(suffix=suffix, stream=stream)
+
+    assert editor_like(parsed("\n", True), req())
+    assert editor_like(parsed("\n", False), req(X_Client_Id="vim"))
+    assert not editor_like(parsed("\n", False), req())
+    assert not editor_like(parsed(None, True), req(X_Client_Id="vim"))
 
 
 def test_a_warm_up_never_cancels_a_real_request():

@@ -104,6 +104,7 @@ void bind_stats(py::module_& m) {
     Struct<GenerationStats>(m, "GenerationStats", "What one generation measured (stats.h documents each field).")
         .field("n_prompt_tokens", &GenerationStats::n_prompt_tokens)
         .field("n_cached_tokens", &GenerationStats::n_cached_tokens)
+        .field("n_prompt_decoded", &GenerationStats::n_prompt_decoded)
         .field("n_generated", &GenerationStats::n_generated)
         .field("prompt_s", &GenerationStats::prompt_s)
         .field("ttft_s", &GenerationStats::ttft_s)

@@ -67,10 +67,13 @@ void BatchSession::finish(Sequence& s, const char* reason) {
         st.mask_s = s.grammar->mask_s();
     }
     if (!s.started) {
-        // Ended before its prompt was in (cancelled, superseded, no room): what the
-        // target did not decode for it was never reached, and is not its work.
+        // Ended before its prompt was in (cancelled, superseded, no room): the rest
+        // of the prompt was neither found cached nor decoded.
         st.prompt_s = since(s.t_start);
-        st.n_cached_tokens = std::max(0, static_cast<int32_t>(s.history.size()) - s.prompt_decoded);
+        const int32_t held = std::min(static_cast<int32_t>(target_.cached(s.id).size()),
+                                      static_cast<int32_t>(s.history.size()));
+        st.n_cached_tokens = std::max(0, held - s.prompt_decoded);
+        st.n_prompt_decoded = s.prompt_decoded;
     }
     if (st.n_generated > 0) {
         st.decode_s = since(s.t_first);

@@ -372,6 +372,7 @@ void BatchSession::start(Sequence& s) {
     if (s.policy) s.policy->begin_generation();
     s.stats().prompt_s = since(s.t_start);
     s.stats().n_cached_tokens = std::max(0, static_cast<int32_t>(prompt.size()) - 1 - s.prompt_decoded);
+    s.stats().n_prompt_decoded = static_cast<int32_t>(prompt.size()) - s.stats().n_cached_tokens;  // the last with round 1
     bs_.cached_tokens += s.stats().n_cached_tokens;
     // What this session has timed already; the rest is timed between rounds.
     if (Calibrated* c = s.policy ? s.policy->as_calibrated() : nullptr) offer_timings(s, *c);

@@ -12,7 +12,8 @@ namespace pyspec {
 
 struct GenerationStats {
     int32_t n_prompt_tokens = 0;
-    int32_t n_cached_tokens = 0;  // prompt tokens not decoded for this sequence: found cached (or never reached, ended first)
+    int32_t n_cached_tokens = 0;   // prompt tokens found in the cache (not decoded for this sequence)
+    int32_t n_prompt_decoded = 0;  // prompt tokens decoded for it (fewer than the rest if it ended first)
     int32_t n_generated = 0;
     double prompt_s = 0;      // prompt processing (target and drafter)
     double ttft_s = 0;        // call start -> first token sampled

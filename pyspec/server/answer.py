@@ -214,11 +214,13 @@ class Answer:
     def _figures(self, results, n_out: int) -> Dict[str, Any]:
         # A prompt's tokens count once (its n samples share them): its first choice's cached share.
         n = self.parsed.settings.n
-        cached = sum(results[p * n].stats.n_cached_tokens for p in range(len(self.job.prompts)))
+        firsts = [results[p * n].stats for p in range(len(self.job.prompts))]
+        cached = sum(s.n_cached_tokens for s in firsts)
         usage = responses.usage(self.n_prompt, n_out, cached)
         if self.job.prediction is not None:
             usage["completion_tokens_details"] = responses.prediction_details(self.job.prediction, self.out_tokens)
-        return {"usage": usage, "timings": responses.timings([r.stats for r in results], self.n_prompt, cached)}
+        return {"usage": usage, "timings": responses.timings([r.stats for r in results], self.n_prompt, cached,
+                                                             sum(s.n_prompt_decoded for s in firsts))}
 
 
 async def job_events(job: Job, request: Request, clock: RequestClock, n_choices: int,

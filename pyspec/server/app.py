@@ -34,7 +34,7 @@ from . import doors, infill
 from .intake import Intake, authorized, read_body
 from .jobs import Job, SchedulerError
 from .metrics import Metrics
-from .newest import NewestWins, client_of
+from .newest import NewestWins, client_of, editor_like
 from .api_error import APIError
 from .scheduler import DEFAULT_CACHE_RAM_MB, MAX_DRAFT, Scheduler
 from .users import UserMemories
@@ -112,9 +112,9 @@ class Handlers:
             self.scheduler.shutdown()
 
     def submit(self, job: Job, request: Request, fim: bool) -> None:
-        """Queue a job. An editor's (fill-in-the-middle: /infill, a completion
-        with a suffix, ollama's generate with one) first cancels the same
-        client's older ones (newest.py), before the queue counts them."""
+        """Queue a job. An editor's (``fim``: /infill, or newest.editor_like)
+        first cancels the same client's older ones (newest.py), before the
+        queue counts them."""
         if fim:
             self.editors.claim(client_of(request), job, warm_up=job.warm_up)
         try:
@@ -135,7 +135,7 @@ class Handlers:
             parsed, requests = await self.intake.read(request, kind)
             job = Job(requests, asyncio.get_running_loop(), user=parsed.user or "",
                       warm_up=parsed.settings.max_tokens == 0)
-            self.submit(job, request, fim=parsed.suffix is not None)
+            self.submit(job, request, fim=editor_like(parsed, request))
         except SchedulerError as e:
             return self.error(http_error(e))
         except APIError as e:

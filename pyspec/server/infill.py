@@ -66,7 +66,7 @@ class InfillAnswer(Answer):
                                     "layout": self.req.fill.layout},
             "prompt": "", "has_new_line": "\n" in text, "truncated": result.stop_reason == "context",
             "stop_type": stop_type, "stopping_word": "", "tokens_cached": n_prompt + st.n_generated,
-            "timings": responses.timings([st], n_prompt, st.n_cached_tokens),
+            "timings": responses.timings([st], n_prompt, st.n_cached_tokens, st.n_prompt_decoded),
         }
         return obj
 

@@ -1,6 +1,7 @@
 """Editors' stale requests: a client's newest fill-in-the-middle request wins
 (``/infill``, ``/v1/completions`` with a ``suffix``, ollama's ``/api/generate``
-with one), per route.
+with one, streamed or sent with an ``X-Client-Id``: :func:`editor_like`), per
+route.
 
 An editor plugin sends a request per keystroke, and llama.vim also sends a
 warm-up of its ring of chunks every second while the user pauses (``n_predict:
@@ -34,6 +35,15 @@ from starlette.requests import Request
 from .jobs import Job
 
 Client = Tuple[str, str, str, str, str]
+
+
+def editor_like(parsed, request: Request) -> bool:
+    """Whether a request to a general route (``/v1/completions``, ollama's
+    ``/api/generate``) is an editor's, whose older ones it makes stale: one
+    with a suffix, streamed (a suggestion shows as it comes) or sent with an
+    ``X-Client-Id``. A script's parallel fill-in-the-middle requests, not
+    streamed, are never cut short by each other."""
+    return parsed.suffix is not None and (bool(parsed.stream) or "x-client-id" in request.headers)
 
 
 def client_of(request: Request) -> Client:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..prediction import counts
 from ..results import FINISH_REASON  # noqa: F401  (the server's modules read it here)
@@ -32,22 +32,24 @@ def usage(n_prompt: int, n_completion: int, n_cached: int = 0) -> Dict[str, Any]
             "prompt_tokens_details": {"cached_tokens": n_cached}}
 
 
-def timings(stats: Sequence[Any], n_prompt: int, n_cached: int = 0) -> Dict[str, float]:
+def timings(stats: Sequence[Any], n_prompt: int, n_cached: int = 0, n_decoded: Optional[int] = None) -> Dict[str, float]:
     """llama.cpp's `timings` over a request's choices (stats: each choice's
     GenerationStats). prompt_ms: until the first token (queue wait included);
     predicted_ms: from then to the last token, the slowest choice; cache_n: the
     prompt tokens found cached, prompt_n the ones processed (llama-server's
-    split)."""
+    split; ``n_decoded``, where a request cut short never reached the rest:
+    by default n_prompt - n_cached)."""
+    n_decoded = n_prompt - n_cached if n_decoded is None else n_decoded
     prompt_ms = 1000 * max((s.ttft_s for s in stats), default=0.0)
     predicted_n = sum(s.n_generated for s in stats)
     predicted_ms = 1000 * max((s.decode_s for s in stats), default=0.0)
     after_first = sum(max(s.n_generated - 1, 0) for s in stats)
     return {
         "cache_n": n_cached,
-        "prompt_n": n_prompt - n_cached,
+        "prompt_n": n_decoded,
         "prompt_ms": prompt_ms,
-        "prompt_per_token_ms": prompt_ms / (n_prompt - n_cached) if n_prompt > n_cached else 0.0,
-        "prompt_per_second": 1000 * (n_prompt - n_cached) / prompt_ms if prompt_ms > 0 else 0.0,
+        "prompt_per_token_ms": prompt_ms / n_decoded if n_decoded > 0 else 0.0,
+        "prompt_per_second": 1000 * n_decoded / prompt_ms if prompt_ms > 0 else 0.0,
         "predicted_n": predicted_n,
         "predicted_ms": predicted_ms,
         "predicted_per_token_ms": predicted_ms / after_first if after_first else 0.0,

@@ -315,7 +315,7 @@ class Scheduler:
                 self.policies.release(handle)
                 self._release(c)
                 if job.why:  # what the abandoned work cost: its prompt's new tokens and its answer's
-                    self.counters["abandoned_tokens"] += len(c.prompt) - st.n_cached_tokens + st.n_generated
+                    self.counters["abandoned_tokens"] += st.n_prompt_decoded + st.n_generated
                 writes = self.decoder.record(c.setup, st, defer=True)
                 if writes is not None:
                     self._after.submit(writes).add_done_callback(_said_if_failed)

@@ -28,6 +28,7 @@ from ..answer import http_error
 from ..api_error import APIError
 from ..intake import authorized, prompt_tokens, read_body, same_key
 from ..jobs import Job, SchedulerError
+from ..newest import editor_like
 from ..turn import Turn
 
 ErrorBody = Callable[[APIError], Dict[str, Any]]
@@ -89,7 +90,7 @@ class Door:
         job = Job(requests, asyncio.get_running_loop(), user=user or parsed.user or "",
                   warm_up=parsed.settings.max_tokens == 0)
         try:
-            h.submit(job, request, fim=parsed.suffix is not None)
+            h.submit(job, request, fim=editor_like(parsed, request))
         except SchedulerError as e:
             raise http_error(e) from None
         h.metrics.request_started(endpoint)
