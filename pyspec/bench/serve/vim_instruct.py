@@ -69,9 +69,10 @@ def edit(port: int, lines: Sequence[str], start: int, ring: str, instruction: st
 
 
 def figures(edits: Sequence[dict], backend: str, seed: int = 0) -> dict:
-    mine = [e for e in edits if e["backend"] == backend]
+    mine = [e for e in edits if e["backend"] == backend and "error" not in e]
     ttft = [e["ttft_s"] for e in mine]
-    return {"backend": backend, "edits": len(mine), "ttft_p50_s": percentile(ttft, 50),
+    failed = sum(e["backend"] == backend and "error" in e for e in edits)
+    return {"backend": backend, "edits": len(mine), "failed": failed, "ttft_p50_s": percentile(ttft, 50),
             "ttft_p50_interval": bootstrap([[x] for x in ttft], lambda xs: percentile(xs, 50), seed=seed),
             "warm_up_p50_s": percentile([e["warm_up_s"] for e in mine], 50),
             "prompt_n_p50": percentile([e["prompt_n"] for e in mine if e["prompt_n"] is not None], 50)}
@@ -79,8 +80,9 @@ def figures(edits: Sequence[dict], backend: str, seed: int = 0) -> dict:
 
 def ttft_ratio(edits: Sequence[dict], numerator: str, denominator: str, seed: int = 0) -> dict:
     """p50 TTFT of ``numerator`` over ``denominator``'s, paired by selection."""
-    theirs = {e["selection"]: e["ttft_s"] for e in edits if e["backend"] == denominator}
-    pairs = [[(e["ttft_s"], theirs[e["selection"]])] for e in edits
+    done = [e for e in edits if "error" not in e]
+    theirs = {e["selection"]: e["ttft_s"] for e in done if e["backend"] == denominator}
+    pairs = [[(e["ttft_s"], theirs[e["selection"]])] for e in done
              if e["backend"] == numerator and e["selection"] in theirs]
 
     def stat(ps: list) -> float:

@@ -113,8 +113,14 @@ def instruction_edits(started: List[tuple], main: Path, other: Path, n: int, pac
         start = rng.randint(first, last)
         instruction = vim_instruct.INSTRUCTIONS[j % len(vim_instruct.INSTRUCTIONS)]
         for name, server, _, _ in run_order(started, j):
-            e = vim_instruct.edit(server.port, lines, start, ring, instruction, pace)
-            edits.append({"selection": j, "backend": name, "start": start, "instruction": instruction, **e})
+            where = {"selection": j, "backend": name, "start": start, "instruction": instruction}
+            try:
+                e = vim_instruct.edit(server.port, lines, start, ring, instruction, pace)
+            except (RuntimeError, OSError) as err:  # recorded: the typing's figures are kept
+                edits.append({**where, "error": str(err)})
+                progress(f"instruction {j + 1}/{n} {name}: failed: {err}")
+                continue
+            edits.append({**where, **e})
             progress(f"instruction {j + 1}/{n} at line {start} {name}: first token {e['ttft_s']:.2f} s "
                      f"({e['prompt_n']} prompt tokens; warm-up {e['warm_up_s']:.2f} s)")
     return edits
@@ -207,7 +213,7 @@ def format_summary(summary: dict) -> str:
             lo, hi = f["ttft_p50_interval"]
             lines.append(f"  {f['backend']:<24} {f['edits']:>3} first token p50 {_s(f['ttft_p50_s'])} s "
                          f"[{_s(lo)}, {_s(hi)}]; warm-up p50 {_s(f['warm_up_p50_s'])} s; "
-                         f"prompt tokens p50 {_s(f['prompt_n_p50'])}")
+                         f"prompt tokens p50 {_s(f['prompt_n_p50'])}" + (f"; {f['failed']} failed" if f["failed"] else ""))
         for r in summary["instruct_ratios"]:
             lo, hi = r["interval"]
             lines.append(f"p50 first token {r['numerator']} / {r['denominator']}: {_s(r['ratio'])}x "
