@@ -213,7 +213,8 @@ def format_summary(summary: dict) -> str:
             lo, hi = f["ttft_p50_interval"]
             lines.append(f"  {f['backend']:<24} {f['edits']:>3} first token p50 {_s(f['ttft_p50_s'])} s "
                          f"[{_s(lo)}, {_s(hi)}]; warm-up p50 {_s(f['warm_up_p50_s'])} s; "
-                         f"prompt tokens p50 {_s(f['prompt_n_p50'])}" + (f"; {f['failed']} failed" if f["failed"] else ""))
+                         f"prompt tokens p50 {_s(f['prompt_n_p50'])}"
+                         + (f"; {f['failed']} failed" if f["failed"] else ""))
         for r in summary["instruct_ratios"]:
             lo, hi = r["interval"]
             lines.append(f"p50 first token {r['numerator']} / {r['denominator']}: {_s(r['ratio'])}x "
