@@ -109,8 +109,9 @@ def test_what_the_plugin_shows():
                     reason="the real plugin needs Vim 9 (+job +channel +timers +textprop) and curl")
 def test_llama_vim_in_vim_against_pyspec_serve(draft_path, tmp_path):
     """The short version of the benchmark: two lines typed in Vim with the
-    plugin at its defaults; every pause shows a suggestion, accepting one
-    inserts what was shown, and the plugin's given-up requests are counted."""
+    plugin at its defaults; every pause shows the plugin's answer, accepting a
+    hint inserts what was shown, the plugin's given-up requests are counted,
+    and an instruction edit after its warm-up processes only the instruction."""
     out = tmp_path / "vim.json"
     run = subprocess.run([sys.executable, "-m", "pyspec.cli", "bench", "vim", "-m", draft_path, "--no-draft",
                           "--sites", "2", "--steps", "2", "--n-ctx", "4096", "--timeout", "30", "--instruct", "2",
@@ -120,7 +121,11 @@ def test_llama_vim_in_vim_against_pyspec_serve(draft_path, tmp_path):
     result = json.loads(out.read_text())
     (f,) = result["summary"]["figures"]
     assert f["pauses"] == 4 and f["no_hint"] == 0, result["table"]
-    assert f["accepts"] >= 1 and f["accepted"] == f["accepts"], result["table"]
+    # Tab at every line's last pause that showed a hint, and it inserted what was
+    # shown. (At a completed line the model often writes the file's next lines
+    # again, which the plugin hides: such a pause has nothing to accept.)
+    shown_last = sum(bool(any(p["hint"])) for p in result["pauses"][1::2])
+    assert f["accepts"] == shown_last and f["accepted"] == f["accepts"], result["table"]
     assert f["fim_requests"] >= 4 and 0 <= f["given_up"] <= f["fim_requests"], result["table"]
     assert all(p["wait_s"] > 0 for p in result["pauses"])
     # The instruction edits: the warm-up cached the prompt, so only the
