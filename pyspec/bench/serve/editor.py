@@ -161,6 +161,18 @@ def bootstrap(groups: Sequence[Sequence], stat: Callable[[list], float], n_boot:
     return vals[int(math.floor((1 - level) / 2 * (n_boot - 1)))], vals[int(math.ceil((1 + level) / 2 * (n_boot - 1)))]
 
 
+def paired_p50_ratio(groups: Sequence[Sequence[Tuple[float, float]]], seed: int = 0) -> dict:
+    """p50 of the first of each pair over p50 of the second, pooled over
+    ``groups`` (pairs of the same request on two backends, grouped by what is
+    resampled whole), with its bootstrap interval."""
+    def stat(pairs: list) -> float:
+        return percentile([x for x, _ in pairs], 50) / percentile([y for _, y in pairs], 50)
+
+    pooled = [p for g in groups for p in g]
+    return {"pairs": len(pooled), "ratio": stat(pooled) if pooled else float("nan"),
+            "interval": bootstrap(groups, stat, seed=seed)}
+
+
 def _by_site(records: Sequence[dict], backend: str, kind: str) -> Dict[int, List[dict]]:
     out: Dict[int, List[dict]] = {}
     for r in records:
@@ -201,14 +213,8 @@ def p50_ratio(records: Sequence[dict], numerator: str, denominator: str, kind: s
     for s in sorted(set(a) & set(b)):
         theirs = {r["step"]: r["latency_s"] for r in b[s]}
         groups.append([(r["latency_s"], theirs[r["step"]]) for r in a[s] if r["step"] in theirs])
-
-    def stat(pairs: list) -> float:
-        return percentile([x for x, _ in pairs], 50) / percentile([y for _, y in pairs], 50)
-
-    pooled = [p for g in groups for p in g]
-    return {"numerator": numerator, "denominator": denominator, "kind": kind, "pairs": len(pooled),
-            "sites": len(groups), "ratio": stat(pooled) if pooled else float("nan"),
-            "interval": bootstrap(groups, stat, seed=seed)}
+    return {"numerator": numerator, "denominator": denominator, "kind": kind, "sites": len(groups),
+            **paired_p50_ratio(groups, seed)}
 
 
 def summarize(records: Sequence[dict], seed: int = 0) -> dict:

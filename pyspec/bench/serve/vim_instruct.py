@@ -21,7 +21,7 @@ import time
 from typing import Dict, List, Sequence
 
 from .concurrent import percentile
-from .editor import bootstrap
+from .editor import bootstrap, paired_p50_ratio
 from .process import request, stream_completion
 
 INSTRUCTIONS = ("Add a short docstring.", "Add type hints.", "Rename the variables to clearer names.",
@@ -84,10 +84,4 @@ def ttft_ratio(edits: Sequence[dict], numerator: str, denominator: str, seed: in
     theirs = {e["selection"]: e["ttft_s"] for e in done if e["backend"] == denominator}
     pairs = [[(e["ttft_s"], theirs[e["selection"]])] for e in done
              if e["backend"] == numerator and e["selection"] in theirs]
-
-    def stat(ps: list) -> float:
-        return percentile([x for x, _ in ps], 50) / percentile([y for _, y in ps], 50)
-
-    pooled = [p for g in pairs for p in g]
-    return {"numerator": numerator, "denominator": denominator, "pairs": len(pooled),
-            "ratio": stat(pooled) if pooled else float("nan"), "interval": bootstrap(pairs, stat, seed=seed)}
+    return {"numerator": numerator, "denominator": denominator, **paired_p50_ratio(pairs, seed)}

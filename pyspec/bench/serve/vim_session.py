@@ -16,7 +16,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 from ..stats import run_order
 from . import editor_sites as es
 from .concurrent import percentile
-from .editor import bootstrap
+from .editor import bootstrap, paired_p50_ratio
 from . import vim_instruct
 from .vim import Pause, Vim, exchanges, open_files, settle, type_site
 from .vim_proxy import Proxy
@@ -161,14 +161,7 @@ def wait_ratio(record: dict, numerator: str, denominator: str, timeout: float, s
     for p in record["pauses"]:
         if p["backend"] == numerator and (p["site"], p["typed"]) in theirs:
             groups.setdefault(p["site"], []).append((_wait(p), theirs[(p["site"], p["typed"])]))
-
-    def stat(pairs: list) -> float:
-        return percentile([x for x, _ in pairs], 50) / percentile([y for _, y in pairs], 50)
-
-    pooled = [x for g in groups.values() for x in g]
-    return {"numerator": numerator, "denominator": denominator, "pairs": len(pooled),
-            "ratio": stat(pooled) if pooled else math.nan,
-            "interval": bootstrap(list(groups.values()), stat, seed=seed)}
+    return {"numerator": numerator, "denominator": denominator, **paired_p50_ratio(list(groups.values()), seed)}
 
 
 def summarize(record: dict, timeout: float, seed: int = 0) -> dict:
