@@ -187,3 +187,25 @@ def test_a_session_claims_its_model(multi):
     assert multi.generate("hi", max_tokens=2, chat=False).n_generated_tokens == 2
     with pytest.raises(RuntimeError, match="closed"):
         s.step()
+
+
+def test_a_chunked_prompt_goes_in_in_chunks_even_alone(multi):
+    """An editor's prompt (SequenceSpec.chunked: the server's supersedable
+    requests) is prefilled prefill_chunk rows per decode even when nothing
+    else runs, so that a cancel stops it within one chunk. Control: the same
+    prompt, not chunked, goes in whole at the first step."""
+    chunk = 32
+    decoded = {}
+    for chunked in (True, False):
+        prompt = multi.tokenize(" ".join(f"{'edit' if chunked else 'plain'}{i}" for i in range(60)))
+        assert 3 * chunk < len(prompt) < 256  # one decode holds it all (n_batch 256)
+        with multi.engine.session(_core.SessionParams(prefill_chunk=chunk)) as s:
+            c = s.add(prompt, params(4), chunked=chunked)
+            s.step()
+            s.cancel(c)
+            s.step()
+            done = dict(s.take_finished())
+            assert done[c].stop_reason == "cancelled"
+            decoded[chunked] = done[c].stats.n_prompt_decoded
+    assert 0 < decoded[True] <= 2 * chunk, decoded
+    assert decoded[False] > 3 * chunk, decoded

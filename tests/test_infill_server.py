@@ -474,6 +474,46 @@ def test_a_warm_up_waits_for_the_real_requests(server):
     assert real.status_code == 200 and answered < ended, "the control: a real request runs beside the first"
 
 
+
+def _ring(name: str, n: int) -> list:
+    """llama.vim's ring of chunks: n chunks of another file, unique to ``name``."""
+    return [{"text": f"# {name} chunk {i}\nimport os\nLIMIT_{i} = {i * 7}\n", "time": [1, i], "filename": "util.py"}
+            for i in range(n)]
+
+
+def ring_update(ring: list) -> dict:
+    """llama.vim's ring update (s:ring_update): only the chunks, one token asked."""
+    return {"input_prefix": "", "input_suffix": "", "input_extra": ring, "prompt": "", "n_predict": 1,
+            "temperature": 0.0, "stream": False, "samplers": ["temperature"], "cache_prompt": True,
+            "t_max_prompt_ms": 1, "t_max_predict_ms": 1}
+
+
+def test_a_ring_update_prefills_the_clients_next_suggestion(server, draft_path, load_model):
+    """issue 61: the ring's chunks come before the prefix, so a ring update
+    makes the cursor's text stale, and the next keystroke would process all of
+    it again. The server prefills the client's last suggestion's text after
+    the new chunks beside the warm-up (server/warm_ups.py): the next keystroke
+    processes only its new characters. Control: the same traffic with the
+    ring update sent as another client leaves the whole text to process."""
+    model = load_model(draft_path, n_ctx=512)
+    n_text = len(model.tokenize(PREFIX + "def mean(values):\n" + SUFFIX, add_special=False))
+
+    def keystroke_after_ring_update(client: str, ring_client: str) -> int:
+        h = {"X-Client-Id": client}
+        first = server.post("/infill", vim_body("    total = ", input_extra=_ring(client, 1)), headers=h)
+        assert first.status_code == 200, first.text
+        warm = server.post("/infill", ring_update(_ring(client, 2)), headers={"X-Client-Id": ring_client})
+        assert warm.status_code == 200, warm.text
+        server.wait_idle()
+        after = server.post("/infill", vim_body("    total = su", input_extra=_ring(client, 2)), headers=h)
+        assert after.status_code == 200, after.text
+        return after.json()["timings/prompt_n"]
+
+    prepared = keystroke_after_ring_update("ring-a", "ring-a")
+    assert prepared <= 6, f"the next keystroke processed {prepared} tokens of a {n_text}-token text"
+    control = keystroke_after_ring_update("ring-b", "ring-c")
+    assert control > n_text // 2, f"the control processed only {control} tokens of {n_text}"
+
 def test_only_an_editors_requests_on_general_routes_make_older_ones_stale():
     """/v1/completions and /api/generate: a fill-in-the-middle request streamed
     or with an X-Client-Id is an editor's; a script's parallel ones, not

@@ -330,9 +330,10 @@ void bind_engine(py::module_& m) {
                           "thread at a time; close() (or the with-block) releases the models.")
         .def("add",
              [](PySession& ps, const std::vector<int32_t>& prompt, const SequenceParams& params, py::object drafter,
-                py::object policy, int32_t stream, int32_t slot) {
+                py::object policy, int32_t stream, int32_t slot, bool chunked) {
                  SequenceSpec spec{prompt, drafter.is_none() ? nullptr : drafter.cast<Drafter*>(),
-                                   policy.is_none() ? nullptr : policy.cast<LengthPolicy*>(), params, stream, slot};
+                                   policy.is_none() ? nullptr : policy.cast<LengthPolicy*>(), params, stream, slot,
+                                   chunked};
                  int32_t h;
                  {
                      py::gil_scoped_release release;
@@ -342,10 +343,11 @@ void bind_engine(py::module_& m) {
                  return h;
              },
              py::arg("prompt"), py::arg("params"), py::arg("drafter") = py::none(), py::arg("policy") = py::none(),
-             py::arg("stream") = 0, py::arg("slot") = -1,
+             py::arg("stream") = 0, py::arg("slot") = -1, py::arg("chunked") = false,
              "Queue a sequence (its own max_tokens, sampling, seed, stop; a policy and drafter to draft, none: "
              "plain) in `slot` (-1: the session's choice, "
-             "pick_slot); returns its handle. ValueError when every slot is taken (see free_slots).")
+             "pick_slot); returns its handle. `chunked`: its prompt goes in prefill_chunk rows per decode even "
+             "alone (a request likely to be cancelled). ValueError when every slot is taken (see free_slots).")
         .def("pick_slot",
              [](PySession& ps, const std::vector<int32_t>& prompt) {
                  py::gil_scoped_release release;

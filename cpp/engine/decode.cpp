@@ -96,7 +96,8 @@ void BatchSession::add_prompt_rows(int32_t budget) {
         if (s.done || s.started || waits_for_prefix(s)) continue;
         const int32_t want = static_cast<int32_t>(s.history.size()) - 1;
         int32_t pos = static_cast<int32_t>(target_.cached(s.id).size());
-        const int32_t n = std::min(budget, want - pos);
+        int32_t n = std::min(budget, want - pos);
+        if (s.chunked && session_.prefill_chunk > 0) n = std::min(n, session_.prefill_chunk);
         for (int32_t i = 0; i < n; ++i, ++pos) {
             rows_.push_back({s.id, pos, s.history[static_cast<size_t>(pos)], false});
         }

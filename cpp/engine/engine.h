@@ -132,8 +132,10 @@ struct SequenceParams {
 // Engine::generate / generate_batch call, each a session of its own).
 struct SessionParams {
     // Most prompt tokens a round adds to its target decode while other sequences
-    // are generating (0: as many as the batch has room for). Bounds how long a
-    // newly added long prompt can hold up the others' next token.
+    // are generating (0: as many as the batch has room for), and most rows of a
+    // `chunked` sequence's prompt per decode, alone too (SequenceSpec). Bounds how
+    // long a newly added long prompt can hold up the others' next token, and how
+    // long a chunked one holds the engine after its cancel.
     int32_t prefill_chunk = 0;
     // Most share of the session's round time spent timing target batch sizes
     // between rounds for the auto policy (engine/calibrate.cpp): small, so that a
@@ -177,6 +179,11 @@ struct SequenceSpec {
     // or the drafter's own sequence of the draft model, so that slot j of the
     // target and sequence j of the draft model hold the same conversation.
     int32_t slot = -1;
+    // Its prompt goes in at most SessionParams::prefill_chunk rows per decode even
+    // when nothing else runs: a request likely to go stale (an editor's, cancelled
+    // at the next keystroke) holds the engine one chunk after its cancel, not a
+    // whole batch (512 rows: ~6 s on 2 cores). Chunks cost ~1 % of prefill speed.
+    bool chunked = false;
 };
 
 // Figures of a whole batch (each sequence's own are in its GenerateResult).

@@ -52,6 +52,7 @@ struct BatchSession::Sequence {
         : handle(handle_), id(slot_), drafter(spec.policy ? spec.drafter : nullptr), policy(spec.policy),
           params(spec.params),
           history(spec.prompt),
+          chunked(spec.chunked),
           rng(test.shared_stream ? spec.params.seed : sequence_seed(spec.params.seed, spec.stream)),
           pit_rng(~sequence_seed(spec.params.seed, spec.stream)),
           stream(spec.params.stop), max_tokens(spec.params.max_tokens),
@@ -66,6 +67,7 @@ struct BatchSession::Sequence {
     LengthPolicy* policy;          // null exactly when drafter is
     SequenceParams params;
     std::vector<int32_t> history;  // prompt + emitted tokens
+    bool chunked;                  // SequenceSpec::chunked
     GenerateResult result;
     Rng rng;
     Rng pit_rng;                   // TestControls::pit's own stream: the probe draws nothing from rng

@@ -64,8 +64,9 @@ def _test_controls(ctx, param, value):
               help="Requests that may wait for a slot; past it, 503 with Retry-After [default: 4 x --parallel].")
 @n_ctx_option(N_CTX_SERVER, help="Context cells, shared by all slots (one unified cache); a prompt must fit in it.")
 @click.option("--prefill-chunk", default=PREFILL_CHUNK, show_default=True, type=click.IntRange(min=0),
-              help="Most prompt tokens a round prefills beside running sequences (0: no limit): bounds how "
-                   "long a new long prompt holds up the others.")
+              help="Most prompt tokens a round prefills beside running sequences, and an editor's prompt per "
+                   "decode even alone (0: no limit): bounds how long a new long prompt holds up the others, and "
+                   "how long a superseded editor request holds the engine.")
 @click.option("--api-key", default=None, envvar="PYSPEC_API_KEY", show_envvar=True,
               help="Require `Authorization: Bearer KEY` on the /v1 routes.")
 @click.option("--model-alias", default=None, help="The model name clients use [default: the target's name].")

@@ -14,6 +14,7 @@ full), never a 500 for bad input.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from contextlib import asynccontextmanager
 from typing import Optional
@@ -25,6 +26,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from .. import __version__
+from .. import request as request_
 from ..memory import DEFAULT_CAP_MB
 from ..settings import PARALLEL, PREFILL_CHUNK
 from ..testing import TestControls, controls
@@ -35,6 +37,7 @@ from .intake import Intake, authorized, read_body
 from .jobs import Job, SchedulerError
 from .metrics import Metrics
 from .newest import NewestWins, client_of, editor_like
+from .warm_ups import WarmUps
 from .api_error import APIError
 from .scheduler import DEFAULT_CACHE_RAM_MB, MAX_DRAFT, Scheduler
 from .users import UserMemories
@@ -103,6 +106,7 @@ class Handlers:
         self.intake = intake
         self.scheduler: Optional[Scheduler] = None
         self.editors = NewestWins()  # fill-in-the-middle: a client's newest request wins
+        self.warm_ups = WarmUps()    # /infill: a ring update also prefills the next suggestion's text
         self.metrics = Metrics(lambda: self.scheduler, model_name=model_name, n_ctx=target.n_ctx)
         self.created = int(time.time())
 
@@ -114,9 +118,11 @@ class Handlers:
     def submit(self, job: Job, request: Request, fim: bool) -> None:
         """Queue a job. An editor's (``fim``: /infill, or newest.editor_like)
         first cancels the same client's older ones (newest.py), before the
-        queue counts them."""
+        queue counts them; its own prompt then goes in in chunks, so that the
+        next one's cancel frees the engine within one (SequenceSpec::chunked)."""
         if fim:
             self.editors.claim(client_of(request), job, warm_up=job.warm_up)
+            job.supersedable = True
         try:
             self.scheduler.submit(job)
         except SchedulerError:
@@ -163,11 +169,32 @@ class Handlers:
             return self.error(http_error(e))
         except APIError as e:
             return self.error(e)
+        follow = self.warm_ups.note(client_of(request), req.source)
+        if follow is not None:
+            self.prefill_beside(follow, req, request)
         self.metrics.request_started("infill")
         answer = infill.InfillAnswer(req, job, self.model_name, self.target, self.metrics, clock, self.target.n_ctx)
         if req.parsed.stream:
             return EventSourceResponse(answer.native_stream(request), ping=15, sep="\n")
         return await answer.whole(request)
+
+    def prefill_beside(self, source: llama_server.InfillSource, req: llama_server.InfillRequest,
+                       request: Request) -> None:
+        """Prefill a client's next suggestion's text beside its ring warm-up
+        (warm_ups.py): a warm-up with no answer, cancelled with the client's."""
+        if self.scheduler.queue_depth >= self.scheduler.queue_size:
+            return  # only a cache's gain is lost
+        try:
+            fill = request_.infill_prompt(self.target, source.prefix, source.suffix, typed=source.typed,
+                                          extra=source.extra, n_batch=self.target.native.n_batch,
+                                          n_predict=source.n_predict, layout=source.layout, healing=False)
+            settings = dataclasses.replace(req.parsed.settings, max_tokens=0, n=1)
+            job = Job([self.intake.request(settings, fill.tokens, fill)], asyncio.get_running_loop(), warm_up=True,
+                      supersedable=True)
+            self.editors.join(client_of(request), job)
+            self.scheduler.submit(job)
+        except (APIError, SchedulerError, ValueError):
+            pass  # likewise: the queue filled up, or the text no longer fits
 
     async def completions(self, request: Request) -> Response:
         return await self.generate(request, "completion")

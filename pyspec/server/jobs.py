@@ -79,6 +79,7 @@ class Job:
     memory: Optional["Memory"] = None  # the user's, set once admitted: drafts copy from it, answers join it
     admitted: float = 0.0              # time.monotonic() when it left the queue (0: not yet)
     editor: Optional[dict] = None                 # /infill: EditorStops' settings for each choice
+    supersedable: bool = False         # an editor's (newest.py): its prompt goes in in chunks, to stop soon
 
     @property
     def prompts(self) -> List[List[int]]:

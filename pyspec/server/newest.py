@@ -71,6 +71,11 @@ class NewestWins:
         self._live[client] = [(j, w) for j, w in live if j not in stale] + [(job, warm_up)]
         return len(stale)
 
+    def join(self, client: Client, job: Job) -> None:
+        """A warm-up that goes with the client's newest (warm_ups.py): it cancels
+        nothing, and what would cancel a warm-up of the client's cancels it."""
+        self._live.setdefault(client, []).append((job, True))
+
 
 def _alive(job: Job) -> bool:
     return not (job.cancelled or job.ended)

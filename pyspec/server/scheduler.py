@@ -263,7 +263,8 @@ class Scheduler:
                 c.setup = self.decoder.setup(request, seed=base, slots=[slot], drafters="slots",
                                              policy_keys=[key])[0]
                 c.handle = self._session.add(prompt, c.setup.params, drafter=c.setup.drafter,
-                                             policy=c.setup.policy, stream=index, slot=slot)
+                                             policy=c.setup.policy, stream=index, slot=slot,
+                                             chunked=job.supersedable)
                 self._busy.add(slot)
                 self._n_running += 1
                 self.policies.hold(c.handle, key)

@@ -51,6 +51,25 @@ class InfillRequest:
     #: A client caching a prompt, not asking for a suggestion: ``n_predict`` 0, or
     #: no text around a cursor at all (llama.vim's ring update: only ``input_extra``).
     warm_up: bool = False
+    #: What the prompt was built from (server/warm_ups.py builds another from it).
+    source: Optional["InfillSource"] = None
+
+
+@dataclass(frozen=True)
+class InfillSource:
+    """An /infill request's text: the cursor's surroundings, and other files' chunks."""
+
+    prefix: str
+    suffix: str
+    typed: str
+    extra: List[fim.Chunk]
+    layout: str
+    n_predict: int
+
+    @property
+    def ring_only(self) -> bool:
+        """Only other files' chunks, no text around a cursor: llama.vim's ring update."""
+        return not (self.prefix or self.suffix or self.typed)
 
 
 def _extra(value: Any) -> List[fim.Chunk]:
@@ -122,8 +141,9 @@ def parse(body: Any, target, *, max_n: int, n_batch: int, max_draft: int) -> Inf
     parsed = ParsedRequest("completion", body.get("model"), [fill.tokens], settings, stream=stream)
     editor = {"n_indent": fields.integer(body, "n_indent", 0, default=0),
               "t_max_predict_ms": float(fields.integer(body, "t_max_predict_ms", -1, default=-1))}
-    warm_up = n_predict == 0 or not (prefix or suffix or typed)
-    return InfillRequest(parsed, fill, editor, picked, chain, n_predict, warm_up)
+    source = InfillSource(prefix, suffix, typed, extra, layout, n_predict)
+    warm_up = n_predict == 0 or source.ring_only
+    return InfillRequest(parsed, fill, editor, picked, chain, n_predict, warm_up, source)
 
 
 # ------------------------------------------------------------------ /completion
