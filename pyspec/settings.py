@@ -37,7 +37,7 @@ PARALLEL = 8
 N_CTX_SERVER = 8192
 #: The in-process benchmarks' context: the suite's prompts and answers fit it.
 N_CTX_BENCH = 2048
-PREFILL_CHUNK = 256
+PREFILL_CHUNK = 128
 
 
 def check_seed(seed: int) -> int:

@@ -475,6 +475,9 @@ def test_a_warm_up_waits_for_the_real_requests(server):
 
 
 
+RING_FIELDS = FIELDS + ["tokens_evaluated"]
+
+
 def _ring(name: str, n: int) -> list:
     """llama.vim's ring of chunks: n chunks of another file, unique to ``name``."""
     return [{"text": f"# {name} chunk {i}\nimport os\nLIMIT_{i} = {i * 7}\n", "time": [1, i], "filename": "util.py"}
@@ -488,31 +491,57 @@ def ring_update(ring: list) -> dict:
             "t_max_prompt_ms": 1, "t_max_predict_ms": 1}
 
 
-def test_a_ring_update_prefills_the_clients_next_suggestion(server, draft_path, load_model):
-    """issue 61: the ring's chunks come before the prefix, so a ring update
-    makes the cursor's text stale, and the next keystroke would process all of
-    it again. The server prefills the client's last suggestion's text after
-    the new chunks beside the warm-up (server/warm_ups.py): the next keystroke
-    processes only its new characters. Control: the same traffic with the
-    ring update sent as another client leaves the whole text to process."""
+def test_a_ring_update_prepares_the_clients_next_suggestion(server, draft_path, load_model):
+    """issue 61: the ring's chunks come before the prefix, so new chunks make
+    the cursor's text stale. A ring update also prefills the client's last
+    suggestion's text after them (server/warm_ups.py): the next keystroke
+    takes the new chunks and processes only its new characters. Control: the
+    same ring update sent as another client prepares nothing, and the
+    keystroke keeps its cached chunks (no wait either way)."""
     model = load_model(draft_path, n_ctx=512)
-    n_text = len(model.tokenize(PREFIX + "def mean(values):\n" + SUFFIX, add_special=False))
+    n_chunk = len(model.tokenize(_ring("ring-x", 2)[1]["text"], add_special=False))
 
-    def keystroke_after_ring_update(client: str, ring_client: str) -> int:
+    def keystroke_after_ring_update(client: str, ring_client: str):
         h = {"X-Client-Id": client}
-        first = server.post("/infill", vim_body("    total = ", input_extra=_ring(client, 1)), headers=h)
-        assert first.status_code == 200, first.text
+        first = server.post("/infill", vim_body("    total = ", input_extra=_ring(client, 1), response_fields=RING_FIELDS), headers=h).json()
         warm = server.post("/infill", ring_update(_ring(client, 2)), headers={"X-Client-Id": ring_client})
         assert warm.status_code == 200, warm.text
         server.wait_idle()
-        after = server.post("/infill", vim_body("    total = su", input_extra=_ring(client, 2)), headers=h)
-        assert after.status_code == 200, after.text
-        return after.json()["timings/prompt_n"]
+        after = server.post("/infill", vim_body("    total = su", input_extra=_ring(client, 2), response_fields=RING_FIELDS), headers=h).json()
+        return after["timings/prompt_n"], after["tokens_evaluated"] - first["tokens_evaluated"]
 
-    prepared = keystroke_after_ring_update("ring-a", "ring-a")
-    assert prepared <= 6, f"the next keystroke processed {prepared} tokens of a {n_text}-token text"
-    control = keystroke_after_ring_update("ring-b", "ring-c")
-    assert control > n_text // 2, f"the control processed only {control} tokens of {n_text}"
+    processed, grown = keystroke_after_ring_update("ring-a", "ring-a")
+    assert processed <= 6 and grown >= n_chunk, (processed, grown, n_chunk)  # the new chunk, found cached
+    processed, grown = keystroke_after_ring_update("ring-b", "ring-c")
+    assert processed <= 6 and grown <= 3, (processed, grown, n_chunk)  # the control: the old chunks
+
+
+def test_new_chunks_never_make_a_keystroke_wait(server):
+    """issue 61: a keystroke that brings new chunks but continues its cached
+    prompt is served with the cached chunks, and the new ones are prepared
+    beside it; once prepared, the next keystroke takes them, found cached.
+    Control: a request elsewhere in the file takes its own chunks at once."""
+    h = {"X-Client-Id": "ring-d"}
+
+    def keystroke(typed: str, n_chunks: int, prefix: str = PREFIX, client: dict = h):
+        body = vim_body(typed, input_extra=_ring("ring-d", n_chunks), input_prefix=prefix + "def mean(values):\n",
+                        response_fields=RING_FIELDS)
+        return server.post("/infill", body, headers=client).json()
+
+    first = keystroke("    total = ", 1)
+    kept = keystroke("    total = s", 2)
+    assert kept["timings/prompt_n"] <= 6, kept  # served with the cached chunk
+    assert kept["tokens_evaluated"] - first["tokens_evaluated"] <= 3, (kept, first)
+    server.wait_idle()  # the new chunks are prepared
+    taken = keystroke("    total = su", 2)
+    assert taken["timings/prompt_n"] <= 6, taken
+    assert taken["tokens_evaluated"] - kept["tokens_evaluated"] >= 10, (taken, kept)
+    other = "".join(f"def h{i}(y):\n    return y * {i}\n\n\n" for i in range(9))
+    elsewhere = keystroke("    total = ", 3, prefix=other)
+    assert elsewhere["timings/prompt_n"] > 100, elsewhere  # the control: processed, with its own chunks,
+    alone = keystroke("    total = ", 3, prefix=other, client={"X-Client-Id": "ring-e"})
+    assert elsewhere["tokens_evaluated"] == alone["tokens_evaluated"], (elsewhere, alone)  # as a new client's
+
 
 def test_only_an_editors_requests_on_general_routes_make_older_ones_stale():
     """/v1/completions and /api/generate: a fill-in-the-middle request streamed

@@ -26,7 +26,6 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from .. import __version__
-from .. import request as request_
 from ..memory import DEFAULT_CAP_MB
 from ..settings import PARALLEL, PREFILL_CHUNK
 from ..testing import TestControls, controls
@@ -158,10 +157,14 @@ class Handlers:
         if not authorized(request, self.api_key):
             return self.error(APIError(401, "a valid API key is required (Authorization: Bearer ...)",
                                        type="authentication_error", code="invalid_api_key"))
+        client = client_of(request)
         try:
             req = llama_server.parse(await read_body(request), self.target, max_n=self.parallel,
                                      n_batch=self.target.native.n_batch, max_draft=self.intake.max_draft)
             self.intake.check_model(req.parsed.model)
+            fill, prepare = self.warm_ups.plan(client, req.source, req.fill, lambda s: s.prompt(self.target))
+            if fill is not req.fill:  # served with the chunks already cached (warm_ups.py)
+                req = dataclasses.replace(req, fill=fill, parsed=dataclasses.replace(req.parsed, prompts=[fill.tokens]))
             job = Job([self.intake.request(req.parsed.settings, req.fill.tokens, req.fill)],
                       asyncio.get_running_loop(), editor=req.editor, warm_up=req.warm_up)
             self.submit(job, request, fim=True)
@@ -169,32 +172,29 @@ class Handlers:
             return self.error(http_error(e))
         except APIError as e:
             return self.error(e)
-        follow = self.warm_ups.note(client_of(request), req.source)
-        if follow is not None:
-            self.prefill_beside(follow, req, request)
+        if prepare is not None:
+            self.prepare(client, prepare, req)
         self.metrics.request_started("infill")
         answer = infill.InfillAnswer(req, job, self.model_name, self.target, self.metrics, clock, self.target.n_ctx)
         if req.parsed.stream:
             return EventSourceResponse(answer.native_stream(request), ping=15, sep="\n")
         return await answer.whole(request)
 
-    def prefill_beside(self, source: llama_server.InfillSource, req: llama_server.InfillRequest,
-                       request: Request) -> None:
-        """Prefill a client's next suggestion's text beside its ring warm-up
-        (warm_ups.py): a warm-up with no answer, cancelled with the client's."""
+    def prepare(self, client, source: llama_server.InfillSource, req: llama_server.InfillRequest) -> None:
+        """Prefill ``source``'s prompt for ``client`` (warm_ups.py): a warm-up
+        with no answer, cancelled with the client's warm-ups."""
         if self.scheduler.queue_depth >= self.scheduler.queue_size:
             return  # only a cache's gain is lost
         try:
-            fill = request_.infill_prompt(self.target, source.prefix, source.suffix, typed=source.typed,
-                                          extra=source.extra, n_batch=self.target.native.n_batch,
-                                          n_predict=source.n_predict, layout=source.layout, healing=False)
+            fill = dataclasses.replace(source, healing=False).prompt(self.target)
             settings = dataclasses.replace(req.parsed.settings, max_tokens=0, n=1)
             job = Job([self.intake.request(settings, fill.tokens, fill)], asyncio.get_running_loop(), warm_up=True,
                       supersedable=True)
-            self.editors.join(client_of(request), job)
+            self.editors.join(client, job)
             self.scheduler.submit(job)
-        except (APIError, SchedulerError, ValueError):
-            pass  # likewise: the queue filled up, or the text no longer fits
+        except (APIError, SchedulerError):
+            return  # likewise: the queue filled up, or the text no longer fits
+        self.warm_ups.preparing(client, job, source, fill.tokens)
 
     async def completions(self, request: Request) -> Response:
         return await self.generate(request, "completion")

@@ -57,7 +57,8 @@ class InfillRequest:
 
 @dataclass(frozen=True)
 class InfillSource:
-    """An /infill request's text: the cursor's surroundings, and other files' chunks."""
+    """What an /infill request's prompt is built from: the cursor's
+    surroundings, other files' chunks, and the prompt's settings."""
 
     prefix: str
     suffix: str
@@ -65,11 +66,19 @@ class InfillSource:
     extra: List[fim.Chunk]
     layout: str
     n_predict: int
+    healing: Optional[bool]
+    n_batch: int
 
     @property
     def ring_only(self) -> bool:
         """Only other files' chunks, no text around a cursor: llama.vim's ring update."""
         return not (self.prefix or self.suffix or self.typed)
+
+    def prompt(self, target) -> fim.InfillPrompt:
+        """Its FIM prompt (pyspec/fim.py); APIError where it cannot be built."""
+        return fields.fim_prompt(lambda: request_.infill_prompt(
+            target, self.prefix, self.suffix, typed=self.typed, extra=self.extra, n_batch=self.n_batch,
+            n_predict=self.n_predict, layout=self.layout, healing=self.healing))
 
 
 def _extra(value: Any) -> List[fim.Chunk]:
@@ -131,9 +140,8 @@ def parse(body: Any, target, *, max_n: int, n_batch: int, max_draft: int) -> Inf
     stream = fields.flag(body, "stream", False)
     picked = llama_fields.response_fields(body)
     healing = fields.flag(body, "healing")
-    fill = fields.fim_prompt(lambda: request_.infill_prompt(target, prefix, suffix, typed=typed, extra=extra,
-                                                             n_batch=n_batch, n_predict=n_predict, layout=layout,
-                                                             healing=healing))
+    source = InfillSource(prefix, suffix, typed, extra, layout, n_predict, healing, n_batch)
+    fill = source.prompt(target)
     # n_predict 0 (a client's warm-up, to cache the prompt): one token, as llama-server samples one.
     max_tokens = None if n_predict < 0 else max(n_predict, 1)
     settings = RequestSettings(max_tokens=max_tokens, sampling=sampling, seed=fields.seed(body),
@@ -141,7 +149,6 @@ def parse(body: Any, target, *, max_n: int, n_batch: int, max_draft: int) -> Inf
     parsed = ParsedRequest("completion", body.get("model"), [fill.tokens], settings, stream=stream)
     editor = {"n_indent": fields.integer(body, "n_indent", 0, default=0),
               "t_max_predict_ms": float(fields.integer(body, "t_max_predict_ms", -1, default=-1))}
-    source = InfillSource(prefix, suffix, typed, extra, layout, n_predict)
     warm_up = n_predict == 0 or source.ring_only
     return InfillRequest(parsed, fill, editor, picked, chain, n_predict, warm_up, source)
 
