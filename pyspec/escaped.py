@@ -67,11 +67,6 @@ def escape(text: str) -> str:
     return json.dumps(text, ensure_ascii=False)[1:-1]
 
 
-def views(model, prompt: Sequence[int]) -> List[str]:
-    """The escaped form of each long message with characters JSON escapes."""
-    return [escape(text) for text in worth_a_view(model, prompt)]
-
-
 def remember(memory, model, prompt: Sequence[int]) -> int:
     """Add the prompt's escaped views that ``memory`` does not hold yet; returns how many."""
     seen = _seen.setdefault(memory, {})

@@ -164,7 +164,7 @@ def test_escaped_views_are_each_long_message_once(draft_path, load_model):
     plain = "A plain sentence without any character that JSON escapes, long enough to count."
     prompt = model.prompt_tokens([{"role": "user", "content": ESCAPED_FILE}, {"role": "assistant", "content": "ok"},
                                   {"role": "user", "content": plain}, {"role": "user", "content": 'a "b"\n'}])
-    views = escaped.views(model, prompt)
+    views = [escaped.escape(text) for text in escaped.worth_a_view(model, prompt)]
     assert len(views) == 1 and json.dumps(ESCAPED_FILE)[1:-1] in views[0], views
     memory = Memory(1)
     assert escaped.remember(memory, model, prompt) == 1 and memory.n_documents == 1
