@@ -117,6 +117,11 @@ def read(path: Union[str, os.PathLike], models: Sequence["_core.Model"]) -> List
     return parts
 
 
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens ``a`` and ``b`` share."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
 def file_name(tokens: Sequence[int]) -> str:
     """A prefix's file name in a folder of them: the hash of its tokens."""
     return hashlib.sha256(struct.pack(f"<{len(tokens)}i", *tokens)).hexdigest()[:32] + SUFFIX

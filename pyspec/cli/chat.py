@@ -23,6 +23,7 @@ import click
 
 from ..errors import PyspecError
 from ..interrupts import ctrl_c_held
+from ..prefix import common_prefix
 from .generate import _stats_summary
 from .options import chat_template_option, command_errors, load_pair, max_tokens_option, model_options, \
     sampling_options
@@ -101,17 +102,13 @@ def read_message(tty: bool) -> Optional[str]:
     return "\n".join(parts)
 
 
-def _common_prefix(a: List[int], b: List[int]) -> int:
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-
-
 def next_turn_head(gen, messages: List[Dict[str, str]]) -> List[int]:
     """The tokens that the next turn's prompt starts with, whatever the
     message: the conversation, the template's end of the last message and
     the start of a user message (what two different messages share)."""
     a = gen.prompt_tokens(messages + [{"role": "user", "content": "A"}])
     b = gen.prompt_tokens(messages + [{"role": "user", "content": "B"}])
-    return a[:_common_prefix(a, b)]
+    return a[:common_prefix(a, b)]
 
 
 def warm(gen, messages: List[Dict[str, str]]) -> None:
@@ -126,7 +123,7 @@ def warm(gen, messages: List[Dict[str, str]]) -> None:
     draft = getattr(gen, "draft", None)
     jobs = []
     for model in [gen.target] + ([draft] if draft is not None else []):
-        n = _common_prefix(model.native.cached(0), head)
+        n = common_prefix(model.native.cached(0), head)
         if 0 < n < len(head) and len(head) - n <= WARM_MAX:
             jobs.append((model.native, n))
     if not jobs:

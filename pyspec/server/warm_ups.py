@@ -35,6 +35,7 @@ from collections import OrderedDict
 from typing import Callable, Optional, Sequence, Tuple
 
 from ..fim import InfillPrompt
+from ..prefix import common_prefix
 from ..wire.llama_server import InfillSource
 from .jobs import Job
 from .newest import Client
@@ -49,14 +50,6 @@ class _Client:
     source: InfillSource          # its last suggestion's text, with the chunks its prompt had
     tokens: Sequence[int]         # that prompt
     preparing: Optional[Tuple[Job, InfillSource, Sequence[int]]] = None  # newer chunks being prefilled
-
-
-def _common(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 class WarmUps:
@@ -85,7 +78,7 @@ class WarmUps:
         if st is not None and source.extra != st.source.extra and source.layout == "still":
             kept = dataclasses.replace(source, extra=st.source.extra)
             kept_fill = build(kept)
-            if len(kept_fill.tokens) - _common(kept_fill.tokens, st.tokens) <= CONTINUES:
+            if len(kept_fill.tokens) - common_prefix(kept_fill.tokens, st.tokens) <= CONTINUES:
                 self._remember(client, kept, kept_fill.tokens)
                 return kept_fill, source
         self._remember(client, source, fill.tokens)
