@@ -377,7 +377,6 @@ def test_metrics_have_vllm_names_and_count_what_was_served(server):
         assert idle[(f"pyspec:{gauge}", ())] == 0, gauge
 
 
-@pytest.mark.skipif(bool(os.environ.get("PYSPEC_SANITIZE")), reason="a sanitizer's allocator holds freed memory back")
 def _batch_sizes_on_record(model_path) -> set:
     from pyspec import calibration
 
@@ -388,7 +387,20 @@ def _batch_sizes_on_record(model_path) -> set:
     return {n for key, entry in data.items() if key.startswith(os.path.realpath(model_path)) for n in entry}
 
 
-def test_rss_is_flat_over_a_few_hundred_requests(server, gemma_path):
+@pytest.mark.skipif(bool(os.environ.get("PYSPEC_SANITIZE")), reason="a sanitizer's allocator holds freed memory back")
+def test_rss_is_flat_over_a_few_hundred_requests(gemma_path, tmp_path, monkeypatch):
+    # Its own server and batch timings: with timings that earlier tests recorded, the
+    # warm-up below would skip the 64-row batch, and its one-off 64 MiB of logits
+    # (64 rows x 262,144 entries) would land in the measured window.
+    monkeypatch.setenv("PYSPEC_CACHE", str(tmp_path))
+    server = ServerProcess("--model", gemma_path, "--parallel", "8", "--n-ctx", "4096", "--no-memory")
+    try:
+        _rss_stays_flat(server, gemma_path)
+    finally:
+        assert server.stop() == 0
+
+
+def _rss_stays_flat(server, gemma_path):
     body = {"prompt": "The quick brown fox", "max_tokens": 2}
     for _ in range(30):  # warm up allocators and caches
         assert server.post("/v1/completions", body).status_code == 200
@@ -398,13 +410,18 @@ def test_rss_is_flat_over_a_few_hundred_requests(server, gemma_path):
     while "64" not in _batch_sizes_on_record(gemma_path) and time.monotonic() < deadline:
         assert server.post("/v1/completions", {**body, "max_tokens": 64}).status_code == 200
     assert "64" in _batch_sizes_on_record(gemma_path), "the server did not time its batch sizes"
-    before = server.rss_kib()
-    for i in range(200):
-        assert server.post("/v1/completions", {**body, "seed": i, "temperature": 1.0}).status_code == 200
-    grown = server.rss_kib() - before
-    print(f"RSS grew by {grown} KiB over 200 requests")
-    # A leak of one sampled distribution (~1 MiB) or one result per request would show as >= 200 MiB.
-    assert grown < 16 * 1024, f"RSS grew by {grown} KiB over 200 requests"
+    # Two windows of 150 requests: a leak grows RSS in both; a one-off growth that
+    # the warm-up missed (a buffer, an allocator's arena) shows in one at most.
+    grown = []
+    for window in range(2):
+        before = server.rss_kib()
+        for i in range(150):
+            body_i = {**body, "seed": 150 * window + i, "temperature": 1.0}
+            assert server.post("/v1/completions", body_i).status_code == 200
+        grown.append(server.rss_kib() - before)
+    print(f"RSS grew by {grown} KiB over two windows of 150 requests")
+    # A leak of one sampled distribution (~1 MiB) or one result per request would show as >= 150 MiB in each.
+    assert min(grown) < 16 * 1024, f"RSS grew by {grown} KiB over two windows of 150 requests"
 
 
 @pytest.fixture(scope="module")
