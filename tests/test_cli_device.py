@@ -20,7 +20,7 @@ from cli_helpers import pyspec_cmd
 
 #: The commands that load a model, or start a `pyspec serve` that does.
 DEVICE_COMMANDS = {"generate", "chat", "serve", "agree", "bench paired", "bench simulate", "bench parallel",
-                   "bench multiturn", "bench serve", "bench editor", "bench vim", "bench soak"}
+                   "bench multiturn", "bench serve", "bench editor", "bench vim", "bench agent", "bench soak"}
 
 #: Commands that take a model but run nothing on it: nothing to offload.
 # Commands that take a model but no device flags, and why.
@@ -128,6 +128,7 @@ STRICT_ARGS = {
     "bench soak": ["--model", "{m}", "--minutes", "0.01"],
     "bench editor": ["-m", "{m}", "--sites", "1"],
     "bench vim": ["-m", "{m}", "--sites", "1"],
+    "bench agent": ["-m", "{m}", "--sessions", "1"],
     "chat": ["-m", "{m}"],
 }
 

@@ -1,7 +1,7 @@
 """`pyspec bench`: the benchmarks, one group, so that the top level shows what a
 user does. The commands themselves live in bench.py (paired, parallel,
 simulate), bench_multiturn.py, bench_rpc.py, bench_serve.py, bench_editor.py,
-bench_vim.py, bench_soak.py and tools.py (verify).
+bench_vim.py, bench_agent.py, bench_soak.py and tools.py (verify).
 
 The old spellings (`pyspec bench-serve ...`, `pyspec simulate ...`, and
 `pyspec bench [options]`, now `pyspec bench paired [options]`) still run the
@@ -14,7 +14,7 @@ from __future__ import annotations
 import click
 
 from . import bench as bench_inprocess
-from . import bench_editor, bench_multiturn, bench_rpc, bench_serve, bench_soak, bench_vim, tools
+from . import bench_agent, bench_editor, bench_multiturn, bench_rpc, bench_serve, bench_soak, bench_vim, tools
 
 #: The old top-level names and the `pyspec bench` subcommands they now are.
 RENAMED: dict[str, str] = {
@@ -90,6 +90,8 @@ _SUBCOMMANDS = (
      "Code-editor completion traffic (/infill) against servers."),
     ("vim", bench_vim.bench_vim,
      "The real llama.vim plugin, in Vim, against servers."),
+    ("agent", bench_agent.bench_agent,
+     "Coding-agent sessions (tools; three dialects) against servers."),
     ("soak", bench_soak.bench_soak,
      "`pyspec serve` under mixed concurrent load for --minutes."),
     ("rpc", bench_rpc.bench_rpc,
