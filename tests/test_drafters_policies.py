@@ -525,7 +525,8 @@ def test_timings_a_busy_machine_inflated_are_timed_again(gemma_path, tmp_path, m
     """A batch of n tokens cannot cost more than n/m batches of m (it could be
     run as those): sizes recorded above that (a timing taken while the machine
     was busy) are not handed to the policy, which times them again, instead
-    of avoiding them for good. Control: a plausible curve is read whole."""
+    of avoiding them for good; a V(1) above a larger size is timed again too.
+    Control: a plausible curve, and a jagged one, are read whole."""
     from pyspec import calibration
 
     monkeypatch.setenv("PYSPEC_CACHE", str(tmp_path))
@@ -533,6 +534,12 @@ def test_timings_a_busy_machine_inflated_are_timed_again(gemma_path, tmp_path, m
     busy = {1: 0.037, 2: 0.061, 4: 0.092, 8: 0.22, 16: 5.5, 32: 5.8, 64: 7.9}
     calibration.save(target.native, busy)
     assert calibration.load(target.native) == {n: busy[n] for n in (1, 2, 4, 8)}
+    # V(1) above V(2): no smaller size judges it, the larger ones do (it made drafts look cheap)
+    calibration.save(target.native, {**busy, 1: 0.163, 16: 0.300, 32: 0.524, 64: 0.893})
+    assert calibration.load(target.native) == {2: 0.061, 4: 0.092, 8: 0.22, 16: 0.300, 32: 0.524, 64: 0.893}
     quiet = {1: 0.040, 2: 0.066, 4: 0.119, 8: 0.242, 16: 0.300, 32: 0.524, 64: 0.893}
     calibration.save(target.native, quiet)
     assert calibration.load(target.native) == quiet
+    jagged = {**quiet, 16: 0.230}  # CPUs' jagged curves (16 rows cheaper than 8) stay whole
+    calibration.save(target.native, jagged)
+    assert calibration.load(target.native) == jagged
