@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import random
-from typing import Sequence
+from typing import Callable, Dict, Hashable, Optional, Sequence
 
 
 def run_order(configs: list, rep: int) -> list:
@@ -39,3 +39,20 @@ def bootstrap_interval(logs_by_prompt: Sequence[Sequence[float]], n_boot: int = 
     lo = stats[int(math.floor((1 - level) / 2 * (n_boot - 1)))]
     hi = stats[int(math.ceil((1 + level) / 2 * (n_boot - 1)))]
     return (lo, hi)
+
+
+def paired_ratio(a: Dict[Hashable, float], b: Dict[Hashable, float], group: Callable[[Hashable], Hashable],
+                 seed: int = 0) -> Optional[dict]:
+    """The geometric mean of a[k] / b[k] over the keys both hold (positive
+    values), with the two-stage bootstrap interval over ``group(k)``'s groups:
+    {"ratio", "low", "high", "n"}; None when no key pairs."""
+    groups: Dict[Hashable, list] = {}
+    for k, v in a.items():
+        w = b.get(k)
+        if v and w and v > 0 and w > 0:
+            groups.setdefault(group(k), []).append(math.log(v / w))
+    if not groups:
+        return None
+    logs = [x for g in groups.values() for x in g]
+    lo, hi = bootstrap_interval(list(groups.values()), seed=seed)
+    return {"ratio": math.exp(sum(logs) / len(logs)), "low": lo, "high": hi, "n": len(logs)}

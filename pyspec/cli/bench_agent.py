@@ -5,12 +5,11 @@ states the method)."""
 from __future__ import annotations
 
 import json
-import os
 import sys
 
 import click
 
-from .bench_editor import line_range, llama_variants
+from .bench_editor import check_llama_options, line_range, llama_server_options, resolve_llama_variants
 from .options import DEFAULT_DRAFT, DEFAULT_MODEL, check_device, command_errors, device_options
 
 
@@ -36,11 +35,7 @@ from .options import DEFAULT_DRAFT, DEFAULT_MODEL, check_device, command_errors,
               help="At most this many tokens per answer [default: prose 96; a copy 1.3 x the file's tokens + 32; "
                    "an edit half that].")
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed of the files and the intervals.")
-@click.option("--llama-server", "llama_server", default=None, envvar="PYSPEC_LLAMA_SERVER", show_envvar=True,
-              type=click.Path(dir_okay=False), help="Also run llama.cpp's llama-server binary, per --llama-variant.")
-@click.option("--llama-variant", "llama_variant", multiple=True, metavar="NAME=ARGS",
-              help="A llama-server variant: extra arguments, '{draft}' for the draft model (repeatable) [default: "
-                   "plain=, ngram-mod=--spec-type ngram-mod where supported, draft=-md {draft}].")
+@llama_server_options()
 @click.option("--threads", default=2, show_default=True, type=click.IntRange(min=1), help="Threads of every server.")
 @click.option("--n-ctx", default=8192, show_default=True, type=click.IntRange(min=512),
               help="Context of every server (one slot).")
@@ -86,9 +81,8 @@ def bench_agent(model, draft, no_draft, n_sessions, lines_, routes, kinds, reps,
     kind_list = [x.strip() for x in kinds.split(",") if x.strip()]
     if not kind_list or any(x not in agent.KINDS for x in kind_list) or len(set(kind_list)) < len(kind_list):
         raise click.BadParameter(f"{kinds!r}: give some of {', '.join(agent.KINDS)}, each once", param_hint="--kinds")
-    if llama_variant and not llama_server:
-        raise click.UsageError("--llama-variant needs --llama-server PATH (or $PYSPEC_LLAMA_SERVER)")
-    lines = line_range(lines_)
+    check_llama_options(llama_server, llama_variant)
+    lines = line_range(lines_, "--lines")
 
     def say(line: str) -> None:
         click.echo(line, err=True)
@@ -108,15 +102,13 @@ def bench_agent(model, draft, no_draft, n_sessions, lines_, routes, kinds, reps,
         ours = pyspec_serve_command(path, parallel=1, n_ctx=n_ctx, threads=threads, device=device)
         backends = [Backend("pyspec serve", ours + (["--draft", draft_path] if draft_path else [])),
                     Backend("pyspec serve --no-draft", ours + ["--no-draft"])]
-        if not llama_server:
-            say("llama-server: skipped (give --llama-server PATH or set $PYSPEC_LLAMA_SERVER)")
-        elif not os.path.isfile(llama_server):
-            say(f"llama-server: skipped ({llama_server} is not a file)")
-        else:
-            for name, args in llama_variants(list(llama_variant), draft_path, llama_server):
-                (b,) = llama_server_backends(llama_server, path, parallel=1, n_ctx=n_ctx, threads=threads,
-                                             specs=["none"], args=args, device=device)
-                backends.append(Backend(f"llama-server {name}", b.command))
+        variants, why = resolve_llama_variants(llama_server, llama_variant, draft_path)
+        if why:
+            say(why)
+        for name, args in variants:
+            (b,) = llama_server_backends(llama_server, path, parallel=1, n_ctx=n_ctx, threads=threads,
+                                         specs=["none"], args=args, device=device)
+            backends.append(Backend(f"llama-server {name}", b.command))
         rows = agent.run(backends, sessions, kinds=kind_list, reps=reps, count=token_counter(path), cap=cap,
                          progress=say)
     summary = agent.summarize(rows, seed=seed)

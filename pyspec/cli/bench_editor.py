@@ -21,15 +21,15 @@ LAYOUTS = ("still", "llama-server")
 WORKLOADS = ("typing", "edits", "both")
 
 
-def line_range(text: str) -> tuple:
-    """--edit-lines MIN-MAX (or N: exactly N) as (MIN, MAX)."""
+def line_range(text: str, option: str = "--edit-lines") -> tuple:
+    """``option``'s MIN-MAX (or N: exactly N) as (MIN, MAX)."""
     lo, _, hi = text.partition("-")
     try:
         out = (int(lo), int(hi or lo))
     except ValueError:
         out = (0, 0)
     if not 1 <= out[0] <= out[1]:
-        raise click.BadParameter(f"{text!r}: give MIN-MAX lines, 1 <= MIN <= MAX (or N)", param_hint="--edit-lines")
+        raise click.BadParameter(f"{text!r}: give MIN-MAX lines, 1 <= MIN <= MAX (or N)", param_hint=option)
     return out
 
 
@@ -68,6 +68,41 @@ def llama_variants(given, draft: str, llama_server: str) -> list:
             raise click.BadParameter(f"{v!r} needs a draft model (--draft)", param_hint="--llama-variant")
         out.append((name.strip(), [a.replace("{draft}", draft) for a in shlex.split(args)]))
     return out
+
+
+#: --llama-variant's default in the benches that take it.
+DEFAULT_VARIANTS_HELP = "plain=, ngram-mod=--spec-type ngram-mod where supported, draft=-md {draft}"
+
+
+def llama_server_options(default_help: str = DEFAULT_VARIANTS_HELP):
+    """--llama-server PATH (or $PYSPEC_LLAMA_SERVER) and --llama-variant NAME=ARGS
+    of the benches that run llama-server beside pyspec (editor, vim, agent)."""
+
+    def add(command):
+        command = click.option("--llama-variant", "llama_variant", multiple=True, metavar="NAME=ARGS",
+                               help="A llama-server variant: extra arguments, '{draft}' for the draft model "
+                                    f"(repeatable) [default: {default_help}].")(command)
+        return click.option("--llama-server", "llama_server", default=None, envvar="PYSPEC_LLAMA_SERVER",
+                            show_envvar=True, type=click.Path(dir_okay=False),
+                            help="Also run llama.cpp's llama-server binary, per --llama-variant.")(command)
+
+    return add
+
+
+def check_llama_options(llama_server, llama_variant) -> None:
+    """--llama-variant without a llama-server to run it: a usage error."""
+    if llama_variant and not llama_server:
+        raise click.UsageError("--llama-variant needs --llama-server PATH (or $PYSPEC_LLAMA_SERVER)")
+
+
+def resolve_llama_variants(llama_server, given, draft: str) -> tuple:
+    """(``[(name, args)]`` as :func:`llama_variants`, or [] with the line that
+    says why llama-server is skipped; None when it is not)."""
+    if not llama_server:
+        return [], "llama-server: skipped (give --llama-server PATH or set $PYSPEC_LLAMA_SERVER)"
+    if not os.path.isfile(llama_server):
+        return [], f"llama-server: skipped ({llama_server} is not a file)"
+    return llama_variants(list(given), draft, llama_server), None
 
 
 def editor_backends(path: str, draft_path: str, *, layouts, threads: int, n_ctx: int, llama_server, variants,
@@ -127,11 +162,7 @@ def editor_models(command):
               help="With --sampled: send this temperature (and the temperature sampler) [default: none sent].")
 @click.option("--layouts", default="still", show_default=True,
               help="pyspec serve's FIM layouts, comma-separated: still, llama-server (a server each).")
-@click.option("--llama-server", "llama_server", default=None, envvar="PYSPEC_LLAMA_SERVER", show_envvar=True,
-              type=click.Path(dir_okay=False), help="Also run llama.cpp's llama-server binary, per --llama-variant.")
-@click.option("--llama-variant", "llama_variant", multiple=True, metavar="NAME=ARGS",
-              help="A llama-server variant: extra arguments, '{draft}' for the draft model (repeatable) [default: "
-                   "plain=, ngram-mod=--spec-type ngram-mod where supported, draft=-md {draft}].")
+@llama_server_options()
 @click.option("--edits", "n_edits", default=4, show_default=True, type=click.IntRange(min=1),
               help="Edits workload: files to edit, each a window of the standard library's code.")
 @click.option("--edit-lines", default="60-150", show_default=True, metavar="MIN-MAX",
@@ -188,8 +219,7 @@ def bench_editor(workload, model, draft, no_draft, n_sites, steps, fresh, seed, 
         raise click.BadParameter(f"{layouts!r}: give some of {', '.join(LAYOUTS)}", param_hint="--layouts")
     if temperature is not None and greedy:
         raise click.UsageError("--temperature goes with --sampled (--greedy sends temperature 0)")
-    if llama_variant and not llama_server:
-        raise click.UsageError("--llama-variant needs --llama-server PATH (or $PYSPEC_LLAMA_SERVER)")
+    check_llama_options(llama_server, llama_variant)
     if plot_path and workload == "edits":
         raise click.UsageError("--plot draws the typing workload (--workload typing or both)")
     lines = line_range(edit_lines)
@@ -208,13 +238,8 @@ def bench_editor(workload, model, draft, no_draft, n_sites, steps, fresh, seed, 
         check_device(device)
         path = resolve_path(model)
         draft_path = "" if no_draft or not draft else resolve_path(draft)
-        variants = []
-        if not llama_server:
-            skipped.append("llama-server: skipped (give --llama-server PATH or set $PYSPEC_LLAMA_SERVER)")
-        elif not os.path.isfile(llama_server):
-            skipped.append(f"llama-server: skipped ({llama_server} is not a file)")
-        else:
-            variants = llama_variants(list(llama_variant), draft_path, llama_server)
+        variants, why = resolve_llama_variants(llama_server, llama_variant, draft_path)
+        skipped += [why] if why else []
         for line in skipped:
             say(line)
         backends = editor_backends(path, draft_path, layouts=names, threads=threads, n_ctx=n_ctx,

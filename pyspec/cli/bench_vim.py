@@ -4,13 +4,13 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 
 import click
 
 from .._durable import cache_root
-from .bench_editor import editor_backends, editor_models, llama_variants
+from .bench_editor import (check_llama_options, editor_backends, editor_models, llama_server_options,
+                           resolve_llama_variants)
 from .options import check_device, command_errors, device_options
 
 
@@ -29,11 +29,7 @@ from .options import check_device, command_errors, device_options
               help="Instruction edits after the typing (the newer plugin's :LlamaInstruct, replayed in its request "
                    "shape): first token after Enter, its warm-up sent while the instruction is typed; 0: none.")
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed of the files, the sites and the pace.")
-@click.option("--llama-server", "llama_server", default=None, envvar="PYSPEC_LLAMA_SERVER", show_envvar=True,
-              type=click.Path(dir_okay=False), help="Also run llama.cpp's llama-server binary, per --llama-variant.")
-@click.option("--llama-variant", "llama_variant", multiple=True, metavar="NAME=ARGS",
-              help="A llama-server variant: extra arguments, '{draft}' for the draft model (repeatable) "
-                   "[default: plain=].")
+@llama_server_options("plain=")
 @click.option("--threads", default=2, show_default=True, type=click.IntRange(min=1), help="Threads of every server.")
 @click.option("--n-ctx", default=8192, show_default=True, type=click.IntRange(min=512),
               help="Context of every server (the plugin's ring of chunks takes several thousand tokens).")
@@ -64,8 +60,7 @@ def bench_vim(model, draft, no_draft, n_sites, steps, pace, instruct, timeout, s
     from ..errors import PyspecError
     from ..model import resolve_path
 
-    if llama_variant and not llama_server:
-        raise click.UsageError("--llama-variant needs --llama-server PATH (or $PYSPEC_LLAMA_SERVER)")
+    check_llama_options(llama_server, llama_variant)
 
     def say(line: str) -> None:
         click.echo(line, err=True)
@@ -74,13 +69,9 @@ def bench_vim(model, draft, no_draft, n_sites, steps, pace, instruct, timeout, s
         check_device(device)
         path = resolve_path(model)
         draft_path = "" if no_draft or not draft else resolve_path(draft)
-        variants = []
-        if not llama_server:
-            say("llama-server: skipped (give --llama-server PATH or set $PYSPEC_LLAMA_SERVER)")
-        elif not os.path.isfile(llama_server):
-            say(f"llama-server: skipped ({llama_server} is not a file)")
-        else:
-            variants = llama_variants(list(llama_variant) or ["plain="], draft_path, llama_server)
+        variants, why = resolve_llama_variants(llama_server, list(llama_variant) or ["plain="], draft_path)
+        if why:
+            say(why)
         runtime = vim_plugin.fetch(cache_root(), progress=say)  # $PYSPEC_CACHE/plugins
         backends = editor_backends(path, draft_path, layouts=["still"], threads=threads, n_ctx=n_ctx,
                                    llama_server=llama_server, variants=variants, device=device)

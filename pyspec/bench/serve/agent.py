@@ -42,13 +42,12 @@ from __future__ import annotations
 
 import http.client
 import json
-import math
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
-from ..stats import bootstrap_interval, run_order
+from ..stats import paired_ratio, run_order
 from .editor_edits import Edit, max_tokens as copy_tokens
 from .process import Backend
 
@@ -268,20 +267,11 @@ def _median(xs) -> float:
 
 
 def _ratio(rows: Sequence[dict], a: str, b: str, key: str, keep: Callable[[dict], bool], seed: int) -> Optional[dict]:
-    """geometric mean of ``key``'s a / b, paired by (rep, session, kind); groups: sessions."""
+    """``key``'s a / b, paired by (rep, session, kind); groups: sessions."""
     by = {n: {(r["rep"], r["session"], r["kind"]): r[key] for r in rows if r["backend"] == n and keep(r)}
           for n in (a, b)}
-    groups: Dict[int, List[float]] = {}
-    for k, v in by[a].items():
-        w = by[b].get(k)
-        if v and w:
-            groups.setdefault(k[1], []).append(math.log(v / w))
-    if not groups:
-        return None
-    logs = [x for g in groups.values() for x in g]
-    lo, hi = bootstrap_interval(list(groups.values()), seed=seed)
-    return {"numerator": a, "denominator": b, "ratio": math.exp(sum(logs) / len(logs)), "low": lo, "high": hi,
-            "n": len(logs)}
+    r = paired_ratio(by[a], by[b], lambda k: k[1], seed=seed)
+    return None if r is None else {"numerator": a, "denominator": b, **r}
 
 
 def summarize(rows: Sequence[dict], seed: int = 0) -> dict:

@@ -25,11 +25,10 @@ turns (each repetition's turns resampled, two-stage).
 
 from __future__ import annotations
 
-import math
 import statistics
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence
 
-from ..stats import bootstrap_interval, run_order
+from ..stats import paired_ratio, run_order
 from ..suite import prompts as suite_prompts
 from .llama_server import backend_names
 from .process import Backend, stream_completion
@@ -112,16 +111,9 @@ def summarize_turns(rows: Sequence[dict], seed: int = 0) -> dict:
             key = lambda r: (r["round"], r["conversation"])  # noqa: E731
             by = {n: {(r["rep"],) + key(r): r["ttft_s"] for r in rows if r["backend"] == n and r["round"] > 0}
                   for n in (a, b)}
-            groups: Dict[int, List[float]] = {}
-            for k, v in by[a].items():
-                if k in by[b] and v > 0 and by[b][k] > 0:
-                    groups.setdefault(k[0], []).append(math.log(v / by[b][k]))
-            logs = [x for g in groups.values() for x in g]
-            if not logs:
-                continue
-            lo, hi = bootstrap_interval(list(groups.values()), seed=seed)
-            ratios.append({"numerator": a, "denominator": b, "ratio": math.exp(sum(logs) / len(logs)),
-                           "low": lo, "high": hi, "n": len(logs)})
+            r = paired_ratio(by[a], by[b], lambda k: k[0], seed=seed)
+            if r is not None:
+                ratios.append({"numerator": a, "denominator": b, **r})
     return {"backends": names, "figures": figures, "ratios": ratios}
 
 
