@@ -179,9 +179,12 @@ READ_FILE = {"type": "object", "properties": {"path": {"type": "string"}}, "requ
 def coder_servers(target_path):
     """Qwen2.5-Coder 1.5B (tools in its template; the 0.5B does not copy the
     file), suffix lookup with memory: the product, and the control that adds no
-    escaped views (TestControls.escaped_views)."""
+    escaped views (TestControls.escaped_views). The fixed policy drafts 8 tokens
+    wherever a lookup finds them: auto's lengths follow the batch timings on
+    record, which a test session shares (CI saw 48 of 158 tokens drafted from
+    memory where a quiet run sees 76 to 103), and this test is about the lookup."""
     from pyspec.testing import TestControls
-    args = ("--model", target_path, "--parallel", "1", "--n-ctx", "2048")
+    args = ("--model", target_path, "--parallel", "1", "--n-ctx", "2048", "--policy", "fixed", "--draft-max", "8")
     both = (ServerProcess(*args), ServerProcess(*args, "--test-controls", TestControls(escaped_views=False).to_json()))
     yield both
     for s in both:
@@ -194,7 +197,7 @@ def test_a_file_copied_into_a_tool_call_drafts_from_its_escaped_view(coder_serve
     the user's memory (pyspec/escaped.py), so the copy drafts through `\\n`,
     `\\"` and `\\\\`: a third or more of the call's tokens are drafted from memory.
     Control: without the views the same call drafts far less from memory (the
-    copy's lookups break at every escape). Greedy, the auto policy."""
+    copy's lookups break at every escape). Greedy, the fixed policy (coder_servers)."""
     tools = [{"type": "function", "function": {"name": "read_file", "parameters": READ_FILE}},
              {"type": "function", "function": {"name": "write_file", "parameters": WRITE_FILE}}]
     read = {"id": "c1", "type": "function", "function": {"name": "read_file", "arguments": '{"path": "io.py"}'}}
@@ -218,7 +221,6 @@ def test_a_file_copied_into_a_tool_call_drafts_from_its_escaped_view(coder_serve
     rates = [a["timings"]["predicted_per_second"] for a in answers]
     print(f"call of {n} tokens: drafted from memory {with_views} with the views, {without} without; "
           f"{rates[0]:.1f} vs {rates[1]:.1f} tok/s")
-    # A third at least: auto picks lengths from measured timings, so the share
-    # varies from run to run (89 and 76 of 158 seen); the control drafts none.
+    # A third at least (the copy drafts wherever the view matches); the control drafts none.
     assert memory_rounds(views) > 0 and with_views >= n // 3, views["timings"]
     assert without < with_views // 2, control["timings"]
