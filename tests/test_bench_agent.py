@@ -1,11 +1,15 @@
 """`pyspec bench agent`: the three dialects carry the same conversation (the
 same prompt on a real `pyspec serve`; control: one without the file's tool
 result), the ratios on made-up rows, option checks, and one end-to-end run of
-the CLI on the small coder model (a chat template with tools)."""
+the CLI on the small coder model (a chat template with tools), and the
+first-argument timing against a stub SSE server (control: a call sent whole)."""
 
 from __future__ import annotations
 
 import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -56,6 +60,54 @@ def _row(backend, rep, session_, kind, tok_s, first=1.0, step=0):
             "first_byte_s": first, "wall_s": 2.0, "tokens": 50, "forced": None, "tool": None}
 
 
+def _sse_server(events):
+    """A server that answers any POST with ``events``: (seconds to wait, chat chunk)."""
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            for wait, chunk in events:
+                time.sleep(wait)
+                self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+                self.wfile.flush()
+            self.wfile.write(b"data: [DONE]\n\n")
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def _call_chunk(name=None, arguments=""):
+    function = {"arguments": arguments, **({"name": name} if name else {})}
+    return {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": function}]}}]}
+
+
+@pytest.mark.parametrize("streamed", [True, False])
+def test_first_argument_byte_is_timed_from_the_call(streamed):
+    """A call whose arguments stream reads ~0 s from its name to its first
+    argument byte (the rest 0.6 s later); the control, a server that holds
+    the arguments until the call is whole, reads the whole 0.6 s."""
+    pieces = ['{"path": "a.py", ', '"content": "x"}']
+    if streamed:
+        events = [(0, _call_chunk("write_file")), (0, _call_chunk(arguments=pieces[0])),
+                  (0.6, _call_chunk(arguments=pieces[1]))]
+    else:
+        events = [(0, _call_chunk("write_file")), (0.6, _call_chunk(arguments="".join(pieces)))]
+    server = _sse_server(events)
+    try:
+        a = agent.stream(server.server_address[1], "chat", {"messages": []})
+    finally:
+        server.shutdown()
+    assert a["tool"] == "write_file" and json.loads(a["text"]) == {"path": "a.py", "content": "x"}
+    gap = a["t_args"] - a["t_call"]
+    assert (gap < 0.3) if streamed else (gap >= 0.55), gap
+
+
 def test_ratios_pair_the_same_request_and_see_a_difference():
     """A backend twice as fast on code and as fast on prose reads 2x and 1x;
     the same rows with the faster one halved (the control) read 1x."""
@@ -99,6 +151,8 @@ def test_bench_agent_end_to_end(draft_path):
         if r["kind"] == "write":
             assert r["tool"] == "write_file", r
             assert {"path", "content"} <= set(json.loads(r["text"])), r["text"]
+            # arguments stream as decoded: the first comes long before the call is whole
+            assert r["args_after_call_s"] < 0.5 * (r["wall_s"] - r["first_byte_s"]), r
     assert [r["step"] for r in rows if r["kind"] == "prose"] == [0] * 6
     calls = {(f["backend"], f["kind"]): f["calls"] for f in result["summary"]["figures"]}
     assert calls[("pyspec serve", "write")] == [3, 3] and calls[("pyspec serve", "prose")] is None

@@ -125,6 +125,30 @@ def test_copy_cursor_reanchors_near_the_edit():
     assert fresh.propose(prompt + [77, 12], 1) == [50]
 
 
+def test_a_resumed_copy_keeps_half_its_evidence():
+    """After an edit the re-anchored copy starts with half the run it had
+    (copy_cursor.h), so long drafts resume without another 32 tokens followed;
+    the control, the same text found by a lookup from scratch, has only its
+    match behind it."""
+    source = list(range(1, 61))
+    prompt = [100] + source + [101]
+    d = _core.NgramDrafter(1000, 1, 16)
+    d.begin(prompt)
+    history = list(prompt) + source[:4]
+    while len(history) < len(prompt) + 40:  # follow the copy for 40 tokens
+        history += d.propose(history, 4)
+    assert d.plan(history)["match_len"] >= 40
+    history += [999, source[41]]  # source[40] replaced, then the copy again
+    plan = d.plan(history)
+    assert plan["near_copy"] and plan["fresh"] and plan["next_guess"] == source[42]
+    history += d.propose(history, 1)
+    resumed = d.plan(history)
+    assert resumed["near_copy"] and not resumed["fresh"] and resumed["match_len"] >= 20, resumed
+    fresh = _core.NgramDrafter(1000, 1, 16)
+    fresh.begin(history[:-1])
+    assert fresh.plan(history[:-1])["match_len"] <= 3  # control: "999, 41" is all a new lookup has
+
+
 def test_a_shorter_history_without_begin_forgets_the_copy():
     d = _core.NgramDrafter(1000, 1, 16)
     prompt = [100] + list(range(1, 21))

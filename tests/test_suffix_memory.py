@@ -121,6 +121,26 @@ def test_after_an_edit_it_reanchors_near_the_copy():
     assert plan["from_memory"] and plan["near_copy"] and plan["next_guess"] == D[12]
 
 
+def test_a_copy_resumed_near_its_anchor_keeps_half_its_evidence():
+    """Memory's copy, re-anchored after an edit, carries half its run
+    (copy_cursor.h); control: a fresh drafter on the same history has only the
+    match behind it."""
+    doc = list(range(200, 300))
+    history = [1, 2, 3] + doc[:5]
+    d = drafter_on(store_of(doc), history)
+    while len(history) < 3 + 45:
+        history += d.propose(history, 4)
+    assert d.plan(history)["match_len"] >= 40
+    history += [999, doc[46]]  # doc[45] replaced, then the copy again
+    plan = d.plan(history)
+    assert plan["from_memory"] and plan["near_copy"] and plan["fresh"] and plan["next_guess"] == doc[47]
+    history += d.propose(history, 1)
+    resumed = d.plan(history)
+    assert resumed["near_copy"] and not resumed["fresh"] and resumed["match_len"] >= 20, resumed
+    fresh = drafter_on(store_of(doc), history)
+    assert not fresh.plan(history)["near_copy"] and fresh.plan(history)["match_len"] <= 4
+
+
 def store_of(*docs):
     store = _core.SuffixStore(MIN_CAP)
     for doc in docs:

@@ -10,6 +10,13 @@
 // the output, matched in the window [anchor - kBefore, anchor + kAfter] of the
 // source; the position nearest the anchor wins (a short match there beats a
 // long one elsewhere), never one whose proposal was rejected outright.
+// A copy re-anchored near where it diverged is the same copy resuming: it
+// starts with half the evidence it had (carried), not from its few matched
+// tokens, so that after an edit (or a JSON escape the output tokenizes
+// differently from its source) long drafts resume once a token of the new
+// position is confirmed (auto caps a re-anchored copy's first draft), instead
+// of after another kLongCopy tokens. Halving at each divergence lets a copy
+// that keeps diverging lose its evidence.
 #pragma once
 
 #include <algorithm>
@@ -26,13 +33,15 @@ struct CopyCursor {
     int32_t at = -1;          // source position the copy predicts next; -1: no copy
     int32_t anchor = -1;      // where the copy was when it last diverged; -1: nowhere
     int32_t run = 0;          // evidence: tokens matched when it started + tokens followed since
+    int32_t carried = 0;      // half the run of the copy that last diverged (given to a re-anchor near it)
     bool reanchored = false;  // it started near a divergence (not by a fresh lookup)
 
     void reset() { *this = CopyCursor{}; }
-    void start(int32_t pos, int32_t evidence, bool near_anchor) {
+    // `resumes`: the position lies near the anchor (the diverged copy goes on).
+    void start(int32_t pos, int32_t evidence, bool resumes) {
         at = pos;
-        run = evidence;
-        reanchored = near_anchor;
+        run = evidence + (resumes ? carried : 0);
+        reanchored = resumes;
     }
     // The output's next token did (or did not) follow the source at `at`.
     void step(bool followed) {
@@ -42,9 +51,16 @@ struct CopyCursor {
             return;
         }
         anchor = at;
+        carried = run / 2;
         at = -1;
         run = 0;
         reanchored = false;
+    }
+
+    // Whether source position c lies in the re-anchor window (a match found
+    // there by any lookup resumes the copy that diverged).
+    bool near_anchor(int32_t c) const {
+        return anchor >= 0 && c >= 0 && c >= anchor - kBefore && c <= anchor + kAfter;
     }
 
     // The continuation position c near the anchor (source[c - m, c) equals the

@@ -74,8 +74,11 @@ DraftPlan NgramDrafter::lookup(const std::vector<int32_t>& history) {
         p.match_len = copy_.run;
     } else {
         int32_t m = 0;
-        const bool near = (from = reanchor(history, &m)) >= 0;
-        if (!near) from = find(history, &m);
+        bool near = (from = reanchor(history, &m)) >= 0;
+        if (!near) {
+            from = find(history, &m);
+            near = copy_.near_anchor(from);  // a longer match that resumes the diverged copy
+        }
         if (from >= 0) copy_.start(from, m, near);  // follow it from now on
         p.fresh = from >= 0;
         p.match_len = from >= 0 ? m : 0;

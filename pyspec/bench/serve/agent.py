@@ -26,7 +26,10 @@ server gets exactly the same requests. A request's *first byte* is its first
 text or tool-argument delta; *decode tok/s* is its output (text and tool
 arguments, counted by the model's own tokenizer: one rule for every server)
 less one token over the time from first byte to the end (none where the server
-sent the answer in one burst); *wall* is sending to the end.
+sent the answer in one burst); *wall* is sending to the end. For a forced call,
+*1st arg* is the time from the event that names the call to its first argument
+byte (the goal: arguments stream as they are decoded, not when the call is
+whole).
 
 Backends, on the same model file, threads, one slot and context: ``pyspec
 serve`` (its draft model or lookup default), ``pyspec serve --no-draft``, and
@@ -42,6 +45,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import math
 import statistics
 import time
 from dataclasses import dataclass
@@ -208,10 +212,12 @@ def _delta(event: dict) -> Tuple[str, Optional[str]]:
 def stream(port: int, route: str, body_: dict, timeout: float = 600) -> dict:
     """POST ``body_`` to ``route`` with stream on: the answer (text and tool
     arguments, in order), the tool called (or None), and the times
-    (perf_counter) of sending, of the first answer byte and of the end."""
+    (perf_counter) of sending, of the first answer byte, of the event that
+    names the call, of its first argument byte and of the end."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     t0 = time.perf_counter()
     first, tool, pieces = None, None, []
+    t_call = t_args = None
     try:
         conn.request("POST", ROUTES[route], body=json.dumps({**body_, "temperature": 0, "stream": True}).encode(),
                      headers={"Content-Type": "application/json"})
@@ -222,13 +228,18 @@ def stream(port: int, route: str, body_: dict, timeout: float = 600) -> dict:
             if not line.startswith(b"data: ") or line.strip() == b"data: [DONE]":
                 continue
             text, name = _delta(json.loads(line[6:]))
-            tool = tool or name
+            now = time.perf_counter()
+            if name and tool is None:
+                tool, t_call = name, now
             if text:
-                first = first or time.perf_counter()
+                first = first or now
+                if tool is not None and t_args is None:
+                    t_args = now
                 pieces.append(text)
     finally:
         conn.close()
-    return {"text": "".join(pieces), "tool": tool, "t_send": t0, "t_first": first, "t_end": time.perf_counter()}
+    return {"text": "".join(pieces), "tool": tool, "t_send": t0, "t_first": first, "t_call": t_call,
+            "t_args": t_args, "t_end": time.perf_counter()}
 
 
 def run(backends_: Sequence[Backend], sessions_: Sequence[Session], *, kinds: Sequence[str] = KINDS, reps: int,
@@ -254,6 +265,8 @@ def run(backends_: Sequence[Backend], sessions_: Sequence[Session], *, kinds: Se
                                      "tool": a["tool"], "tokens": tokens, "first_byte_s": first - a["t_send"],
                                      "wall_s": a["t_end"] - a["t_send"],
                                      "tok_s": (tokens - 1) / decode if tokens > 1 and decode > 0.02 else None,
+                                     "args_after_call_s": (a["t_args"] - a["t_call"]
+                                                           if a["t_args"] is not None else None),
                                      "text": a["text"]})
                     progress(f"  {b.name}: session {i + 1}/{len(sessions_)} ({s.route}, {s.edit.file}) done")
             finally:
@@ -289,6 +302,7 @@ def summarize(rows: Sequence[dict], seed: int = 0) -> dict:
             figures.append({"backend": n, "kind": k, "first_byte_s": _median(r["first_byte_s"] for r in rs),
                             "tok_s": _median(r["tok_s"] for r in rs), "wall_s": _median(r["wall_s"] for r in rs),
                             "tokens": _median(r["tokens"] for r in rs),
+                            "args_after_call_s": _median(r.get("args_after_call_s") for r in forced),
                             "calls": (sum(r["tool"] == r["forced"] for r in forced), len(forced)) if forced else None})
     ratios = []
     for b in names[1:]:
@@ -304,11 +318,13 @@ def summarize(rows: Sequence[dict], seed: int = 0) -> dict:
 
 def format_summary(summary: dict) -> str:
     lines = [f"  {'backend':<26} {'kind':<7} {'first byte':>10} {'decode tok/s':>12} {'wall':>8} {'tokens':>7}"
-             f" {'forced calls':>12}"]
+             f" {'forced calls':>12} {'1st arg':>8}"]
     for f in summary["figures"]:
         calls = "-" if f["calls"] is None else f"{f['calls'][0]}/{f['calls'][1]}"
+        gap = f.get("args_after_call_s", math.nan)
         lines.append(f"  {f['backend']:<26} {f['kind']:<7} {f['first_byte_s']:9.2f}s {f['tok_s']:12.1f} "
-                     f"{f['wall_s']:7.2f}s {f['tokens']:7.0f} {calls:>12}")
+                     f"{f['wall_s']:7.2f}s {f['tokens']:7.0f} {calls:>12} "
+                     f"{'-' if math.isnan(gap) else f'{gap:.2f}s':>8}")
     if summary["ratios"]:
         lines.append("ratios, paired by (repetition, session, kind): geometric mean, 95 % bootstrap interval "
                      "(decode tok/s: higher is faster; first byte: lower is sooner)")
