@@ -58,7 +58,8 @@ struct CopyCursor {
     }
 
     // Whether source position c lies in the re-anchor window (a match found
-    // there by any lookup resumes the copy that diverged).
+    // there by a drafter's longest-suffix lookup resumes the copy too; in
+    // practice only at positions find_near_anchor skipped as rejected).
     bool near_anchor(int32_t c) const {
         return anchor >= 0 && c >= 0 && c >= anchor - kBefore && c <= anchor + kAfter;
     }

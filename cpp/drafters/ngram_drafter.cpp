@@ -77,7 +77,9 @@ DraftPlan NgramDrafter::lookup(const std::vector<int32_t>& history) {
         bool near = (from = reanchor(history, &m)) >= 0;
         if (!near) {
             from = find(history, &m);
-            near = copy_.near_anchor(from);  // a longer match that resumes the diverged copy
+            // In the window only at a position the re-anchor skipped (its proposal was
+            // rejected once): the output has come back to it, so the copy resumes there.
+            near = copy_.near_anchor(from);
         }
         if (from >= 0) copy_.start(from, m, near);  // follow it from now on
         p.fresh = from >= 0;

@@ -103,6 +103,8 @@ int32_t SuffixDrafter::memory_source(const std::vector<int32_t>& history, const 
     // whole prompt, yet its new answer may leave the old one within a few tokens.
     // Long drafts must be earned by tokens followed (auto's long copies).
     const int32_t prefix = std::min(match_.len, kPrefixEvidence);
+    // Rarely in the window: the re-anchor above takes any position there that
+    // was not rejected and proposes a token of this vocabulary.
     *reanchored = copy_.near_anchor(next.pos);  // the diverged copy resumes (copy_cursor.h)
     copy_.start(next.pos, prefix, *reanchored);  // follow it from now on
     *evidence = copy_.run + std::min(next.count - 1, prefix);

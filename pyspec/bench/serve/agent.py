@@ -321,7 +321,7 @@ def format_summary(summary: dict) -> str:
              f" {'forced calls':>12} {'1st arg':>8}"]
     for f in summary["figures"]:
         calls = "-" if f["calls"] is None else f"{f['calls'][0]}/{f['calls'][1]}"
-        gap = f.get("args_after_call_s", math.nan)
+        gap = f["args_after_call_s"]
         lines.append(f"  {f['backend']:<26} {f['kind']:<7} {f['first_byte_s']:9.2f}s {f['tok_s']:12.1f} "
                      f"{f['wall_s']:7.2f}s {f['tokens']:7.0f} {calls:>12} "
                      f"{'-' if math.isnan(gap) else f'{gap:.2f}s':>8}")
