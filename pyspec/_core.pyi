@@ -46,6 +46,7 @@ class TestControls:  # TEST-ONLY negative controls, a session's (pyspec.testing.
     pit: bool  # probe, not a control: record each decided token's PIT under its target row in stats.pit
     penalties: str  # PENALTY_CONTROLS: "stale" or "last_draft": a row's penalty window leaves out drafts before it
     timing_scale: float  # pin, > 0: a batch timed between rounds reports this times the fastest round
+    stale_join: bool  # a prompt's last row, decoded with its final chunk, carries the token before the last
     def __init__(self, **fields: Any) -> None: ...
     def to_dict(self) -> Dict[str, Any]: ...
 
@@ -79,6 +80,7 @@ class SessionParams:  # how a session runs all its sequences (engine.h)
     FIELDS: ClassVar[Tuple[str, ...]]
     prefill_chunk: int  # most prompt rows a round adds beside running sequences, or a chunked one's alone (0: all that fit)
     calibration_share: float  # most share of round time spent timing batch sizes between rounds (auto)
+    first_with_prompt: bool  # a new prompt's first token read from its prompt's last decode (decode.cpp)
     test: TestControls
     def __init__(self, **fields: Any) -> None: ...
     def to_dict(self) -> Dict[str, Any]: ...
@@ -138,6 +140,7 @@ class GenerationStats:
     forced_accepted: int
     grammar_cuts: int  # lookup drafts cut before a token the grammar refuses
     draft_windows: int  # draft-model catch-ups that started over on a window
+    first_with_prompt: int  # 1: the first token came from the prompt's last decode
     masks: int  # grammar masks computed
     mask_s: float  # ... and their seconds
     pit: List[float]  # TEST-ONLY (TestControls.pit): each decided token's randomized PIT under its target row

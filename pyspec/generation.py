@@ -77,6 +77,12 @@ class Generator:
     #: target's batch sizes between rounds (kept on disk per model and machine: a
     #: first run's cost only); 1e9 times them all after the first round.
     calibration_share: float = _core.SessionParams().calibration_share
+    #: A new prompt's first token from its prompt's decode (one decode before it,
+    #: as llama-server) instead of from a first round after the prompt. Off by
+    #: default: a row's logits depend on the batch that computed it, so a first
+    #: token would then depend on whether the prompt was cached (a near tie can
+    #: flip). The server turns it on for its sessions.
+    first_with_prompt: bool = False
 
     def clear_cache(self) -> None:  # pragma: no cover - abstract
         """Forget the processed prompt, so the next call processes all of it."""
@@ -151,16 +157,17 @@ class Generator:
         to write), for a thread other than the round's."""
         return None
 
-    def session_params(self, *, prefill_chunk: int = 0,
+    def session_params(self, *, prefill_chunk: int = 0, first_with_prompt: Optional[bool] = None,
                        _test: Optional[TestControls] = None) -> "_core.SessionParams":
         """How a session runs all its sequences (every generation is one):
         prompt chunks beside running sequences, this generator's
-        :attr:`calibration_share`, and ``_test`` (TEST-ONLY,
-        :class:`pyspec.testing.TestControls`)."""
+        :attr:`calibration_share` and :attr:`first_with_prompt` (None: the
+        attribute's), and ``_test`` (TEST-ONLY, :class:`pyspec.testing.TestControls`)."""
+        first = self.first_with_prompt if first_with_prompt is None else first_with_prompt
         return _core.SessionParams(prefill_chunk=prefill_chunk, calibration_share=self.calibration_share,
-                                   test=controls(_test).native())
+                                   first_with_prompt=bool(first), test=controls(_test).native())
 
-    def open_session(self, on_token, *, prefill_chunk: int = 0,
+    def open_session(self, on_token, *, prefill_chunk: int = 0, first_with_prompt: Optional[bool] = None,
                      host_cache: Optional["_core.HostCache"] = None,
                      _test: Optional[TestControls] = None) -> "_core.BatchSession":
         """A continuous-batching session on this generator's models (a server's):
@@ -168,8 +175,8 @@ class Generator:
         between rounds (each drafts as its own policy says, none: plain). Caches
         the context gives up go to ``host_cache`` (the prompt cache's host-memory
         tier) and come back."""
-        return self._engine.session(self.session_params(prefill_chunk=prefill_chunk, _test=_test),
-                                    on_token=on_token, draft_models=self._draft_models(), host_cache=host_cache)
+        params = self.session_params(prefill_chunk=prefill_chunk, first_with_prompt=first_with_prompt, _test=_test)
+        return self._engine.session(params, on_token=on_token, draft_models=self._draft_models(), host_cache=host_cache)
 
     def _draft_models(self) -> List["_core.Model"]:
         """The models a session drafts with, besides the target (subclasses)."""

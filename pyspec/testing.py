@@ -53,7 +53,10 @@ class TestControls:
     - ``timing_scale`` > 0: a pin, not a control: a batch size timed between
       rounds reports this many times the fastest round instead of its clock
       (the decode still runs and is dropped), so that a test of that path does
-      not hang on whether a loaded machine's clock made drafting look dear.
+      not hang on whether a loaded machine's clock made drafting look dear;
+    - ``stale_join``: the row of a prompt's last token, decoded with its final
+      chunk so that the first token costs one decode (``cpp/engine/decode.cpp``),
+      carries the token before the last.
     """
 
     __test__ = False  # not a pytest test class
@@ -67,6 +70,7 @@ class TestControls:
     slot_choice: str = "engine"
     escaped_views: bool = True
     timing_scale: float = 0.0
+    stale_join: bool = False
 
     def __post_init__(self) -> None:
         for name, value, allowed in (("variant", self.variant, VARIANTS), ("grammar", self.grammar, GRAMMAR_CONTROLS),
@@ -91,7 +95,8 @@ class TestControls:
         """The core's part (a session's: engine.h, SessionParams.test)."""
         return _core.TestControls(variant=self.variant, discard_below=self.discard_below,
                                   shared_stream=self.shared_stream, grammar=self.grammar, pit=self.pit,
-                                  penalties=self.penalties, timing_scale=self.timing_scale)
+                                  penalties=self.penalties, timing_scale=self.timing_scale,
+                                  stale_join=self.stale_join)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))

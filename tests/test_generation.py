@@ -22,6 +22,24 @@ def test_greedy_is_deterministic_across_runs_and_models(gemma, gemma_path, load_
     assert a.n_generated_tokens == 24 and a.stop_reason == "max_tokens"
 
 
+def test_a_first_token_from_the_prompts_decode_only_where_asked(gemma, monkeypatch):
+    """first_with_prompt (the server's setting: cpp/engine/decode.cpp) reads a new
+    prompt's first token from its prompt's decode; a prompt found cached starts
+    with a round as before. Control: off (the library's default, so that a first
+    token does not depend on whether the prompt was cached), no first token
+    comes from the prompt's decode."""
+    kw = dict(chat=False, max_tokens=3, temperature=0)
+    gemma.clear_cache()
+    off = gemma.generate(PROMPT, **kw)
+    monkeypatch.setattr(gemma, "first_with_prompt", True)
+    gemma.clear_cache()
+    new = gemma.generate(PROMPT, **kw)
+    cached = gemma.generate(PROMPT, **kw)
+    assert (off.stats.first_with_prompt, new.stats.first_with_prompt, cached.stats.first_with_prompt) == (0, 1, 0)
+    assert new.stats.n_cached_tokens == 0 and new.stats.n_prompt_decoded == new.stats.n_prompt_tokens
+    assert new.n_generated_tokens == cached.n_generated_tokens == 3
+
+
 def test_same_seed_same_sample_different_seed_differs(gemma):
     kw = dict(chat=False, max_tokens=24, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
     a = gemma.generate(PROMPT, seed=7, **kw)

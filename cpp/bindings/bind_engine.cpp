@@ -137,6 +137,7 @@ void bind_stats(py::module_& m) {
         .field("forced_accepted", &GenerationStats::forced_accepted)
         .field("grammar_cuts", &GenerationStats::grammar_cuts)
         .field("draft_windows", &GenerationStats::draft_windows)
+        .field("first_with_prompt", &GenerationStats::first_with_prompt)
         .field("masks", &GenerationStats::masks)
         .field("mask_s", &GenerationStats::mask_s)
         .field("pit", &GenerationStats::pit)
@@ -167,6 +168,7 @@ void bind_engine(py::module_& m) {
                   [](const TestControls& t) { return penalty_control_names()[static_cast<size_t>(t.penalties)]; },
                   [](TestControls& t, const std::string& v) { t.penalties = parse_penalty_control(v); })
         .field("timing_scale", &TestControls::timing_scale)
+        .field("stale_join", &TestControls::stale_join)
         .done();
     m.attr("GRAMMAR_CONTROLS") = py::tuple(py::cast(grammar_control_names()));
     m.attr("PENALTY_CONTROLS") = py::tuple(py::cast(penalty_control_names()));
@@ -184,6 +186,7 @@ void bind_engine(py::module_& m) {
                           "How a session runs all its sequences (engine.h); the cancel flag comes as an argument.")
         .field("prefill_chunk", &SessionParams::prefill_chunk)
         .field("calibration_share", &SessionParams::calibration_share)
+        .field("first_with_prompt", &SessionParams::first_with_prompt)
         .field("test", &SessionParams::test)
         .done();
     m.def("calibration_rows", &calibration_rows, py::arg("draft_max"), py::arg("n_batch"), py::arg("n_seq"),

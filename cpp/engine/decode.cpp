@@ -1,6 +1,11 @@
 // Step 2 of a round: the one target decode of every active sequence's draft
 // rows (its last committed token and its drafts) and a chunk of waiting
-// prompts, and what a full cache gives up to make it fit.
+// prompts, and what a full cache gives up to make it fit. With
+// SessionParams::first_with_prompt, a prompt whose last chunk is in the decode
+// starts there: its first token is read from the decode's row of its last
+// token (a plain first round), so a new request's first token costs one
+// decode, as in plain decoding, not the prompt's and then a round's; its draft
+// model catches up after that token.
 #include <algorithm>
 #include <thread>
 
@@ -13,18 +18,29 @@ void BatchSession::run_target(std::vector<Sequence*>& active) {
     const int32_t n_batch = target_.n_batch();
     while (true) {
         rows_.clear();
+        joining_.clear();
         const int32_t draft_rows = add_draft_rows(active);
         int32_t budget = n_batch - draft_rows;
         if (!active.empty() && session_.prefill_chunk > 0) budget = std::min(budget, session_.prefill_chunk);
-        add_prompt_rows(budget);
+        add_prompt_rows(budget, draft_rows);  // (every draft row has logits)
         const int32_t n = static_cast<int32_t>(rows_.size());
         if (n == 0) return;
         try {
             target_.decode_rows(rows_.data(), n);
-            bs_.prompt_rows += n - draft_rows;
+            bs_.prompt_rows += n - draft_rows - static_cast<int32_t>(joining_.size());  // joined: round 1's rows
             for (int32_t i = draft_rows; i < n; ++i) {
-                const int32_t owner = slot_owner_[static_cast<size_t>(rows_[static_cast<size_t>(i)].seq)];
-                if (Sequence* s = find(owner)) ++s->prompt_decoded;
+                const Model::Row& row = rows_[static_cast<size_t>(i)];
+                if (row.logits) continue;  // a joined last token: its first round's, as it is for the others
+                if (Sequence* s = find(slot_owner_[static_cast<size_t>(row.seq)])) ++s->prompt_decoded;
+            }
+            for (const auto& [s, logits_row] : joining_) {
+                start(*s);
+                begin_round(*s);  // plain: no drafts, its policy not asked (nor told: Sequence::joined)
+                s->draft_s = 0;
+                s->first_row = logits_row;
+                s->joined = true;
+                s->stats().first_with_prompt = 1;
+                active.push_back(s);
             }
             return;
         } catch (const ContextOverflowError&) {
@@ -90,7 +106,7 @@ int32_t BatchSession::add_draft_rows(const std::vector<Sequence*>& active) {
     return static_cast<int32_t>(rows.size());
 }
 
-void BatchSession::add_prompt_rows(int32_t budget) {
+void BatchSession::add_prompt_rows(int32_t budget, int32_t n_logits) {
     for (Sequence& s : seqs_) {
         if (budget <= 0) break;
         if (s.done || s.started || waits_for_prefix(s)) continue;
@@ -102,6 +118,17 @@ void BatchSession::add_prompt_rows(int32_t budget) {
             rows_.push_back({s.id, pos, s.history[static_cast<size_t>(pos)], false});
         }
         budget -= n;
+        // The rest of the prompt is in: its last token joins with logits. Not for a
+        // warm-up (max_tokens 0: nothing is sampled, the last token waits as it
+        // always has) nor a prompt that fills the context (it generates nothing).
+        const bool joins = session_.first_with_prompt && pos == want && want > 0 && budget > 0 &&
+                           s.max_tokens > 0 && !s.cancel_requested && want + 1 < target_.n_ctx();
+        if (joins) {
+            const int32_t token = s.history[static_cast<size_t>(session_.test.stale_join ? want - 1 : want)];
+            rows_.push_back({s.id, want, token, true});
+            joining_.emplace_back(&s, n_logits++);
+            --budget;
+        }
     }
 }
 

@@ -105,6 +105,10 @@ struct TestControls {
     // (PenaltyControl, core/penalties.h): the χ² tests must catch it.
     PenaltyControl penalties = PenaltyControl::kOff;
     double timing_scale = 0;
+    // WRONG: a prompt's last row, decoded with its final chunk for the first token
+    // (decode.cpp, add_prompt_rows), carries the token before the last: the χ²
+    // test of that path must catch it.
+    bool stale_join = false;
 };
 
 // What one sequence generates, and how it samples: a server's requests differ
@@ -142,6 +146,15 @@ struct SessionParams {
     // first run is not slower than plain decoding; a huge one (1e9) times every
     // size after the first round.
     double calibration_share = 0.03;
+    // A new prompt's last token joins its final chunk's decode and its first
+    // token is read from that row (decode.cpp): one decode before the first token,
+    // as llama-server. Off, the last token waits for the first round (with its
+    // drafts), which makes a first token the same whether the prompt was cached
+    // or not: a row's logits depend on the batch it was computed in (a row of a
+    // prompt batch and the same row alone differ by 0.3 to 0.6 logit on this CPU,
+    // enough to flip a near tie). The server turns it on: its batches already
+    // mix requests, and its clients wait for first tokens.
+    bool first_with_prompt = false;
     TestControls test;
     // Checked between tokens and inside every llama_decode; set from another
     // thread to stop (stop_reason "cancelled", caches left consistent).
@@ -325,8 +338,11 @@ private:
     // Waiting sequences whose prompts are in the cache start generating.
     void start_ready();
     void start(Sequence& s);
-    // Add a chunk of waiting prompts to rows_ (at most `budget` rows).
-    void add_prompt_rows(int32_t budget);
+    // Add a chunk of waiting prompts to rows_ (at most `budget` rows). With
+    // first_with_prompt, a prompt whose rest fits adds its last token too, with
+    // logits (joining_): it starts in this decode; its first round is plain, read
+    // from that row.
+    void add_prompt_rows(int32_t budget, int32_t n_logits);
     // The sequences that generate this round (ends those cancelled or out of room).
     std::vector<Sequence*> generating();
     // The steps of a round (step(), in round.cpp), for the active sequences.
@@ -397,6 +413,7 @@ private:
     std::chrono::steady_clock::time_point first_token_{}, last_token_{};
     // Scratch of the rounds, reused so that steady state does not allocate.
     std::vector<Model::Row> rows_;     // the round's target batch
+    std::vector<std::pair<Sequence*, int32_t>> joining_;  // prompts ending in it, with their logits rows
     std::vector<int32_t> batch_;       // calibration batches
     std::vector<Distribution> p_;      // the target's distributions of one sequence's rows
     RowPipeline row_;                // p's pipeline and its scratch (core/row.h)

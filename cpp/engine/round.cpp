@@ -50,7 +50,9 @@ public:
         const double round_s = since(t0_);
         for (Sequence* s : active) {
             s->report.round_s = round_s;
-            if (s->policy && !s->report.plan.forced) s->policy->observe(s->report);  // forced: not its choice
+            // Forced text, and a round joined to its prompt's decode, were not its choice.
+            if (s->policy && !s->report.plan.forced && !s->joined) s->policy->observe(s->report);
+            s->joined = false;
         }
         if (active.empty()) return round_s;
         const double overhead = since(t0_) - (timed(active) - timed_before_) / static_cast<double>(active.size());

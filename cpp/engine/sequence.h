@@ -77,6 +77,7 @@ struct BatchSession::Sequence {
     bool done = false;
     bool cancel_requested = false;
     bool callback_stopped = false;
+    bool joined = false;           // this round is its prompt's last decode (decode.cpp): plain, not its policy's
     int32_t prompt_decoded = 0;    // prompt tokens the target decoded for it (the rest were cached)
     Clock::time_point t_start = Clock::now(), t_first{};
     StopRule stop_rule;

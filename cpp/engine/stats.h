@@ -46,6 +46,7 @@ struct GenerationStats {
     int32_t forced_accepted = 0;       // ... and accepted ones
     int32_t grammar_cuts = 0;          // lookup drafts cut before a token the grammar refuses
     int32_t draft_windows = 0;         // draft-model catch-ups that started over on a window (model_drafter.h)
+    int32_t first_with_prompt = 0;     // 1: the first token came from the prompt's last decode (decode.cpp)
     int64_t masks = 0;                 // grammar masks computed (one per constrained position)
     double mask_s = 0;                 // ... and their seconds (part of overhead_s and draft_s)
     std::vector<double> pit;           // TEST-ONLY (TestControls::pit): each decided token's PIT under its row

@@ -99,7 +99,9 @@ class Scheduler:
         self.counters = collections.Counter()
         self.positions = PositionCounts(MAX_DRAFT)  # draft tokens verified and accepted at each draft position
         self.kv_cells = (0, 0)
-        self._session = decoder.open_session(self._on_token, prefill_chunk=prefill_chunk,
+        # A new request's first token from its prompt's decode, as llama-server's
+        # (engine.h, SessionParams::first_with_prompt): the rounds already mix requests.
+        self._session = decoder.open_session(self._on_token, prefill_chunk=prefill_chunk, first_with_prompt=True,
                                              host_cache=self.host_cache, _test=self._test)
         self._thread = threading.Thread(target=self._run, name="pyspec-scheduler", daemon=True)
         self._thread.start()
