@@ -42,10 +42,11 @@ def next_row(model: pyspec.Model, tokens, **settings) -> np.ndarray:
     return row
 
 
-def target_rows(model: pyspec.Model, prompt_tokens, *, infill: bool = False):
+def target_rows(model: pyspec.Model, prompt_tokens, *, infill: bool = False, firsts=None):
     """p0 and p1(.|a) by plain evaluation, split exactly like the engine:
     prompt[:-1] as one batch, then single tokens; ``infill``: TARGET then the
-    infill sampler (cpp/core/infill.h)."""
+    infill sampler (cpp/core/infill.h). p1 for each a in ``firsts`` (default:
+    p0's support)."""
     core = model.native
     settings = dict(TARGET, infill=model if infill else None)
     core.truncate(0)
@@ -53,7 +54,7 @@ def target_rows(model: pyspec.Model, prompt_tokens, *, infill: bool = False):
     core.decode(prompt_tokens[-1:], len(prompt_tokens) - 1, 1)
     p0 = sampling.distribution(core.logits(0), **settings)
     p1 = {}
-    for a in np.flatnonzero(p0):
+    for a in np.flatnonzero(p0) if firsts is None else firsts:
         core.truncate(len(prompt_tokens))
         core.decode([int(a)], len(prompt_tokens), 1)
         p1[int(a)] = sampling.distribution(core.logits(0), **settings)

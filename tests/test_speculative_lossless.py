@@ -40,7 +40,6 @@ import numpy as np
 import pytest
 
 import pyspec
-from pyspec import sampling
 
 from chisquare import assert_law, assert_power, required_n
 from draws import draw
@@ -175,8 +174,8 @@ def test_lossless_default_pair(target_path, draft_path, load_model, n):
 def test_first_token_from_the_prompts_decode_keeps_the_law(gemma_pair, stale_join):
     """With first_with_prompt (the server's setting), a new prompt's last token
     is decoded with the prompt's final chunk, and its first token is read from
-    that row (cpp/engine/decode.cpp: the first token costs one decode); the second round then drafts, its draft model
-    catching up on the whole prompt. The first two tokens follow the target's
+    that row (cpp/engine/decode.cpp: the first token costs one decode); the
+    second round then drafts, its draft model catching up on the whole prompt. The first two tokens follow the target's
     law. Every sample starts from empty caches (asserted: stats.first_with_prompt
     = N) and generates 3 tokens, so round 2 drafts one token (draft_max = 1) and
     the second token goes through the accept test. alpha = 0.001; N = 1.2 x what
@@ -192,7 +191,8 @@ def test_first_token_from_the_prompts_decode_keeps_the_law(gemma_pair, stale_joi
     # round decodes the right last token again (the cache's record shows the
     # stale one), so the second follows the right prompt and the first token.
     p0_wrong, _ = target_rows(target, tokens[:-1] + tokens[-2:-1])
-    wrong = exact_distribution(target, p0_wrong, rows_after(target, tokens, np.flatnonzero(p0_wrong)))
+    _, p1 = target_rows(target, tokens, firsts=np.flatnonzero(p0_wrong))
+    wrong = exact_distribution(target, p0_wrong, p1)
     n = max(300, math.ceil(1.2 * required_n(exact, wrong)))
     assert_power(exact, wrong, n, "first token from the prompt's decode vs a stale joined row")
 
@@ -202,23 +202,11 @@ def test_first_token_from_the_prompts_decode_keeps_the_law(gemma_pair, stale_joi
 
     d = draw(spec, tokens, n, seed0=20_000, max_tokens=3, keep=2, draft_max=1, before=empty_caches,
              _test=TestControls(stale_join=stale_join), **TARGET, **GEMMA_COLD_DRAFT)
-    assert d.totals["first_with_prompt"] == n, f"the first token came with the prompt in {d.totals} of {n}"
+    joined = d.totals["first_with_prompt"]
+    assert joined == n, f"the first token came with the prompt in {joined} of {n}"
     assert d.drafting >= n // 2, f"too few samples drafted in round 2 ({d.drafting} of {n})"
     if stale_join:
         assert_law(d.counts, exact, n, "stale joined row", control=True, wrong=wrong)
     else:
         assert_law(d.counts, exact, n, "first token from the prompt's decode", note=f"outcomes={len(exact)}")
 
-
-def rows_after(target, tokens, firsts) -> dict:
-    """{a: the target's distribution (TARGET) after tokens + [a]} for each a in firsts."""
-    core = target.native
-    core.truncate(0)
-    core.decode(list(tokens), 0, 1)
-    rows = {}
-    for a in firsts:
-        core.truncate(len(tokens))
-        core.decode([int(a)], len(tokens), 1)
-        rows[int(a)] = sampling.distribution(core.logits(0), **TARGET)
-    core.truncate(0)
-    return rows
